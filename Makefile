@@ -1,0 +1,42 @@
+# The project's entry points. `make demo` runs the main job on the embedded default (the cpu
+# target with the generated model); `make test` runs every test, as CI does.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+TARGET ?=
+STAMP := $(VENV)/.installed
+
+.PHONY: venv engine image demo test test-fast lint schema clean help
+
+help:
+	@$(PY) build.py --help 2>/dev/null || echo "run 'make venv' first"
+
+# The orchestrator's dependencies, exactly as pinned in requirements.lock.
+$(STAMP): requirements.lock
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# A Docker engine, Compose v2 and the local base image; idempotent, about a second when all is there.
+engine: $(STAMP)
+	$(PY) build.py engine
+
+image: engine
+	$(PY) build.py image $(if $(TARGET),--target $(TARGET),)
+
+demo: engine
+	$(PY) build.py image --target cpu
+
+schema: $(STAMP)
+	$(PY) build.py schema > images.schema.json
+
+test: engine
+	$(PY) -m pytest
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow"
+
+clean:
+	rm -rf .cache logs reports

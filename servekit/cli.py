@@ -1,0 +1,237 @@
+"""The command line: parse, dispatch to a stage, print. Nothing here does a stage's work."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .errors import CheckFailed, EnvironmentProblem, UserError
+
+EPILOG = """exit codes: 0 ok, 1 a check failed (or the machine lacks something), 2 bad input or usage.
+The matrix (images.yaml) is the single source of truth; see README.md and docs/."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # usage errors: one line, exit 2
+        self.print_usage(sys.stderr)
+        raise UserError(f"{self.prog}: {message}")
+
+
+def _root(args) -> Path:
+    return Path(args.matrix).resolve().parent
+
+
+def _cache(args) -> Path:
+    return _root(args) / ".cache"
+
+
+def _matrix(args):
+    from .matrix import load_matrix
+    return load_matrix(args.matrix)
+
+
+def _emit_json(obj) -> None:
+    json.dump(obj, sys.stdout, indent=2, sort_keys=False)
+    sys.stdout.write("\n")
+
+
+def _console():
+    from rich.console import Console
+    return Console(highlight=False)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def cmd_engine(args) -> int:
+    from .engine import LocalBase, ensure_engine
+    matrix = _matrix(args)
+    bases = [LocalBase(b.image, b.debootstrap.suite, tuple(b.debootstrap.packages))
+             for b in matrix.bases.values() if b.debootstrap]
+    ensure_engine(bases, _cache(args) / "engine", say=lambda s: print(f"engine: {s}", file=sys.stderr))
+    print("engine: ready (docker, compose, local base images)")
+    return 0
+
+
+def _image_exists_probe():
+    """A function tag -> True/False, or None when no engine answers (then `exists` is unknown)."""
+    try:
+        import docker
+        client = docker.from_env(timeout=10)
+        client.ping()
+    except Exception:
+        return None
+
+    def exists(tag: str) -> bool:
+        try:
+            client.images.get(tag)
+            return True
+        except docker.errors.ImageNotFound:
+            return False
+    return exists
+
+
+def cmd_plan(args) -> int:
+    from .plan import plan_targets
+    matrix = _matrix(args)
+    for t in args.target or []:
+        if t not in matrix.targets:
+            raise UserError(f"--target {t}: no such target; expected one of {', '.join(matrix.targets)}")
+    plans = plan_targets(matrix, _root(args), args.target, _image_exists_probe())
+    if args.json:
+        _emit_json({"matrix": str(args.matrix), "vllm": matrix.vllm, "targets": [p.to_json() for p in plans]})
+        return 0
+    from rich.table import Table
+    table = Table(title=f"build plan (vLLM {matrix.vllm})")
+    for col in ("target", "base", "python", "pins", "tag", "built"):
+        table.add_column(col, overflow="fold")
+    for p in plans:
+        built = {True: "yes", False: "no", None: "unknown (no engine)"}[p.exists]
+        table.add_row(p.target, p.base, p.python, "\n".join(f"{k}=={v}" for k, v in p.pins.items()), p.tag, built)
+    console = _console()
+    console.print(table)
+    for p in plans:
+        for name, state in p.components.items():
+            if state == "absent":
+                console.print(f"[yellow]{p.target}: component {name} is absent; profiles unavailable: "
+                              f"{', '.join(p.unavailable_profiles) or 'none'}[/yellow]")
+    return 0
+
+
+def cmd_verify(args) -> int:
+    from .pins import Findings, copin_problems, mirror_problems
+    matrix = _matrix(args)
+    findings = Findings()
+    findings.extend(mirror_problems(matrix, _root(args)))
+    if args.offline:
+        findings.notes.append("--offline: co-pins checked only from the metadata cache")
+    findings.extend(copin_problems(matrix, _cache(args) / "metadata"))
+    return _report_findings(args, findings, "verify")
+
+
+def _report_findings(args, findings, what: str) -> int:
+    if args.json:
+        _emit_json({"ok": not findings.problems, "problems": findings.problems, "notes": findings.notes})
+    else:
+        for note in findings.notes:
+            print(f"note: {note}", file=sys.stderr)
+        for problem in findings.problems:
+            print(f"problem: {problem}")
+        print(f"{what}: {'ok' if not findings.problems else f'{len(findings.problems)} problem(s)'}")
+    return 1 if findings.problems else 0
+
+
+def cmd_bump(args) -> int:
+    from packaging.version import InvalidVersion, Version
+    from .pins import apply_bump, plan_bump
+    try:
+        Version(args.to)
+    except InvalidVersion:
+        raise UserError(f"--to {args.to!r}: not a version (expected e.g. 0.32.0)") from None
+    matrix = _matrix(args)
+    if args.to == matrix.vllm:
+        raise UserError(f"--to {args.to}: vLLM is already pinned at {args.to}")
+    root = _root(args)
+    bump, writes = plan_bump(matrix, Path(args.matrix).resolve(), root, args.to, _cache(args) / "metadata")
+    if not args.dry_run:
+        apply_bump(bump, writes, root)
+    if args.json:
+        _emit_json({"from": bump.old, "to": bump.new, "dry_run": args.dry_run, "changes": bump.changes,
+                    "renames": bump.renames, "review": bump.review, "problems": bump.findings.problems,
+                    "notes": bump.findings.notes})
+    else:
+        verb = "would change" if args.dry_run else "changed"
+        print(f"bump vLLM {bump.old} -> {bump.new}{' (dry run: nothing written)' if args.dry_run else ''}")
+        for path, count in bump.changes.items():
+            print(f"  {verb} {path}: {count} pin(s)")
+        for src, dst in bump.renames:
+            print(f"  {'would rename' if args.dry_run else 'renamed'} {src} -> {dst}")
+        if bump.review:
+            print(f"lines that still name {bump.old}, for a person to review:")
+            for line in bump.review:
+                print(f"  {line}")
+        for note in bump.findings.notes:
+            print(f"note: {note}", file=sys.stderr)
+        for problem in bump.findings.problems:
+            print(f"problem: {problem}")
+    return 1 if bump.findings.problems else 0
+
+
+def cmd_doctor(args) -> int:
+    from .doctor import diagnose, local_base_findings
+    findings = diagnose()
+    if findings and findings[0].status == "ok":
+        try:
+            matrix = _matrix(args)
+            findings += local_base_findings([b.image for b in matrix.bases.values() if b.debootstrap])
+        except UserError as exc:
+            findings.append(type(findings[0])("matrix", "fail", str(exc), "fix images.yaml"))
+    if args.json:
+        _emit_json([f.__dict__ for f in findings])
+    else:
+        marks = {"ok": "[green]ok  [/green]", "warn": "[yellow]warn[/yellow]", "fail": "[red]fail[/red]"}
+        console = _console()
+        for f in findings:
+            console.print(f"{marks[f.status]} {f.name}: {f.detail}" + (f"  [dim]fix: {f.fix}[/dim]" if f.fix and
+                                                                      f.status != "ok" else ""))
+    return 1 if any(f.status == "fail" for f in findings) else 0
+
+
+def cmd_schema(args) -> int:
+    from .matrix import render_json_schema
+    sys.stdout.write(render_json_schema())
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="build.py", description="Build, deploy, check and release patched vLLM serving images "
+                     "from one pinned matrix.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--matrix", default="images.yaml", metavar="PATH", help="the image matrix (default: "
+                        "%(default)s)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    def add(name: str, func, help: str, json_out: bool = True) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        if json_out:
+            p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+        p.set_defaults(func=func)
+        return p
+
+    p = add("plan", cmd_plan, "show what each target would build: base, pins, content digest, tag, already built")
+    p.add_argument("--target", action="append", metavar="NAME", help="only this target (repeatable)")
+    p = add("verify", cmd_verify, "check pins against every file that repeats them and against vLLM's own "
+            "declared requirements (no image needed)")
+    p.add_argument("--offline", action="store_true", help="do not ask the index; use cached metadata only")
+    p = add("bump", cmd_bump, "move every mechanical vLLM pin to a new version and report co-pin problems")
+    p.add_argument("--to", required=True, metavar="VERSION", help="the new vLLM version, e.g. 0.32.0")
+    p.add_argument("--dry-run", action="store_true", help="report only; write nothing")
+    add("doctor", cmd_doctor, "check the engine, Compose, the builder, the NVIDIA runtime, WSL2 and GPUs")
+    add("engine", cmd_engine, "make a Docker engine answer: install and start one on Debian/Ubuntu as root, "
+        "add Compose v2, build the local base images (idempotent)", json_out=False)
+    add("schema", cmd_schema, "print the JSON Schema of images.yaml (images.schema.json is this output)",
+        json_out=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
+        return args.func(args)
+    except (UserError, CheckFailed, EnvironmentProblem) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `build.py plan --json | head`: the reader left; not an error of ours
+        sys.stderr.close()
+        return 0

