@@ -108,7 +108,41 @@ def cmd_verify(args) -> int:
     if args.offline:
         findings.notes.append("--offline: co-pins checked only from the metadata cache")
     findings.extend(copin_problems(matrix, _cache(args) / "metadata"))
+    if not args.no_series:
+        findings.extend(_prove_series(args, matrix))
     return _report_findings(args, findings, "verify")
+
+
+def _prove_series(args, matrix):
+    """The series applied, per target, to a pristine tree of that target's pinned vLLM wheel."""
+    from .index import IndexUnreachable, NotOnIndex, download_wheel
+    from .pins import Findings
+    from .series import SeriesError, prove_on_pristine
+    out = Findings()
+    series_dir = _root(args) / matrix.series.dir
+    for name, target in matrix.targets.items():
+        dist = target.vllm_distribution
+        cached = sorted((_cache(args) / "pristine").glob(f"{dist.replace('-', '_')}-{matrix.vllm}-*.whl"))
+        if cached:
+            wheel = cached[-1]
+        elif args.offline:
+            out.notes.append(f"--offline: no cached {dist} {matrix.vllm} wheel; series not proven for {name}")
+            continue
+        else:
+            print(f"verify: fetching the pristine {dist} {matrix.vllm} wheel (once; cached)", file=sys.stderr)
+            try:
+                wheel = download_wheel(dist, matrix.vllm, matrix.indexes["pypi"].url, _cache(args) / "pristine")
+            except (IndexUnreachable, NotOnIndex) as exc:
+                out.notes.append(f"series not proven on a pristine {dist} tree: {exc}")
+                continue
+        try:
+            problems = prove_on_pristine(series_dir, wheel, name, say=lambda s: None)
+        except SeriesError as exc:
+            problems = [str(exc)]
+        out.problems += [f"series on pristine {dist} {matrix.vllm} ({name}): {p}" for p in problems]
+        if not problems:
+            out.notes.append(f"series applies at fuzz 0 to a pristine {dist} {matrix.vllm} tree ({name})")
+    return out
 
 
 def _report_findings(args, findings, what: str) -> int:
@@ -179,6 +213,54 @@ def cmd_doctor(args) -> int:
     return 1 if any(f.status == "fail" for f in findings) else 0
 
 
+def _default_target(matrix) -> str:
+    """cuda where the engine has an NVIDIA runtime, else cpu."""
+    import subprocess
+    runtimes = subprocess.run(["docker", "info", "--format", "{{json .Runtimes}}"], capture_output=True, text=True)
+    gpu = runtimes.returncode == 0 and "nvidia" in runtimes.stdout
+    wanted = [name for name, t in matrix.targets.items() if t.gpu == gpu]
+    return wanted[0] if wanted else next(iter(matrix.targets))
+
+
+def _step_printer():
+    """Show each BuildKit step header and the series' own lines; the full output goes to the log."""
+    import re
+    step = re.compile(r"^#\d+ \[[^\]]+\] ")
+    mine = re.compile(r"^#\d+ [0-9.]+ (== |-- |verify: |demo model|step \d+/)")
+
+    def show(line: str) -> None:
+        if step.match(line) or mine.match(line):
+            print(f"  {line[:110]}", file=sys.stderr, flush=True)
+    return show
+
+
+def cmd_image(args) -> int:
+    from .builder import build_image
+    from .plan import plan_targets
+    matrix = _matrix(args)
+    targets = args.target or [_default_target(matrix)]
+    for t in targets:
+        if t not in matrix.targets:
+            raise UserError(f"--target {t}: no such target; expected one of {', '.join(matrix.targets)}")
+    results = []
+    for plan in plan_targets(matrix, _root(args), targets):
+        for name, state in plan.components.items():
+            if state == "absent":
+                print(f"image: {plan.target}: component {name} is absent "
+                      f"({matrix.components[name].source}/); profiles that need it are unavailable: "
+                      f"{', '.join(plan.unavailable_profiles)}", file=sys.stderr)
+        print(f"image: {plan.target} -> {plan.tag}", file=sys.stderr)
+        result = build_image(matrix, plan, _root(args), force=args.force, show=_step_printer())
+        results.append({"target": plan.target, "tag": result.tag, "built": result.built,
+                        "seconds": round(result.seconds, 1), "log": str(result.log) if result.log else None})
+        if not args.json:
+            print(f"{plan.target}: {result.tag} " + (f"built in {result.seconds:.0f} s (log: {result.log})"
+                                                      if result.built else "already built; nothing to do"))
+    if args.json:
+        _emit_json({"images": results})
+    return 0
+
+
 def cmd_schema(args) -> int:
     from .matrix import render_json_schema
     sys.stdout.write(render_json_schema())
@@ -206,10 +288,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", action="append", metavar="NAME", help="only this target (repeatable)")
     p = add("verify", cmd_verify, "check pins against every file that repeats them and against vLLM's own "
             "declared requirements (no image needed)")
-    p.add_argument("--offline", action="store_true", help="do not ask the index; use cached metadata only")
+    p.add_argument("--offline", action="store_true", help="do not ask the index; use cached metadata and wheels")
+    p.add_argument("--no-series", action="store_true", help="skip applying the series to pristine vLLM trees")
     p = add("bump", cmd_bump, "move every mechanical vLLM pin to a new version and report co-pin problems")
     p.add_argument("--to", required=True, metavar="VERSION", help="the new vLLM version, e.g. 0.32.0")
     p.add_argument("--dry-run", action="store_true", help="report only; write nothing")
+    p = add("image", cmd_image, "build the image of a target (content-addressed: an image already built for "
+            "its digest is not rebuilt)")
+    p.add_argument("--target", action="append", metavar="NAME", help="cpu or cuda (default: cuda where the "
+                   "engine has an NVIDIA runtime, else cpu); repeatable")
+    p.add_argument("--force", action="store_true", help="rebuild even if the image exists")
     add("doctor", cmd_doctor, "check the engine, Compose, the builder, the NVIDIA runtime, WSL2 and GPUs")
     add("engine", cmd_engine, "make a Docker engine answer: install and start one on Debian/Ubuntu as root, "
         "add Compose v2, build the local base images (idempotent)", json_out=False)

