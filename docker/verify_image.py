@@ -37,6 +37,13 @@ def check_series(series_dir: Path, target: str) -> list[str]:
     return [line.removeprefix("error: ") for line in done.stderr.splitlines() if line.strip()]
 
 
+def check_components() -> list[str]:
+    done = subprocess.run([sys.executable, str(HERE / "components.py"), "verify", "--spec", "/dev/null",
+                           "--components-dir", str(HERE / "components"), "--python", sys.executable],
+                          capture_output=True, text=True)
+    return [line.removeprefix("error: ") for line in done.stderr.splitlines() if line.strip()]
+
+
 def serve_flags() -> set[str]:
     done = subprocess.run([sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", "--help=all"],
                           capture_output=True, text=True, timeout=600)
@@ -76,6 +83,7 @@ def main() -> int:
     info = json.loads(args.build_info.read_text())
     problems = check_versions(info["pins"])
     problems += check_series(args.series_dir, info["target"])
+    problems += check_components()
     problems += check_flags(serve_flags())
     if info["target"] == "cuda":
         problems += check_cuda_toolchain()
@@ -84,7 +92,8 @@ def main() -> int:
     if problems:
         print(f"verify: {len(problems)} problem(s); the image is not tagged", file=sys.stderr)
         return 1
-    print(f"verify: ok ({len(info['pins'])} pins, {len(info['series'])} patches, launcher flags accepted)")
+    print(f"verify: ok ({len(info['pins'])} pins, {len(info['series'])} patches, "
+          f"{sum(s == 'present' for s in info['components'].values())} components, launcher flags accepted)")
     return 0
 
 

@@ -20,11 +20,12 @@ from pathlib import Path
 import requests
 import yaml
 
+from . import components as components_mod
 from . import series as series_mod
 from .engine import engine_answers
 from .errors import EnvironmentProblem, UserError
 from .index import IndexUnreachable, release_exists
-from .matrix import Matrix
+from .matrix import Matrix, substitute
 from .plan import TargetPlan
 from .profiles import render_profiles
 from .trust import ca_bundle, requests_verify
@@ -133,7 +134,36 @@ def _prepare_context(matrix: Matrix, plan: TargetPlan, root: Path) -> Path:
     info = {"target": plan.target, "vllm": matrix.vllm, "pins": plan.pins, "digest": plan.digest, "tag": plan.tag,
             "series": patches, "components": plan.components, "base": plan.base}
     (out / "build-info.json").write_text(json.dumps(info, indent=2) + "\n")
+    _stage_components(matrix, plan, root, out / "components")
     return out
+
+
+def _stage_components(matrix: Matrix, plan: TargetPlan, root: Path, dest: Path) -> None:
+    """Copy each present component's source into the context, checked against its pinned digest."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    spec = []
+    for name in matrix.targets[plan.target].components:
+        if plan.components[name] != "present":
+            continue  # said by `image` before the build; the profiles that need it are unavailable
+        comp = matrix.components[name]
+        source = root / comp.source
+        patches = [substitute(p, matrix) for p in comp.patches]
+        missing = [p for p in patches if not (source / p).is_file()]
+        if missing:
+            raise UserError(f"components.{name}: {', '.join(missing)} not in {comp.source}/")
+        digest = components_mod.source_digest(source, patches)
+        if comp.sha256 and digest != comp.sha256:
+            raise UserError(f"components.{name}: the source in {comp.source}/ has digest {digest[:16]}..., "
+                            f"images.yaml expects {comp.sha256[:16]}...; update sha256 only if the change is wanted")
+        (dest / name).mkdir(parents=True)
+        if (source / "files").is_dir():
+            shutil.copytree(source / "files", dest / name / "files")
+        for p in patches:
+            shutil.copy2(source / p, dest / name / p)
+        spec.append({"name": name, "patches": patches})
+    (dest / "components.json").write_text(json.dumps(spec, indent=2) + "\n")
 
 
 def labels(matrix: Matrix, plan: TargetPlan, root: Path) -> dict[str, str]:

@@ -13,8 +13,10 @@ import shlex
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from knobs import FALSE_WORDS, KNOBS, TRUE_WORDS  # noqa: E402
+try:
+    from .knobs import FALSE_WORDS, KNOBS, TRUE_WORDS
+except ImportError:  # run as a script inside the image, beside knobs.py
+    from knobs import FALSE_WORDS, KNOBS, TRUE_WORDS
 
 PROFILES_FILE = Path(os.environ.get("SERVEKIT_PROFILES", Path(__file__).resolve().parent / "profiles.json"))
 VLLM = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
@@ -65,7 +67,7 @@ def build_command(profiles: dict, profile: str, host: str, environ: dict[str, st
         raise KnobError(f"HOST={host!r}: expected one of {', '.join(profiles['hosts'])}")
     k = merged_knobs(profiles["profiles"][profile][host], environ)
     model = profiles["model"]
-    env = dict(profiles["hosts"][host]["env"])
+    env = {**profiles.get("env", {}), **profiles["hosts"][host]["env"]}
     args = ["--model", model["path"], "--served-model-name", model["served_name"], "--host", "0.0.0.0",
             "--port", k.get("PORT", "8000"), "--enable-prompt-tokens-details"]
     max_len, kv_dtype = CTX_PRESETS[k.get("CTX", "default")]

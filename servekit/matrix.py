@@ -75,6 +75,7 @@ class Target(Strict):
     model: str = Field(description="a key of models")
     components: list[str] = []
     knobs: Knobs = Field({}, description="knobs every profile gets on this target")
+    env: dict[str, str] = Field({}, description="environment the launcher sets on this target")
 
 
 class Host(Strict):
@@ -113,6 +114,8 @@ class Component(Strict):
     source: str = Field(description="folder holding files/vllm/ and the patches, relative to the matrix")
     patches: list[str] = Field(description="patch names; {vllm} stands for the vLLM pin")
     targets: list[str]
+    sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$",
+                               description="digest of the source (files/ and patches); a mismatch stops the build")
 
 
 class Series(Strict):

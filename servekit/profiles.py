@@ -30,6 +30,7 @@ def render_profiles(matrix: Matrix, target: str) -> dict:
         "target": target,
         "model": {"served_name": model.served_name, "source": model.source, "repo": model.repo,
                   "path": "/opt/models/demo" if model.source == "generated" else f"/app/models/{spec.model}"},
+        "env": spec.env,
         "hosts": {name: {"env": h.env} for name, h in matrix.hosts.items()},
         "profiles": {name: {host: resolve_knobs(matrix, name, target, host) for host in matrix.hosts}
                      for name, p in matrix.profiles.items() if target in p.targets},

@@ -166,3 +166,45 @@ def test_dockerfile_lints_clean():
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
     assert "# syntax=" not in (ROOT / "docker/Dockerfile").read_text()
+
+
+def _probe_component(root: Path, sha256: str | None) -> None:
+    """A tiny component in KVarN's layout: one added module, and a per-pin patch that changes it."""
+    source = root / "probe"
+    (source / "files/vllm").mkdir(parents=True)
+    (source / "files/vllm/servekit_probe.py").write_text("ADDED = 42\n")
+    (source / "probe-0.31.0.patch").write_text(
+        "A probe component for the tests.\n\nKind: local\nWhat: probe\nUpstream: none\nCut-against: v0.31.0\n\n"
+        "--- a/servekit_probe.py\n+++ b/servekit_probe.py\n@@ -1 +1 @@\n-ADDED = 42\n+ADDED = 43\n")
+    from servekit.components import source_digest
+    digest = sha256 or source_digest(source, ["probe-0.31.0.patch"])
+    _matrix_edit(root, "components:\n  kvarn:", "components:\n  probe:\n    description: a test probe\n"
+                 "    source: probe\n    patches: [\"probe-{vllm}.patch\"]\n    targets: [cpu]\n"
+                 f"    sha256: {digest}\n  kvarn:")
+    _matrix_edit(root, "    model: demo\n", "    model: demo\n    components: [probe]\n")
+
+
+def test_a_component_with_a_wrong_hash_is_refused(tmp_path):
+    root = _tracked_copy(tmp_path)
+    _probe_component(root, sha256="0" * 64)
+    tag = _cpu_tag(root)
+    result = run_build_py("image", "--target", "cpu", cwd=root)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "components.probe" in result.stderr and "images.yaml expects 0000000000000000" in result.stderr
+    assert _docker("image", "inspect", tag).returncode != 0
+
+
+@pytest.mark.slow
+def test_a_component_is_installed_patched_and_verified(tmp_path, cpu_image):
+    root = _tracked_copy(tmp_path)
+    _probe_component(root, sha256=None)
+    result = run_build_py("image", "--target", "cpu", "--json", cwd=root, timeout=3000)
+    assert result.returncode == 0, result.stderr[-3000:]
+    tag = json.loads(result.stdout)["images"][0]["tag"]
+    try:
+        probe = _docker("run", "--rm", "--entrypoint", "/opt/venv/bin/python", tag, "-c",
+                        "import vllm.servekit_probe as p; print(p.ADDED)")
+        assert probe.stdout.strip() == "43", probe.stderr
+        assert "== component probe: 1 files, 1 patches" in Path(json.loads(result.stdout)["images"][0]["log"]).read_text()
+    finally:
+        _docker("image", "rm", "-f", tag)
