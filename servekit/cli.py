@@ -256,9 +256,98 @@ def cmd_image(args) -> int:
         if not args.json:
             print(f"{plan.target}: {result.tag} " + (f"built in {result.seconds:.0f} s (log: {result.log})"
                                                       if result.built else "already built; nothing to do"))
+    # A plain `docker compose up PROFILE` in compose/ runs the image just built (the last target named).
+    from .deploy import write_env
+    write_env(_deployment(args, matrix, targets[-1]))
     if args.json:
         _emit_json({"images": results})
     return 0
+
+
+def _deployment(args, matrix, target: str):
+    from wsl2.detect import is_wsl2
+    from .deploy import Deployment
+    from .plan import plan_targets
+    wanted = getattr(args, "host", "auto")
+    host = wanted if wanted not in (None, "auto") else ("wsl2" if is_wsl2() else "native")
+    if host not in matrix.hosts:
+        raise UserError(f"--host {host}: expected one of auto, {', '.join(matrix.hosts)}")
+    tag = plan_targets(matrix, _root(args), [target])[0].tag
+    return Deployment(_root(args), target, host, tag, matrix.serve.bind, matrix.serve.port)
+
+
+def _check_target(matrix, target: str) -> str:
+    if target not in matrix.targets:
+        raise UserError(f"--target {target}: no such target; expected one of {', '.join(matrix.targets)}")
+    return target
+
+
+def cmd_up(args) -> int:
+    from .builder import image_exists
+    from .deploy import check_bind, down, ensure_secrets, find_container, up, write_env
+    from .watch import BootFailed, BootRecord, watch_boot
+    import time
+    matrix = _matrix(args)
+    target = _check_target(matrix, args.target or _default_target(matrix))
+    profile = matrix.profiles.get(args.profile)
+    if profile is None:
+        raise UserError(f"profile {args.profile!r}: expected one of {', '.join(matrix.profiles)}")
+    if target not in profile.targets:
+        raise UserError(f"profile {args.profile} does not run on the {target} target (it runs on "
+                        f"{', '.join(profile.targets)})")
+    dep = _deployment(args, matrix, target)
+    if not image_exists(dep.image):
+        raise UserError(f"image {dep.image} is not built: run `python build.py image --target {target}`")
+    check_bind(dep.bind, warn=lambda w: print(f"warning: {w}", file=sys.stderr))
+    key_file = ensure_secrets(dep)
+    write_env(dep)
+    timeout = args.timeout or matrix.serve.boot_timeout_s
+    print(f"up: {args.profile} on {target} ({dep.host}), {dep.image}", file=sys.stderr)
+    record = BootRecord(started=time.time())
+    try:
+        up(dep, args.profile)
+        container = find_container(args.profile)
+        if container is None:
+            raise UserError(f"compose started no container for {args.profile}")
+        from rich.console import Console
+        with Console(stderr=True).status(f"waiting for {args.profile} to become healthy") as status:
+            def progress(elapsed, rec):
+                status.update(f"waiting for {args.profile}: {elapsed:.0f} s, {len(rec.lines)} log lines")
+            watch_boot(container, dep.url, timeout, record, progress=progress)
+    except BootFailed as exc:
+        print(f"up: {args.profile} failed after {time.time() - record.started:.1f} s: {exc}", file=sys.stderr)
+        for line in exc.last_lines[-12:]:
+            print(f"  | {line[:300]}", file=sys.stderr)
+        down(dep, None)
+        return 1
+    except BaseException:
+        down(dep, None)  # Ctrl-C or any error leaves nothing running
+        raise
+    result = {"profile": args.profile, "target": target, "host": dep.host, "image": dep.image, "url": dep.url,
+              "api_key_file": str(key_file), "container": container.name,
+              "time_to_healthy_s": record.time_to_healthy_s, "kv_pool_tokens": record.kv_pool_tokens,
+              "detection_lag_s": record.detection_lag_s}
+    if args.json:
+        _emit_json(result)
+    else:
+        print(f"{args.profile} is healthy at {dep.url} (API key in {key_file})")
+        print(f"  time to healthy {record.time_to_healthy_s} s, KV pool {record.kv_pool_tokens} tokens, "
+              f"detection lag {record.detection_lag_s} s")
+    return 0
+
+
+def cmd_down(args) -> int:
+    from .deploy import Deployment, down, running_profiles
+    matrix = _matrix(args)
+    dep = Deployment(_root(args), "cpu" if "cpu" in matrix.targets else next(iter(matrix.targets)), "native",
+                     "unused", matrix.serve.bind, matrix.serve.port)
+    if not (dep.compose_dir / ".env").exists():
+        from .deploy import write_env
+        write_env(dep)
+    down(dep, args.profile)
+    left = [p for p in running_profiles() if not args.profile or p == args.profile]
+    print(f"down: {'nothing left running' if not left else 'still present: ' + ', '.join(left)}")
+    return 0 if not left else 1
 
 
 def cmd_schema(args) -> int:
@@ -298,6 +387,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", action="append", metavar="NAME", help="cpu or cuda (default: cuda where the "
                    "engine has an NVIDIA runtime, else cpu); repeatable")
     p.add_argument("--force", action="store_true", help="rebuild even if the image exists")
+    p = add("up", cmd_up, "start a profile through Compose and watch it until it is healthy or has failed")
+    p.add_argument("profile", metavar="PROFILE", help="a profile of images.yaml (default, batch, alternative, ...)")
+    p.add_argument("--target", metavar="NAME", help="cpu or cuda (default: cuda where the engine has an NVIDIA "
+                   "runtime, else cpu)")
+    p.add_argument("--host", default="auto", metavar="KIND", help="native, wsl2 or auto (default: detect WSL2)")
+    p.add_argument("--timeout", type=float, metavar="S", help="seconds to wait (default: serve.boot_timeout_s)")
+    p = add("down", cmd_down, "stop and remove a profile's containers (all profiles when none is named); "
+            "volumes stay", json_out=False)
+    p.add_argument("profile", nargs="?", metavar="PROFILE")
     add("doctor", cmd_doctor, "check the engine, Compose, the builder, the NVIDIA runtime, WSL2 and GPUs")
     add("engine", cmd_engine, "make a Docker engine answer: install and start one on Debian/Ubuntu as root, "
         "add Compose v2, build the local base images (idempotent)", json_out=False)

@@ -47,7 +47,8 @@ def truthy(name: str, value: str) -> bool:
 
 def merged_knobs(profile_knobs: dict[str, str], environ: dict[str, str]) -> dict[str, str]:
     knobs = dict(profile_knobs)
-    knobs.update({k: v for k, v in environ.items() if k in KNOBS})
+    # An empty variable is unset: `KNOB=` in a compose file or shell must not override a default.
+    knobs.update({k: v for k, v in environ.items() if k in KNOBS and v != ""})
     for name, value in knobs.items():
         problem = KNOBS[name].check(value)
         if problem:
@@ -133,15 +134,26 @@ def main(argv: list[str]) -> int:
     if command == "flags":
         print("\n".join(FLAGS))
         return 0
-    if command != "serve":
-        print(f"launcher: unknown command {command!r}; expected serve or flags", file=sys.stderr)
+    if command not in ("serve", "prepare"):
+        print(f"launcher: unknown command {command!r}; expected serve [PROFILE], prepare or flags", file=sys.stderr)
         return 2
+    profiles = json.loads(PROFILES_FILE.read_text())
+    if command == "prepare":
+        try:
+            from .prepare import prepare
+        except ImportError:  # run as a script inside the image, beside prepare.py
+            from prepare import prepare
+        prepare(profiles["model"], say=lambda line: print(line, file=sys.stderr, flush=True))
+        return 0
+    profile = argv[2] if len(argv) > 2 else os.environ.get("PROFILE", "default")
     try:
-        profiles = json.loads(PROFILES_FILE.read_text())
-        args, env = build_command(profiles, os.environ.get("PROFILE", "default"), os.environ.get("HOST", "native"),
-                                  dict(os.environ))
+        args, env = build_command(profiles, profile, os.environ.get("HOST", "native"), dict(os.environ))
     except KnobError as exc:
         print(f"launcher: refusing to start: {exc}", file=sys.stderr)
+        return 2
+    if not Path(profiles["model"]["path"], ".servekit-complete").is_file() and os.environ.get("PRINT_ARGV") != "1":
+        print(f"launcher: refusing to start: the model in {profiles['model']['path']} is missing or incomplete; "
+              "run the prepare step first (docker compose runs it before every profile)", file=sys.stderr)
         return 2
     key_file = os.environ.get("API_KEY_FILE")
     if key_file:  # the key travels in the environment, never on the command line or in a log
@@ -152,7 +164,7 @@ def main(argv: list[str]) -> int:
             print(f"{name}={'***' if 'KEY' in name or 'TOKEN' in name else env[name]}")
         return 0
     os.environ.update(env)
-    print(f"launcher: vllm serve {shlex.join(args)}", file=sys.stderr, flush=True)
+    print(f"launcher: profile {profile}: vllm serve {shlex.join(args)}", file=sys.stderr, flush=True)
     os.execv(VLLM[0], VLLM + args)
 
 

@@ -122,6 +122,12 @@ class Series(Strict):
     dir: str = Field(description="folder holding the `series` file and the patches")
 
 
+class Serve(Strict):
+    bind: str = Field("127.0.0.1", description="address ports are published on; anything but loopback warns")
+    port: int = Field(8000, ge=1, le=65535)
+    boot_timeout_s: int = Field(900, ge=10, description="how long `up` waits for a profile to become healthy")
+
+
 class ImageInfo(Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9._/-]*$")
     title: str
@@ -146,6 +152,7 @@ class Matrix(Strict):
     components: dict[str, Component] = {}
     checks: dict[str, Check]
     profiles: dict[str, Profile]
+    serve: Serve = Serve()
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 

@@ -16,7 +16,7 @@ from .matrix import Matrix
 
 # Files of this repository that go into every image (paths relative to the repository root).
 COMMON_INPUTS = ("docker/Dockerfile", ".dockerignore", "servekit/launcher.py", "servekit/knobs.py",
-                 "servekit/series.py", "servekit/components.py",
+                 "servekit/series.py", "servekit/components.py", "servekit/prepare.py",
                  "docker/verify_image.py")
 # Files that go into the cpu image only: the generator of the embedded demo model.
 MODEL_INPUTS = ("servekit/demomodel.py",)

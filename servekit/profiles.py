@@ -29,7 +29,8 @@ def render_profiles(matrix: Matrix, target: str) -> dict:
     return {
         "target": target,
         "model": {"served_name": model.served_name, "source": model.source, "repo": model.repo,
-                  "path": "/opt/models/demo" if model.source == "generated" else f"/app/models/{spec.model}"},
+                  "revision": model.revision, "path": f"/app/models/{spec.model}",
+                  "baked": "/opt/models/demo" if model.source == "generated" else None},
         "env": spec.env,
         "hosts": {name: {"env": h.env} for name, h in matrix.hosts.items()},
         "profiles": {name: {host: resolve_knobs(matrix, name, target, host) for host in matrix.hosts}

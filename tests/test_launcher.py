@@ -85,7 +85,7 @@ def test_cpu_target_knobs_override_the_profile():
     argv, _ = build_command(CPU, "default", "native", {})
     assert "--enforce-eager" in argv and _flag(argv, "--dtype") == "float32"
     assert _flag(argv, "--max-model-len") == "2048" and "--speculative-config" not in argv
-    assert _flag(argv, "--model") == "/opt/models/demo" and _flag(argv, "--tool-call-parser") == "hermes"
+    assert _flag(argv, "--model") == "/app/models/demo" and _flag(argv, "--tool-call-parser") == "hermes"
 
 
 def test_print_argv_masks_the_key_and_exits(tmp_path):

@@ -1,0 +1,201 @@
+"""Watch a booting vLLM container until it is healthy or has failed, and say why at once.
+
+Three things are watched together: the keyless health route (polled every 250 ms), the
+container's state, and its log stream. A Traceback, an out-of-memory line, an engine that
+failed to start, a WSL2 failure or the container exiting ends the wait immediately with the
+reason and the last log lines, rather than at the timeout.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import requests
+from tenacity import RetryError, Retrying, retry_if_result, stop_after_delay, wait_fixed
+
+# vLLM prefixes its lines with the process and level: "(EngineCore pid=25) ERROR 11-29 09:01:47 [core.py:1433] ".
+VLLM_PREFIX = r"^(?:\([\w-]+ pid=\d+\) (?:ERROR|CRITICAL) [^\[]*\[[^\]]+\] )?"
+# (pattern, reason): the first line that matches ends the wait; the specific ones come first.
+FAILURE_PATTERNS = [
+    (re.compile(r"CUDA out of memory|torch\.OutOfMemoryError"), "out of memory"),
+    (re.compile(r"No available memory for the cache blocks"), "out of memory (no room for the KV cache)"),
+    (re.compile(r"UVA is not available"), "UVA is not available (WSL2: pinned memory is off)"),
+    (re.compile(r"device not ready", re.I), "device not ready (WSL2: expandable_segments must be off)"),
+    (re.compile(r"launcher: refusing to start: .+"), "launcher refused"),
+    (re.compile(VLLM_PREFIX + r"(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception): \S"), "error"),
+    (re.compile(r"EngineCore failed to start"), "EngineCore failed to start"),
+    (re.compile(VLLM_PREFIX + r"Traceback \(most recent call last\)"), "traceback"),
+]
+TRACEBACK_GRACE_S = 2.0  # a traceback's own exception line follows within this; it is the better reason
+READY = re.compile(r"Application startup complete")
+KV_POOL = re.compile(r"KV cache size: ([\d,]+) tokens")
+LOG_PREFIX = re.compile(r"^(\S+) (.*)$")  # docker's RFC 3339 timestamp, then the line
+
+
+class BootFailed(Exception):
+    def __init__(self, reason: str, line: str, last_lines: list[str]):
+        super().__init__(f"{reason}: {line}" if line else reason)
+        self.reason, self.line, self.last_lines = reason, line, last_lines
+
+
+@dataclass
+class BootRecord:
+    started: float  # time.time() when watching began (the container was just started)
+    healthy_at: float | None = None
+    ready_logged_at: float | None = None
+    kv_pool_tokens: int | None = None
+    lines: deque = field(default_factory=lambda: deque(maxlen=4000))
+
+    @property
+    def time_to_healthy_s(self) -> float | None:
+        return None if self.healthy_at is None else round(self.healthy_at - self.started, 2)
+
+    @property
+    def detection_lag_s(self) -> float | None:
+        if self.healthy_at is None or self.ready_logged_at is None:
+            return None
+        return round(max(0.0, self.healthy_at - self.ready_logged_at), 3)
+
+
+def _timestamp(text: str) -> float | None:
+    try:  # docker writes nanoseconds; Python takes microseconds
+        return datetime.fromisoformat(re.sub(r"(\.\d{6})\d*", r"\1", text.replace("Z", "+00:00"))).timestamp()
+    except ValueError:
+        return None
+
+
+def classify(line: str) -> tuple[str, str] | None:
+    """(reason, the matching text) when a log line means the boot has failed."""
+    if " WARNING " in line[:60]:
+        return None
+    for pattern, reason in FAILURE_PATTERNS:
+        match = pattern.search(line)
+        if match:
+            return reason, line.strip()[-400:]
+    return None
+
+
+class LogFollower(threading.Thread):
+    """Follows the container's log stream; records readiness, the KV pool and the first failure."""
+
+    def __init__(self, container, record: BootRecord):
+        super().__init__(daemon=True)
+        self.container, self.record = container, record
+        self._failure: tuple[str, str] | None = None
+        self._detail: list[str] = []  # lines after the failure line: pydantic puts the message there
+        self._traceback: tuple[float, tuple[str, str]] | None = None
+        self.ended = threading.Event()
+
+    @property
+    def failure(self) -> tuple[str, str] | None:
+        """The failure seen, if any; a bare traceback counts once its grace period has passed."""
+        if self._failure is None and self._traceback and time.monotonic() - self._traceback[0] > TRACEBACK_GRACE_S:
+            self._failure = self._traceback[1]
+        if self._failure and self._detail:
+            return self._failure[0], " | ".join([self._failure[1], *self._detail])
+        return self._failure
+
+    def failure_at_exit(self) -> tuple[str, str] | None:
+        """Once the container has exited there is nothing more to wait for: a bare traceback counts."""
+        return self.failure or (self._traceback[1] if self._traceback else None)
+
+    def run(self) -> None:
+        buffer = b""
+        try:
+            for chunk in self.container.logs(stream=True, follow=True, timestamps=True):
+                buffer += chunk
+                while b"\n" in buffer:
+                    raw, buffer = buffer.split(b"\n", 1)
+                    self.feed(raw.decode("utf-8", "replace"))
+        except Exception:  # the container went away: the state check reports it
+            pass
+        finally:
+            self.ended.set()
+
+    def feed(self, raw: str) -> None:
+        mo = LOG_PREFIX.match(raw)
+        stamp, line = (_timestamp(mo[1]), mo[2]) if mo and _timestamp(mo[1]) else (None, raw)
+        self.record.lines.append(line)
+        if READY.search(line) and self.record.ready_logged_at is None:
+            self.record.ready_logged_at = stamp or time.time()
+        pool = KV_POOL.search(line)
+        if pool:
+            self.record.kv_pool_tokens = int(pool[1].replace(",", ""))
+        if self._failure is not None:
+            if len(self._detail) < 2 and line.strip() and without_frames(list(self.record.lines)[-2:])[-1:] == [line]:
+                self._detail.append(line.strip()[:240])
+            return
+        found = classify(line)
+        if found and found[0] == "traceback":
+            self._traceback = self._traceback or (time.monotonic(), found)
+        elif found:
+            self._failure = found
+
+
+def without_frames(lines) -> list[str]:
+    """The lines without traceback frames (`  File "..."`, the source line after it, carets)."""
+    out, after_file = [], False
+    for line in lines:
+        body = re.sub(VLLM_PREFIX, "", line)
+        frame = body.startswith(('  File "', "Traceback")) or (after_file and body.startswith("    ")) or \
+            (body.strip() != "" and set(body.strip()) <= set("^~ "))
+        after_file = body.startswith('  File "')
+        if not frame:
+            out.append(line)
+    return out
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return requests.get(f"{url}/health", timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def watch_boot(container, url: str, timeout_s: float, record: BootRecord | None = None,
+               poll_s: float = 0.25, progress=None) -> BootRecord:
+    """Block until /health answers 200; raise BootFailed on a failure line, an exit or the timeout."""
+    record = record or BootRecord(started=time.time())
+    follower = LogFollower(container, record)
+    follower.start()
+
+    def tail() -> list[str]:
+        return without_frames(record.lines)[-20:]
+
+    def check_failure() -> bool:
+        if follower.failure:
+            time.sleep(0.3)  # the failure's detail lines are usually a few milliseconds behind it
+            raise BootFailed(*follower.failure, tail())
+        container.reload()
+        state = container.attrs["State"]
+        if state["Status"] in ("exited", "dead"):
+            follower.ended.wait(2)  # let the last lines arrive before quoting them
+            failure = follower.failure_at_exit()
+            if failure:
+                raise BootFailed(*failure, tail())
+            raise BootFailed(f"the container exited with code {state.get('ExitCode')}", "", tail())
+        healthy = _healthy(url)
+        if progress:
+            progress(time.time() - record.started, record)
+        return healthy
+
+    try:
+        for attempt in Retrying(wait=wait_fixed(poll_s), stop=stop_after_delay(timeout_s),
+                                retry=retry_if_result(lambda healthy: not healthy)):
+            with attempt:
+                healthy = check_failure()
+            if not attempt.retry_state.outcome.failed:
+                attempt.retry_state.set_result(healthy)
+    except RetryError:
+        raise BootFailed(f"not healthy within {timeout_s:.0f} s", "", tail()) from None
+    record.healthy_at = time.time()
+    # The startup line is logged just before /health answers; give the stream a moment to deliver it.
+    deadline = time.monotonic() + 2
+    while record.ready_logged_at is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return record
