@@ -52,11 +52,19 @@ def serve_flags() -> set[str]:
     return set(re.findall(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*)", done.stdout))
 
 
-def check_flags(accepted: set[str]) -> list[str]:
-    emitted = subprocess.run([sys.executable, str(HERE / "launcher.py"), "flags"], capture_output=True, text=True,
-                             check=True).stdout.split()
-    return [f"the launcher can emit {flag}, which the pinned `vllm serve` does not accept"
-            for flag in emitted if flag not in accepted]
+def check_flags(accepted: set[str], profiles_file: Path) -> list[str]:
+    """Every flag the launcher can emit, and every flag of every profile's command line on every host."""
+    sys.path.insert(0, str(HERE))
+    from launcher import FLAGS, build_command
+    problems = [f"the launcher can emit {flag}, which the pinned `vllm serve` does not accept"
+                for flag in FLAGS if flag not in accepted]
+    profiles = json.loads(profiles_file.read_text())
+    for name, hosts in profiles["profiles"].items():
+        for host in hosts:
+            argv, _ = build_command(profiles, name, host, {})
+            problems += [f"profile {name} on {host}: `vllm serve` does not accept {token.split('=')[0]}"
+                         for token in argv if token.startswith("--") and token.split("=")[0] not in accepted]
+    return problems
 
 
 def check_cuda_toolchain() -> list[str]:
@@ -84,7 +92,7 @@ def main() -> int:
     problems = check_versions(info["pins"])
     problems += check_series(args.series_dir, info["target"])
     problems += check_components()
-    problems += check_flags(serve_flags())
+    problems += check_flags(serve_flags(), args.profiles)
     if info["target"] == "cuda":
         problems += check_cuda_toolchain()
     for problem in problems:
@@ -93,7 +101,7 @@ def main() -> int:
         print(f"verify: {len(problems)} problem(s); the image is not tagged", file=sys.stderr)
         return 1
     print(f"verify: ok ({len(info['pins'])} pins, {len(info['series'])} patches, "
-          f"{sum(s == 'present' for s in info['components'].values())} components, launcher flags accepted)")
+          f"{sum(s == 'present' for s in info['components'].values())} components, every profile's flags accepted)")
     return 0
 
 

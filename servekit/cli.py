@@ -284,9 +284,9 @@ def _check_target(matrix, target: str) -> str:
 
 def cmd_up(args) -> int:
     from .builder import image_exists
-    from .deploy import check_bind, down, ensure_secrets, find_container, up, write_env
-    from .watch import BootFailed, BootRecord, watch_boot
-    import time
+    from .deploy import check_bind, ensure_secrets, write_env
+    from .pipeline import boot
+    from .watch import BootFailed
     matrix = _matrix(args)
     target = _check_target(matrix, args.target or _default_target(matrix))
     profile = matrix.profiles.get(args.profile)
@@ -303,36 +303,36 @@ def cmd_up(args) -> int:
     write_env(dep)
     timeout = args.timeout or matrix.serve.boot_timeout_s
     print(f"up: {args.profile} on {target} ({dep.host}), {dep.image}", file=sys.stderr)
-    record = BootRecord(started=time.time())
+    from rich.console import Console
     try:
-        up(dep, args.profile)
-        container = find_container(args.profile)
-        if container is None:
-            raise UserError(f"compose started no container for {args.profile}")
-        from rich.console import Console
         with Console(stderr=True).status(f"waiting for {args.profile} to become healthy") as status:
-            def progress(elapsed, rec):
-                status.update(f"waiting for {args.profile}: {elapsed:.0f} s, {len(rec.lines)} log lines")
-            watch_boot(container, dep.url, timeout, record, progress=progress)
+            booted = boot(dep, args.profile, timeout, say=status.update)
     except BootFailed as exc:
-        print(f"up: {args.profile} failed after {time.time() - record.started:.1f} s: {exc}", file=sys.stderr)
+        print(f"up: {args.profile} failed: {exc}", file=sys.stderr)
         for line in exc.last_lines[-12:]:
             print(f"  | {line[:300]}", file=sys.stderr)
-        down(dep, None)
         return 1
-    except BaseException:
-        down(dep, None)  # Ctrl-C or any error leaves nothing running
-        raise
+    booted.stop_samplers()  # `up` ends at healthy; `run` keeps them going through the traffic
+    record, memory = booted.record, booted.memory()
     result = {"profile": args.profile, "target": target, "host": dep.host, "image": dep.image, "url": dep.url,
-              "api_key_file": str(key_file), "container": container.name,
+              "api_key_file": str(key_file), "container": booted.container.name,
               "time_to_healthy_s": record.time_to_healthy_s, "kv_pool_tokens": record.kv_pool_tokens,
-              "detection_lag_s": record.detection_lag_s}
+              "detection_lag_s": record.detection_lag_s, "phases": memory["phases"],
+              "gpu": memory["gpus"][0] if memory["gpus"] else None, "shared_usage": memory["shared_usage"]}
+    if result["shared_usage"]:
+        result["shared_usage"] = {k: v for k, v in result["shared_usage"].items() if k != "series"}
     if args.json:
         _emit_json(result)
     else:
         print(f"{args.profile} is healthy at {dep.url} (API key in {key_file})")
         print(f"  time to healthy {record.time_to_healthy_s} s, KV pool {record.kv_pool_tokens} tokens, "
               f"detection lag {record.detection_lag_s} s")
+        if result["gpu"]:
+            print(f"  GPU peak {result['gpu']['peak_used_bytes'] / 2**30:.2f} GiB, margin "
+                  f"{result['gpu']['min_margin_bytes'] / 2**30:.2f} GiB")
+        if result["shared_usage"]:
+            print(f"  Shared Usage baseline {result['shared_usage']['baseline_bytes'] / 1e6:.0f} MB, spill "
+                  f"{result['shared_usage']['spill_bytes'] / 1e6:.0f} MB")
     return 0
 
 
@@ -348,6 +348,74 @@ def cmd_down(args) -> int:
     left = [p for p in running_profiles() if not args.profile or p == args.profile]
     print(f"down: {'nothing left running' if not left else 'still present: ' + ', '.join(left)}")
     return 0 if not left else 1
+
+
+def cmd_monitor(args) -> int:
+    """GPU memory (NVML) and, on WSL2, Shared Usage for N seconds or until Ctrl-C.
+
+    Imports only the standard library, nvidia-ml-py and (for the adapter name) PyYAML, so that it
+    runs on a GPU machine without the rest of the stack.
+    """
+    import time
+    from wsl2.detect import is_wsl2
+    from wsl2.shared_usage import SharedUsageSampler, SharedUsageUnavailable
+    from .gpu import NvmlSampler, NvmlUnavailable
+    gpu_sampler = shared_sampler = None
+    try:
+        gpu_sampler = NvmlSampler(interval_s=args.interval)
+    except NvmlUnavailable as exc:
+        print(f"monitor: GPU memory not sampled: {exc}", file=sys.stderr)
+    if is_wsl2():
+        try:
+            shared_sampler = SharedUsageSampler().start()
+            if not shared_sampler.wait_for_baseline(20):
+                print("monitor: Get-Counter gave no sample within 20 s", file=sys.stderr)
+        except SharedUsageUnavailable as exc:
+            print(f"monitor: Shared Usage not sampled: {exc}", file=sys.stderr)
+    else:
+        print("monitor: not WSL2: Shared Usage not sampled", file=sys.stderr)
+    if gpu_sampler:
+        gpu_sampler.start()
+    try:
+        deadline = time.monotonic() + args.seconds if args.seconds else None
+        while deadline is None or time.monotonic() < deadline:
+            time.sleep(0.05 if deadline is None else max(0.0, min(0.05, deadline - time.monotonic())))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if gpu_sampler:
+            gpu_sampler.stop()
+        if shared_sampler:
+            shared_sampler.stop()
+    gpus = gpu_sampler.summary() if gpu_sampler else []
+    shared = shared_sampler.summary(nvml_used=gpus[0]["end_used_bytes"] if gpus else None,
+                                    named=args.adapter or _wsl2_adapter(args)) if shared_sampler else None
+    if shared:
+        shared.pop("series")
+    result = {"gpu": ({k: v for k, v in gpus[0].items() if k != "phases"} if gpus else None), "gpus": gpus,
+              "shared_usage": shared}
+    if args.json:
+        _emit_json(result)
+        return 0
+    for g in gpus:
+        print(f"GPU {g['index']} {g['name']}: peak {g['peak_used_bytes'] / 2**30:.3f} GiB of "
+              f"{g['total_bytes'] / 2**30:.1f} GiB, margin {g['min_margin_bytes'] / 2**30:.3f} GiB, "
+              f"{g['samples']} samples")
+    if shared:
+        print(f"Shared Usage ({shared['adapter']}): baseline {shared['baseline_bytes'] / 1e6:.0f} MB, peak "
+              f"{shared['peak_bytes'] / 1e6:.0f} MB, end {shared['end_bytes'] / 1e6:.0f} MB, spill "
+              f"{shared['spill_bytes'] / 1e6:.0f} MB, {shared['samples']} samples")
+    return 0
+
+
+def _wsl2_adapter(args) -> str | None:
+    """hosts.wsl2.adapter from the matrix, read with PyYAML alone (no pydantic on a bare GPU machine)."""
+    try:
+        import yaml
+        data = yaml.safe_load(Path(args.matrix).read_text())
+        return ((data or {}).get("hosts") or {}).get("wsl2", {}).get("adapter")
+    except (ImportError, OSError, yaml.YAMLError, AttributeError):
+        return None
 
 
 def cmd_schema(args) -> int:
@@ -396,6 +464,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("down", cmd_down, "stop and remove a profile's containers (all profiles when none is named); "
             "volumes stay", json_out=False)
     p.add_argument("profile", nargs="?", metavar="PROFILE")
+    p = add("monitor", cmd_monitor, "sample GPU memory (NVML, every 50 ms) and, on WSL2, the Windows Shared "
+            "Usage counter (every second) for N seconds or until Ctrl-C, then print the summary")
+    p.add_argument("--seconds", type=float, metavar="N", help="how long (default: until Ctrl-C)")
+    p.add_argument("--interval", type=float, default=0.05, metavar="S", help="NVML sampling interval (default 0.05)")
+    p.add_argument("--adapter", metavar="LUID", help="the WSL2 adapter to report (default: the one matching NVML)")
     add("doctor", cmd_doctor, "check the engine, Compose, the builder, the NVIDIA runtime, WSL2 and GPUs")
     add("engine", cmd_engine, "make a Docker engine answer: install and start one on Debian/Ubuntu as root, "
         "add Compose v2, build the local base images (idempotent)", json_out=False)

@@ -1,8 +1,16 @@
-"""GPUs through NVML (standard library and nvidia-ml-py only: this runs on the GPU machine too)."""
+"""GPUs through NVML: a 50 ms memory sampler (standard library and nvidia-ml-py only).
+
+It runs on the GPU machine too, which has neither the Docker SDK nor pydantic. `used` is the
+v1 figure, which is what nvidia-smi shows (it counts the driver's reserved memory); samples
+are taken in a background thread, and per-process lists, which take the driver's lock, at
+most once a second.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+import time
+from dataclasses import dataclass, field
 
 
 class NvmlUnavailable(Exception):
@@ -44,3 +52,103 @@ def list_gpus() -> list[GpuInfo]:
         return out
     finally:
         nvml.nvmlShutdown()
+
+
+@dataclass
+class GpuSeries:
+    index: int
+    name: str
+    total_bytes: int
+    times: list[float] = field(default_factory=list)  # seconds since the sampler started
+    used: list[int] = field(default_factory=list)
+    processes: list[tuple[float, list[tuple[int, int | None]]]] = field(default_factory=list)  # (t, [(pid, bytes)])
+    not_supported: set[str] = field(default_factory=set)
+
+    def peak(self, start: float = 0.0, end: float = float("inf")) -> int | None:
+        window = [u for t, u in zip(self.times, self.used) if start <= t <= end]
+        return max(window) if window else None
+
+    def summary(self, phases: list[tuple[str, float]], end: float) -> dict:
+        peak = self.peak()
+        out = {"index": self.index, "name": self.name, "total_bytes": self.total_bytes, "samples": len(self.used),
+               "peak_used_bytes": peak, "min_margin_bytes": None if peak is None else self.total_bytes - peak,
+               "end_used_bytes": self.used[-1] if self.used else None, "phases": {},
+               "not_supported": sorted(self.not_supported)}
+        bounds = phases + [("", end)]
+        for (name, start), (_, stop) in zip(bounds, bounds[1:]):
+            p = self.peak(start, stop)
+            out["phases"][name] = {"start_s": round(start, 3), "end_s": round(stop, 3), "peak_used_bytes": p,
+                                   "min_margin_bytes": None if p is None else self.total_bytes - p}
+        return out
+
+
+class NvmlSampler:
+    """Samples every GPU's memory every `interval_s` in a thread; phases mark the boot's stages."""
+
+    def __init__(self, interval_s: float = 0.05, process_interval_s: float = 1.0):
+        self.nvml = nvml_init()  # raises NvmlUnavailable, with the reason, when there is no GPU
+        self.interval_s, self.process_interval_s = interval_s, process_interval_s
+        self.handles = [self.nvml.nvmlDeviceGetHandleByIndex(i) for i in range(self.nvml.nvmlDeviceGetCount())]
+        self.series = []
+        for i, handle in enumerate(self.handles):
+            name = self.nvml.nvmlDeviceGetName(handle)
+            self.series.append(GpuSeries(i, name.decode() if isinstance(name, bytes) else name,
+                                         self.nvml.nvmlDeviceGetMemoryInfo(handle).total))
+        self.phases: list[tuple[str, float]] = [("start", 0.0)]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="nvml-sampler", daemon=True)
+        self._t0 = 0.0
+
+    def __enter__(self) -> "NvmlSampler":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self._t0 = time.monotonic()
+        self._thread.start()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self._t0
+
+    def mark(self, phase: str) -> None:
+        self.phases.append((phase, self.elapsed()))
+
+    def _processes(self, handle, series: GpuSeries) -> None:
+        if "processes" in series.not_supported:
+            return
+        try:
+            procs = self.nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            series.processes.append((self.elapsed(), [(p.pid, p.usedGpuMemory) for p in procs]))
+        except self.nvml.NVMLError_NotSupported:  # WSL2 has no per-process figures
+            series.not_supported.add("processes")
+
+    def _run(self) -> None:
+        next_processes = 0.0
+        while not self._stop.is_set():
+            now = self.elapsed()
+            for handle, series in zip(self.handles, self.series):
+                series.times.append(now)
+                series.used.append(self.nvml.nvmlDeviceGetMemoryInfo(handle).used)
+                if now >= next_processes:
+                    self._processes(handle, series)
+            if now >= next_processes:
+                next_processes = now + self.process_interval_s
+            # Sleep to the next tick rather than a fixed interval, so the rate holds under load.
+            self._stop.wait(max(0.0, self.interval_s - (self.elapsed() - now)))
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        self._end = self.elapsed()
+        try:
+            self.nvml.nvmlShutdown()
+        except self.nvml.NVMLError:
+            pass
+
+    def summary(self) -> list[dict]:
+        end = getattr(self, "_end", self.elapsed())
+        return [s.summary(self.phases, end) for s in self.series]

@@ -80,6 +80,8 @@ class Target(Strict):
 
 class Host(Strict):
     description: str
+    adapter: str | None = Field(None, description="WSL2: the GPU adapter's LUID (part of it) for Shared Usage; "
+                                "default: the adapter whose dedicated usage matches NVML")
     knobs: Knobs = {}
     env: dict[str, str] = Field({}, description="environment the launcher sets on this host")
     component_knobs: dict[str, Knobs] = Field({}, description="knobs for profiles that use a component")

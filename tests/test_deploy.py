@@ -1,0 +1,265 @@
+"""Deploy and watch: compose files, the prepare step, the boot watcher, and real boots of the cpu image."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from conftest import ROOT, run_build_py
+from servekit.prepare import COMPLETE, prepare
+from servekit.watch import LogFollower, BootRecord, classify, without_frames
+
+COMPOSE = ROOT / "compose"
+PROFILES = ["default", "batch", "alternative", "mtp", "mtp-long", "dflash2", "dflash2-k15", "huge"]
+
+
+# --- the watcher's reading of vLLM's log (no engine) -------------------------------------------
+
+@pytest.mark.parametrize("line,reason", [
+    ("(VllmWorker-0 pid=37) ERROR 11-29 09:01:46 [multiproc_executor.py:948] ValueError: Available memory", "error"),
+    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB", "out of memory"),
+    ("ValueError: No available memory for the cache blocks. Try increasing", "out of memory (no room for the KV cache)"),
+    ("(EngineCore pid=25) ERROR 11-29 09:01:47 [core.py:1433] EngineCore failed to start.", "EngineCore failed to start"),
+    ("RuntimeError: UVA is not available", "UVA is not available (WSL2: pinned memory is off)"),
+    ("RuntimeError: CUDA error: device not ready", "device not ready (WSL2: expandable_segments must be off)"),
+    ("launcher: refusing to start: PREFIX_CACHE='maybe': expected one of", "launcher refused"),
+    ("Traceback (most recent call last):", "traceback"),
+])
+def test_failure_lines_are_classified(line, reason):
+    assert classify(line)[0] == reason
+
+
+@pytest.mark.parametrize("line", [
+    "(APIServer pid=1) WARNING 11-29 09:08:17 [system_utils.py:249] failed with error OSError: [Errno 24] Too many",
+    "(APIServer pid=1) INFO 11-29 09:02:33 [kv_cache_utils.py:2464] CPU KV cache size: 1,247,360 tokens",
+    "INFO:     Application startup complete.",
+])
+def test_ordinary_lines_are_not_failures(line):
+    assert classify(line) is None
+
+
+def test_the_follower_records_pool_readiness_and_the_error_with_its_detail():
+    record = BootRecord(started=time.time())
+    follower = LogFollower(container=None, record=record)
+    for line in ["2026-11-29T09:02:33.123456789Z (EngineCore pid=25) INFO [x] GPU KV cache size: 88,666 tokens",
+                 "2026-11-29T09:02:40.500000000Z INFO:     Application startup complete.",
+                 "2026-11-29T09:02:41.0Z Traceback (most recent call last):",
+                 '2026-11-29T09:02:41.0Z   File "/x.py", line 3, in <module>',
+                 "2026-11-29T09:02:41.0Z     raise ValueError(msg)",
+                 "2026-11-29T09:02:41.0Z pydantic_core._pydantic_core.ValidationError: 1 validation error",
+                 "2026-11-29T09:02:41.0Z   Value error, max_model_len (100000) is greater than 2048"]:
+        follower.feed(line)
+    assert record.kv_pool_tokens == 88666
+    assert abs(record.ready_logged_at - 1795942960.5) < 1e-3
+    reason, text = follower.failure
+    assert reason == "error" and "1 validation error" in text and "max_model_len (100000)" in text
+
+
+def test_frames_are_dropped_from_the_quoted_tail():
+    lines = ["Traceback (most recent call last):", '  File "/a.py", line 1, in f', "    f()", "    ^^^",
+             "ValueError: bad", "  Value error, detail"]
+    assert without_frames(lines) == ["ValueError: bad", "  Value error, detail"]
+
+
+# --- the prepare step (no engine) ----------------------------------------------------------------
+
+def test_prepare_copies_the_generated_model_once_and_marks_it(tmp_path):
+    baked = tmp_path / "baked"
+    baked.mkdir()
+    (baked / "config.json").write_text("{}")
+    model = {"source": "generated", "path": str(tmp_path / "models/demo"), "baked": str(baked)}
+    prepare(model, say=lambda s: None)
+    assert (tmp_path / "models/demo/config.json").is_file() and (tmp_path / "models/demo" / COMPLETE).is_file()
+    said = []
+    prepare(model, say=said.append)
+    assert said == [f"prepare: {tmp_path / 'models/demo'} is complete"]
+
+
+def test_a_half_prepared_model_is_redone_and_never_served(tmp_path):
+    baked = tmp_path / "baked"
+    baked.mkdir()
+    (baked / "weights").write_text("whole")
+    dest = tmp_path / "models/demo"
+    dest.mkdir(parents=True)
+    (dest / "weights").write_text("half")  # a copy that stopped: no completion marker
+    profiles = tmp_path / "profiles.json"
+    from servekit.profiles import render_profiles
+    from servekit.matrix import load_matrix
+    rendered = render_profiles(load_matrix(ROOT / "images.yaml"), "cpu")
+    rendered["model"].update(path=str(dest), baked=str(baked))
+    profiles.write_text(json.dumps(rendered))
+    env = {"SERVEKIT_PROFILES": str(profiles), "PATH": os.environ["PATH"]}
+    refused = subprocess.run([sys.executable, str(ROOT / "servekit/launcher.py"), "serve", "default"], env=env,
+                             capture_output=True, text=True)
+    assert refused.returncode == 2 and "missing or incomplete" in refused.stderr
+    done = subprocess.run([sys.executable, str(ROOT / "servekit/launcher.py"), "prepare"], env=env,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert (dest / "weights").read_text() == "whole" and (dest / COMPLETE).is_file()
+
+
+# --- compose files (engine's compose, no containers) --------------------------------------------
+
+@pytest.fixture
+def compose_env(tmp_path):
+    key, token = tmp_path / "api_key", tmp_path / "hf_token"
+    key.write_text("sk-test\n")
+    token.write_text("")
+    return dict(os.environ, SERVEKIT_IMAGE="vllm-serve:test", SERVEKIT_API_KEY_FILE=str(key),
+                SERVEKIT_HF_TOKEN_FILE=str(token), COMPOSE_FILE="")
+
+
+def _config(env, files: list[str], service: str) -> dict:
+    cmd = ["docker", "compose", "--project-directory", str(COMPOSE)]
+    for f in files:
+        cmd += ["-f", str(COMPOSE / f)]
+    done = subprocess.run([*cmd, "--profile", "*", "config", "--format", "json"], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)["services"][service]
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("overrides", [[], ["compose.cpu.yaml"], ["compose.wsl2.yaml"],
+                                       ["compose.cpu.yaml", "compose.wsl2.yaml"]])
+def test_every_combination_passes_compose_config(compose_env, overrides):
+    for profile in PROFILES if "compose.cpu.yaml" not in overrides else ["default"]:
+        service = _config(compose_env, ["compose.yaml", *overrides], profile)
+        assert service["command"] == ["serve", profile]
+        assert [p["host_ip"] for p in service["ports"]] == ["127.0.0.1"]
+        assert service["user"] == "10001:10001"
+        assert service["depends_on"]["prepare"]["condition"] == "service_completed_successfully"
+        assert service["healthcheck"]["test"][-1].endswith("urlopen('http://127.0.0.1:8000/health', timeout=4)")
+        assert "SERVEKIT" not in json.dumps(service["environment"])  # no secret or host path leaks in
+        assert service["environment"]["HOST"] == ("wsl2" if "compose.wsl2.yaml" in overrides else "native")
+        gpu = service.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices")
+        assert bool(gpu) is ("compose.cpu.yaml" not in overrides)
+
+
+@pytest.mark.engine
+def test_knobs_pass_through_only_when_set(compose_env):
+    unset = _config(compose_env, ["compose.yaml"], "alternative")["environment"]
+    assert unset.get("PREFIX_CACHE") is None
+    compose_env["PREFIX_CACHE"] = "0"
+    assert _config(compose_env, ["compose.yaml"], "alternative")["environment"]["PREFIX_CACHE"] == "0"
+
+
+def test_wsl2_env_file_selects_the_wsl2_overrides(tmp_path, monkeypatch):
+    from servekit.deploy import Deployment, write_env
+    (tmp_path / "compose").mkdir()
+    dep = Deployment(tmp_path, "cuda", "wsl2", "vllm-serve:x", "127.0.0.1", 8000)
+    text = write_env(dep).read_text()
+    assert "COMPOSE_FILE=compose.yaml:compose.wsl2.yaml" in text and "SERVEKIT_HOST=wsl2" in text
+    assert "COMPOSE_FILE=compose.yaml:compose.cpu.yaml\n" in write_env(
+        Deployment(tmp_path, "cpu", "native", "x", "127.0.0.1", 8000)).read_text()
+
+
+def test_a_non_loopback_bind_warns():
+    from servekit.deploy import check_bind
+    said = []
+    check_bind("127.0.0.1", said.append)
+    assert said == []
+    check_bind("0.0.0.0", said.append)
+    assert len(said) == 1 and "reachable from other machines" in said[0]
+
+
+# --- real boots of the cpu image ------------------------------------------------------------------
+
+def _containers() -> list[str]:
+    return subprocess.run(["docker", "ps", "-aq", "--filter", "label=com.docker.compose.project=servekit"],
+                          capture_output=True, text=True).stdout.split()
+
+
+@pytest.fixture(scope="module")
+def cpu_built():
+    built = run_build_py("image", "--target", "cpu", timeout=3000)
+    assert built.returncode == 0, built.stderr[-3000:]
+    yield
+    run_build_py("down")
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_up_brings_the_real_server_to_healthy_and_down_removes_it(cpu_built):
+    up = run_build_py("up", "default", "--target", "cpu", "--json", timeout=600)
+    assert up.returncode == 0, up.stderr[-3000:]
+    result = json.loads(up.stdout)
+    assert result["url"] == "http://127.0.0.1:8000"
+    assert result["time_to_healthy_s"] > 0 and result["kv_pool_tokens"] > 0
+    assert result["detection_lag_s"] is not None and result["detection_lag_s"] >= 0
+    key_file = Path(result["api_key_file"])
+    assert oct(key_file.stat().st_mode & 0o777) == "0o600"
+    key = key_file.read_text().strip()
+    assert key not in up.stdout + up.stderr
+    assert requests.get(f"{result['url']}/health", timeout=5).status_code == 200
+    assert requests.get(f"{result['url']}/v1/models", timeout=5).status_code == 401
+    assert requests.get(f"{result['url']}/metrics", timeout=5).status_code == 401
+    models = requests.get(f"{result['url']}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=5)
+    assert [m["id"] for m in models.json()["data"]] == ["servekit-demo"]
+    user = subprocess.run(["docker", "exec", result["container"], "id", "-u"], capture_output=True, text=True)
+    assert user.stdout.strip() == "10001"
+    down = run_build_py("down")
+    assert down.returncode == 0 and "nothing left running" in down.stdout
+    assert _containers() == []
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_plain_compose_works_without_build_py(cpu_built):
+    up = subprocess.run(["docker", "compose", "-f", "compose/compose.yaml", "-f", "compose/compose.cpu.yaml", "up",
+                         "-d", "--wait", "default"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    try:
+        assert up.returncode == 0, up.stderr[-2000:]
+        assert requests.get("http://127.0.0.1:8000/health", timeout=5).status_code == 200
+    finally:
+        run_build_py("down")
+    assert _containers() == []
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_a_bad_knob_fails_fast_naming_it(cpu_built):
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, str(ROOT / "build.py"), "up", "default", "--target", "cpu"], cwd=ROOT,
+                            env=dict(os.environ, PREFIX_CACHE="maybe"), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert time.monotonic() - started < 30
+    assert "PREFIX_CACHE='maybe'" in result.stderr
+    assert _containers() == []
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_an_argument_vllm_rejects_fails_on_vllms_line_not_the_timeout(cpu_built):
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, str(ROOT / "build.py"), "up", "default", "--target", "cpu",
+                             "--timeout", "300"], cwd=ROOT, env=dict(os.environ, EXTRA_ARGS="--max-model-len 100000"),
+                            capture_output=True, text=True, timeout=400)
+    assert result.returncode == 1
+    assert time.monotonic() - started < 120
+    assert "max_model_len (100000)" in result.stderr
+    assert _containers() == []
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_ctrl_c_during_up_leaves_nothing_running(cpu_built):
+    proc = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "up", "default", "--target", "cpu"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not subprocess.run(
+            ["docker", "ps", "-q", "--filter", "label=com.docker.compose.service=default"],
+            capture_output=True, text=True).stdout.strip():
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert _containers() == []
