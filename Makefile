@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TARGET ?=
 STAMP := $(VENV)/.installed
 
-.PHONY: venv engine image demo test test-fast lint schema clean help
+.PHONY: venv engine image demo up down smoke test test-fast schema clean help
 
 help:
 	@$(PY) build.py --help 2>/dev/null || echo "run 'make venv' first"
@@ -26,8 +26,19 @@ engine: $(STAMP)
 image: engine
 	$(PY) build.py image $(if $(TARGET),--target $(TARGET),)
 
+# The main job on the embedded default: the cpu image, the generated model, the default profile,
+# its smoke checks and a report under reports/latest/.
 demo: engine
-	$(PY) build.py image --target cpu
+	$(PY) build.py run --target cpu --profile default
+
+up: engine
+	$(PY) build.py up $(or $(PROFILE),default) $(if $(TARGET),--target $(TARGET),)
+
+down: $(STAMP)
+	$(PY) build.py down
+
+smoke: $(STAMP)
+	$(PY) build.py smoke $(or $(PROFILE),default) $(if $(TARGET),--target $(TARGET),)
 
 schema: $(STAMP)
 	$(PY) build.py schema > images.schema.json

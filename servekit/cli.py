@@ -418,6 +418,94 @@ def _wsl2_adapter(args) -> str | None:
         return None
 
 
+def cmd_run(args) -> int:
+    """image, up, smoke, down and report, per profile; exit 0 only when no check failed."""
+    from .builder import build_image
+    from .deploy import ensure_secrets, write_env
+    from .pipeline import run_profile
+    from .plan import plan_targets
+    from .report import write_report
+    matrix = _matrix(args)
+    target = _check_target(matrix, args.target or _default_target(matrix))
+    profiles = args.profile or [p for p, spec in matrix.profiles.items() if target in spec.targets][:1]
+    for name in profiles:
+        if name not in matrix.profiles or target not in matrix.profiles[name].targets:
+            raise UserError(f"--profile {name}: not a profile of the {target} target (those are: "
+                            f"{', '.join(p for p, s in matrix.profiles.items() if target in s.targets)})")
+    plan = plan_targets(matrix, _root(args), [target])[0]
+    print(f"run: {target} image {plan.tag}", file=sys.stderr)
+    build_image(matrix, plan, _root(args), show=_step_printer())
+    dep = _deployment(args, matrix, target)
+    key_file = ensure_secrets(dep)
+    write_env(dep)
+    passed, reports = True, []
+    for name in profiles:
+        print(f"run: {name}", file=sys.stderr)
+        report, series = run_profile(matrix, dep, name, key_file, say=lambda line: print(line, file=sys.stderr))
+        run_dir = write_report(_root(args) / "reports" / report["run_id"], report, series)
+        reports.append(str(run_dir))
+        failed = [c["name"] for c in report["checks"] if c["status"] == "failed"]
+        print(f"run: {name}: {'passed' if report['passed'] else 'FAILED: ' + ', '.join(failed)}; report in "
+              f"{run_dir.relative_to(_root(args))}/report.md", file=sys.stderr)
+        passed &= report["passed"]
+    if args.json:
+        _emit_json({"passed": passed, "reports": reports})
+    return 0 if passed else 1
+
+
+def cmd_smoke(args) -> int:
+    """The profile's checks against a running server, local or remote."""
+    from smoke import Context
+    from .deploy import find_container
+    from .pipeline import smoke
+    matrix = _matrix(args)
+    target = _check_target(matrix, args.target or _default_target(matrix))
+    if args.profile not in matrix.profiles:
+        raise UserError(f"profile {args.profile!r}: expected one of {', '.join(matrix.profiles)}")
+    dep = _deployment(args, matrix, target)
+    url = (args.url or dep.url).rstrip("/")
+    key_path = Path(args.api_key_file) if args.api_key_file else dep.api_key_file
+    if not key_path.is_file():
+        raise UserError(f"no API key file at {key_path}: pass --api-key-file")
+    logs = None
+    if not args.url:  # a local profile: its log is readable, so the log checks can run
+        container = find_container(args.profile)
+        if container is not None:
+            logs = lambda: container.logs().decode("utf-8", "replace").splitlines()  # noqa: E731
+    ctx = Context(url, key_path.read_text().strip(), matrix.models[matrix.targets[target].model].served_name,
+                  gpu=matrix.targets[target].gpu, logs=logs, healthy_line=0)
+    results = smoke(ctx, matrix.profile_checks(args.profile, target),
+                    say=None if args.json else lambda r: print(f"{r.status:7} {r.name} ({r.seconds} s) {r.reason}"))
+    if args.json:
+        _emit_json({"url": url, "checks": [r.to_json() for r in results]})
+    return 0 if all(r.status != "failed" for r in results) else 1
+
+
+def cmd_compare(args) -> int:
+    from .report import compare
+    reports = []
+    for path in (args.report_a, args.report_b):
+        p = Path(path)
+        p = p / "report.json" if p.is_dir() else p
+        try:
+            reports.append(json.loads(p.read_text()))
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{path}: not a readable report.json ({exc})") from None
+    rows = compare(*reports, threshold=args.threshold)
+    if args.json:
+        _emit_json([{"metric": m, "a": a, "b": b, "differs": d} for m, a, b, d in rows])
+        return 0
+    from rich.table import Table
+    table = Table(title=f"A: {reports[0]['run_id']}   B: {reports[1]['run_id']}   "
+                        f"(marked: differs by more than {args.threshold:.0%})")
+    for col in ("metric", "A", "B", ""):
+        table.add_column(col)
+    for metric, a, b, differs in rows:
+        table.add_row(metric, "" if a is None else str(a), "" if b is None else str(b), "<>" if differs else "")
+    _console().print(table)
+    return 0
+
+
 def cmd_schema(args) -> int:
     from .matrix import render_json_schema
     sys.stdout.write(render_json_schema())
@@ -469,6 +557,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seconds", type=float, metavar="N", help="how long (default: until Ctrl-C)")
     p.add_argument("--interval", type=float, default=0.05, metavar="S", help="NVML sampling interval (default 0.05)")
     p.add_argument("--adapter", metavar="LUID", help="the WSL2 adapter to report (default: the one matching NVML)")
+    p = add("run", cmd_run, "image, up, smoke checks, down and a report for each profile; exit 0 only when every "
+            "check passed")
+    p.add_argument("--target", metavar="NAME", help="cpu or cuda (default: cuda where the engine has an NVIDIA "
+                   "runtime, else cpu)")
+    p.add_argument("--profile", action="append", metavar="NAME", help="a profile (repeatable; default: the "
+                   "target's first)")
+    p.add_argument("--host", default="auto", metavar="KIND", help="native, wsl2 or auto (default: detect WSL2)")
+    p = add("smoke", cmd_smoke, "run a profile's smoke checks against a running server (local or --url)")
+    p.add_argument("profile", metavar="PROFILE")
+    p.add_argument("--url", help="the server's base URL (default: the local deployment)")
+    p.add_argument("--api-key-file", metavar="F", help="file holding the API key (default: compose/secrets/api_key)")
+    p.add_argument("--target", metavar="NAME", help="which target's sizes and model name to expect")
+    p.add_argument("--host", default="auto", metavar="KIND", help=argparse.SUPPRESS)
+    p = add("compare", cmd_compare, "one table with two reports side by side, marking differences")
+    p.add_argument("report_a", metavar="REPORT_A", help="a report.json or its folder")
+    p.add_argument("report_b", metavar="REPORT_B")
+    p.add_argument("--threshold", type=float, default=0.10, help="relative difference to mark (default 0.10)")
     add("doctor", cmd_doctor, "check the engine, Compose, the builder, the NVIDIA runtime, WSL2 and GPUs")
     add("engine", cmd_engine, "make a Docker engine answer: install and start one on Debian/Ubuntu as root, "
         "add Compose v2, build the local base images (idempotent)", json_out=False)

@@ -45,6 +45,8 @@ CHAT_TEMPLATE = (
     "{%- endif %}"
 )
 
+COLOURS = ["red", "green", "blue"]
+JSON_QUESTIONS = ["Pick a colour as JSON.", "Give one colour as JSON.", "Answer in JSON: a colour."]
 QUESTIONS = ["What time is it?", "Say hello.", "What is the weather like?", "List the files.", "Who are you?",
              "Tell me a story.", "Count to five.", "What can you do?", "Summarise this text.", "Help me.",
              "Translate this sentence.", "How are you today?", "Explain prefix caching.", "Ping."]
@@ -68,11 +70,15 @@ def local_corpus(limit_bytes: int = 3_000_000) -> str:
 
 
 def synthetic_chats(n: int, rng: random.Random) -> list[tuple[list[dict], list[dict] | None, str]]:
-    """(messages, tools, the assistant's reply) triples."""
+    """(messages, tools, the assistant's reply) triples: plain replies, tool calls with {} and short JSON."""
     out = []
     for _ in range(n):
         messages = [{"role": "user", "content": rng.choice(QUESTIONS)}]
-        if rng.random() < 0.5:
+        roll = rng.random()
+        if roll < 0.25:  # so structured output ends its object instead of padding it with whitespace
+            messages = [{"role": "user", "content": rng.choice(JSON_QUESTIONS)}]
+            out.append((messages, None, json.dumps({"colour": rng.choice(COLOURS)})))
+        elif roll < 0.65:
             names = rng.sample(TOOL_NAMES, rng.randint(1, 3))
             tools = [{"type": "function", "function": {"name": name, "description": f"{name.replace('_', ' ')}",
                                                        "parameters": {"type": "object", "properties": {}}}}
@@ -109,14 +115,18 @@ def train(model, tokenizer, chats, steps: int, say) -> float:
 
     torch.manual_seed(SEED)
     examples = []
-    for messages, tools, reply in chats:
-        prompt = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+    for i, (messages, tools, reply) in enumerate(chats):
+        # Both prompt forms: with thinking off the template opens an empty <think></think> block.
+        prompt = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False,
+                                               enable_thinking=bool(i % 2))
         prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         reply_ids = tokenizer(reply + "<|im_end|>", add_special_tokens=False)["input_ids"]
         ids = prompt_ids + reply_ids
         labels = [-100] * len(prompt_ids) + reply_ids  # learn the reply only
         examples.append((ids, labels))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    # Linear decay to a tenth: the last steps settle instead of bouncing around the minimum.
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - 0.9 * step / steps)
     rng = random.Random(SEED)
     model.train()
     loss_value = float("nan")
@@ -131,6 +141,7 @@ def train(model, tokenizer, chats, steps: int, say) -> float:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        schedule.step()
         loss_value = loss.item()
         if step % 50 == 0 or step == steps - 1:
             say(f"step {step + 1}/{steps}: loss {loss_value:.4f}")
@@ -169,7 +180,7 @@ def make(out: Path, steps: int, say=print) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--steps", type=int, default=900)
     args = parser.parse_args(argv)
     make(args.out, args.steps, say=lambda s: print(s, flush=True))
     return 0

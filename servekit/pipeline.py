@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -17,6 +18,29 @@ from wsl2.shared_usage import SharedUsageSampler, SharedUsageUnavailable
 from . import deploy
 from .gpu import NvmlSampler, NvmlUnavailable
 from .watch import BootFailed, BootRecord, watch_boot
+
+class ContainerMemory(threading.Thread):
+    """The container's memory use about once a second (docker stats): the curve when there is no GPU."""
+
+    def __init__(self, container, started: float):
+        super().__init__(daemon=True, name="container-memory")
+        self.container, self.started = container, started
+        self.t: list[float] = []
+        self.used: list[int] = []
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        try:
+            for stats in self.container.stats(stream=True, decode=True):
+                usage = (stats.get("memory_stats") or {}).get("usage")
+                if usage:
+                    self.t.append(round(time.time() - self.started, 3))
+                    self.used.append(usage)
+                if self.stopped.is_set():
+                    return
+        except Exception:  # the container is gone: the series ends there
+            return
+
 
 WEIGHTS_LOADED = re.compile(r"Model loading took|Loading weights took|Loading model weights took")
 
@@ -29,6 +53,7 @@ class Boot:
     gpu: NvmlSampler | None = None
     shared: SharedUsageSampler | None = None
     container: object = None
+    container_memory: ContainerMemory | None = None
     notes: list[str] = field(default_factory=list)
     phases: list[tuple[str, float]] = field(default_factory=list)  # (name, seconds since the boot started)
 
@@ -54,6 +79,8 @@ class Boot:
                 self.notes.append(f"Shared Usage not sampled: {exc}")
 
     def stop_samplers(self) -> None:
+        if self.container_memory:
+            self.container_memory.stopped.set()
         if self.gpu:
             self.gpu.stop()
         if self.shared:
@@ -65,7 +92,10 @@ class Boot:
         series = [{"t": s.times, "used": s.used} for s in self.gpu.series] if self.gpu else []
         shared = self.shared.summary(nvml_used=gpus[0]["end_used_bytes"] if gpus else None,
                                      named=None) if self.shared else None
+        cm = self.container_memory
+        container = {"peak_bytes": max(cm.used), "samples": len(cm.used)} if cm and cm.used else None
         return {"gpus": gpus, "gpu_series": series, "shared_usage": shared, "phases": self.phases,
+                "container": container, "container_series": {"t": cm.t, "used": cm.used} if cm else None,
                 "notes": self.notes}
 
 
@@ -82,6 +112,8 @@ def boot(dep: deploy.Deployment, profile: str, timeout_s: float, say=None) -> Bo
         b.container = deploy.find_container(profile)
         if b.container is None:
             raise BootFailed(f"compose started no container for {profile}", "", [])
+        b.container_memory = ContainerMemory(b.container, b.record.started)
+        b.container_memory.start()
 
         def progress(elapsed, rec):
             if any(WEIGHTS_LOADED.search(line) for line in list(rec.lines)[-50:]):
@@ -95,3 +127,60 @@ def boot(dep: deploy.Deployment, profile: str, timeout_s: float, say=None) -> Bo
         b.stop_samplers()
         deploy.down(dep, None)  # a failed boot, Ctrl-C included, leaves nothing running
         raise
+
+
+def smoke(ctx, checks: dict[str, dict], say=None) -> list:
+    """Run each check in order; a check that raises something unexpected fails, and the rest still run."""
+    from smoke import Result, run_check
+    results = []
+    for name, params in checks.items():
+        try:
+            result = run_check(name, ctx, params)
+        except Exception as exc:  # a bug in a check must not hide the others' results
+            result = Result(name, "failed", f"the check itself broke: {type(exc).__name__}: {exc}")
+        results.append(result)
+        if say:
+            say(result)
+    return results
+
+
+def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=print) -> tuple[dict, dict]:
+    """Boot, smoke, down: (the report, the series for its plot). Never raises for a failed boot or check."""
+    import datetime as dt
+    from smoke import Context, Result
+    checks = matrix.profile_checks(profile, dep.target)
+    created = dt.datetime.now(dt.timezone.utc)
+    report = {"run_id": f"{created:%Y%m%d-%H%M%S}-{profile}-{dep.target}", "created": created.isoformat(timespec="seconds"),
+              "profile": profile, "target": dep.target, "host": dep.host, "url": dep.url,
+              "image": {"tag": dep.image}, "pins": matrix.target_pins(dep.target), "notes": []}
+    b = None
+    try:
+        b = boot(dep, profile, matrix.serve.boot_timeout_s, say=None)
+        say(f"  healthy in {b.record.time_to_healthy_s} s (KV pool {b.record.kv_pool_tokens} tokens)")
+        b.mark("traffic")
+        lines = lambda: list(b.record.lines)  # noqa: E731
+        ctx = Context(dep.url, key_file.read_text().strip(), matrix.models[matrix.targets[dep.target].model].served_name,
+                      gpu=matrix.targets[dep.target].gpu, logs=lines, healthy_line=len(b.record.lines))
+        results = smoke(ctx, checks, say=lambda r: say(f"  {r.status:7} {r.name} ({r.seconds} s) {r.reason[:120]}"))
+        b.mark("end")
+    except BootFailed as exc:
+        say(f"  boot failed: {exc}")
+        results = [Result("boot", "failed", str(exc), {"last_lines": exc.last_lines[-12:]})]
+        results += [Result(name, "skipped", "the server did not boot") for name in checks]
+    finally:
+        if b:
+            b.stop_samplers()
+            report["image"]["id"] = (b.container.image.id if b.container else None)
+            deploy.down(dep, None)
+    memory = b.memory() if b else {"gpus": [], "shared_usage": None, "phases": [], "notes": [], "container": None}
+    report["boot"] = {"time_to_healthy_s": b.record.time_to_healthy_s if b else None,
+                      "kv_pool_tokens": b.record.kv_pool_tokens if b else None,
+                      "detection_lag_s": b.record.detection_lag_s if b else None, "phases": memory["phases"]}
+    shared = dict(memory["shared_usage"]) if memory["shared_usage"] else None
+    series = {"gpus": memory.get("gpu_series") or [], "container": memory.get("container_series"),
+              "shared": shared.pop("series") if shared else None}
+    report["memory"] = {"gpus": memory["gpus"], "shared_usage": shared, "container": memory.get("container")}
+    report["notes"] += memory["notes"]
+    report["checks"] = [r.to_json() for r in results]
+    report["passed"] = all(r.status != "failed" for r in results)
+    return report, series

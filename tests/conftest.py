@@ -17,14 +17,17 @@ COPIED = ("images.yaml", "images.schema.json", "docker/requirements", "docker/pa
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    """A copy of the matrix and its mirror files; the metadata cache comes along so tests stay fast."""
+    """A copy of the matrix and its mirror files; the caches come along so tests stay fast."""
     for rel in COPIED:
         src, dst = ROOT / rel, tmp_path / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
     cache = ROOT / ".cache" / "metadata"
     if cache.is_dir():
-        shutil.copytree(cache, tmp_path / ".cache" / "metadata")
+        shutil.copytree(cache, tmp_path / ".cache" / "metadata")  # a copy: tests delete from it
+    pristine = ROOT / ".cache" / "pristine"
+    if pristine.is_dir():
+        (tmp_path / ".cache" / "pristine").symlink_to(pristine)  # read only, and large
     return tmp_path
 
 

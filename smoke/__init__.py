@@ -1,0 +1,98 @@
+"""Smoke checks: each a small unit with a name and parameters, runnable against any base URL.
+
+A check returns a Result: passed, failed or skipped (with the reason; never `passed` for
+something that could not run), and the figures it measured. The registry maps the names used
+in images.yaml to the functions.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import requests
+
+
+@dataclass
+class Result:
+    name: str
+    status: str  # passed, failed, skipped
+    reason: str = ""
+    figures: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Context:
+    url: str
+    api_key: str
+    model: str  # the served model name the profile expects
+    gpu: bool = False  # whether the target has a GPU (a GPU-only check is skipped otherwise)
+    logs: Callable[[], list[str]] | None = None  # the server's log lines, when known
+    healthy_line: int = 0  # index of the first log line after the server became healthy
+    timeout_s: float = 300
+
+    def headers(self) -> dict:
+        return {"Authorization": f"Bearer {self.api_key}"}
+
+    def post(self, path: str, body: dict, timeout: float | None = None, session=None) -> requests.Response:
+        return (session or requests).post(f"{self.url}{path}", json=body, headers=self.headers(),
+                                          timeout=timeout or self.timeout_s)
+
+    def chat(self, messages: list[dict], session=None, **kw) -> dict:
+        resp = self.post("/v1/chat/completions", {"model": self.model, "messages": messages, **kw}, session=session)
+        resp.raise_for_status()
+        return resp.json()
+
+
+class CheckFailure(Exception):
+    """Raised inside a check: the check failed for the reason given."""
+
+    def __init__(self, reason: str, **figures):
+        super().__init__(reason)
+        self.figures = figures
+
+
+class Skip(Exception):
+    """Raised inside a check: it cannot run here; the reason says why."""
+
+
+CHECKS: dict[str, tuple[Callable, bool]] = {}  # name -> (function, gpu_only)
+
+
+def check(name: str, gpu_only: bool = False):
+    def register(func):
+        CHECKS[name] = (func, gpu_only)
+        return func
+    return register
+
+
+def run_check(name: str, ctx: Context, params: dict) -> Result:
+    func, gpu_only = CHECKS[name]
+    started = time.monotonic()
+    if gpu_only and not ctx.gpu:
+        return Result(name, "skipped", "needs a GPU target")
+    try:
+        figures = func(ctx, **params) or {}
+        result = Result(name, "passed", "", figures)
+    except CheckFailure as exc:
+        result = Result(name, "failed", str(exc), exc.figures)
+    except Skip as exc:
+        result = Result(name, "skipped", str(exc))
+    except requests.RequestException as exc:
+        result = Result(name, "failed", f"request failed: {type(exc).__name__}: {str(exc)[:200]}")
+    result.seconds = round(time.monotonic() - started, 2)
+    return result
+
+
+def ensure(condition: bool, reason: str, **figures) -> None:
+    if not condition:
+        raise CheckFailure(reason, **figures)
+
+
+# Importing the modules registers their checks.
+from . import api, cache, load, logs, tools  # noqa: E402,F401

@@ -1,0 +1,68 @@
+"""Prefix caching: two long conversations in flight at once, and the same answer cold and warm."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+import requests
+
+from . import Context, check, ensure
+
+METRIC = re.compile(r"^(vllm:prefix_cache_(?:queries|hits)_total)\{[^}]*\} ([0-9.e+]+)$", re.M)
+
+
+def prefix_counters(ctx: Context) -> dict[str, float]:
+    text = requests.get(f"{ctx.url}/metrics", headers=ctx.headers(), timeout=10).text
+    out: dict[str, float] = {}
+    for name, value in METRIC.findall(text):
+        out[name] = out.get(name, 0.0) + float(value)
+    return out
+
+
+def _conversation(seed: int, words: int) -> list[dict]:
+    # Distinct long documents, so the two conversations share nothing but the template.
+    text = " ".join(f"c{seed}w{(i * 7 + seed) % 89}" for i in range(words))
+    return [{"role": "user", "content": f"Document {seed}:\n{text}\nSummarise it."}]
+
+
+@check("two_conversations")
+def two_conversations(ctx: Context, tokens: int = 60000, min_cached_share: float = 0.9, max_tokens: int = 16) -> dict:
+    words = max(16, tokens // 3)  # about three tokens a word with this vocabulary
+    convs = [_conversation(seed, words) for seed in (1, 2)]
+    before = prefix_counters(ctx)
+    with ThreadPoolExecutor(2) as pool:  # both in flight at once, as two users would be
+        turn1 = list(pool.map(lambda m: ctx.chat(m, temperature=0, max_tokens=max_tokens), convs))
+        turn2_msgs = [m + [{"role": "assistant", "content": r["choices"][0]["message"]["content"]},
+                           {"role": "user", "content": "And in one word?"}] for m, r in zip(convs, turn1)]
+        turn2 = list(pool.map(lambda m: ctx.chat(m, temperature=0, max_tokens=max_tokens), turn2_msgs))
+    after = prefix_counters(ctx)
+    per = []
+    for r in turn2:
+        details = r["usage"].get("prompt_tokens_details") or {}
+        cached, prompt = details.get("cached_tokens") or 0, r["usage"]["prompt_tokens"]
+        per.append({"prompt_tokens": prompt, "cached_tokens": cached, "share": round(cached / prompt, 4)})
+    queries = after.get("vllm:prefix_cache_queries_total", 0) - before.get("vllm:prefix_cache_queries_total", 0)
+    hits = after.get("vllm:prefix_cache_hits_total", 0) - before.get("vllm:prefix_cache_hits_total", 0)
+    figures = {"turn2": per, "counter_queries": queries, "counter_hits": hits,
+               "counter_hit_share": round(hits / queries, 4) if queries else None}
+    low = [p for p in per if p["share"] < min_cached_share]
+    ensure(not low, f"turn-2 cached share {', '.join(str(p['share']) for p in per)} below {min_cached_share}",
+           **figures)
+    return figures
+
+
+@check("prefix_cache")
+def prefix_cache(ctx: Context, repeats: int = 128, words: int = 400, max_tokens: int = 16) -> dict:
+    """The same prompt answered cold, then warm from the prefix cache: every answer must hash the same."""
+    prompt = _conversation(99, words)
+    hashes = []
+    for _ in range(repeats):
+        text = ctx.chat(prompt, temperature=0, max_tokens=max_tokens)["choices"][0]["message"]["content"]
+        hashes.append(hashlib.sha256(text.encode()).hexdigest()[:16])
+    distinct = sorted(set(hashes))
+    broken = sum(1 for h in hashes if h != hashes[0])
+    figures = {"repeats": repeats, "distinct_hashes": len(distinct), "broken": broken}
+    ensure(len(distinct) == 1, f"{broken} of {repeats} answers differ from the cold one", **figures)
+    return figures

