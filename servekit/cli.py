@@ -110,6 +110,10 @@ def cmd_verify(args) -> int:
     findings.extend(copin_problems(matrix, _cache(args) / "metadata"))
     if not args.no_series:
         findings.extend(_prove_series(args, matrix))
+    if args.resolve:
+        from .pins import resolve_dry_run
+        for target in matrix.targets:
+            findings.extend(resolve_dry_run(matrix, target, say=lambda s: print(f"verify: {s}", file=sys.stderr)))
     return _report_findings(args, findings, "verify")
 
 
@@ -535,6 +539,8 @@ def build_parser() -> argparse.ArgumentParser:
             "declared requirements (no image needed)")
     p.add_argument("--offline", action="store_true", help="do not ask the index; use cached metadata and wheels")
     p.add_argument("--no-series", action="store_true", help="skip applying the series to pristine vLLM trees")
+    p.add_argument("--resolve", action="store_true", help="also run pip's resolver (dry run) on each target's pins "
+                   "for its Python and manylinux x86_64 (a minute or two per target)")
     p = add("bump", cmd_bump, "move every mechanical vLLM pin to a new version and report co-pin problems")
     p.add_argument("--to", required=True, metavar="VERSION", help="the new vLLM version, e.g. 0.32.0")
     p.add_argument("--dry-run", action="store_true", help="report only; write nothing")

@@ -97,6 +97,21 @@ def _parse(text: str) -> Metadata:
                     headers.get("Requires-Python"))
 
 
+def _wheel_entry(session: requests.Session, name: str, version: str, index_url: str, platform: str) -> dict:
+    """The index's entry (PEP 691) for the wheel of `name==version` that suits the platform."""
+    listing = session.get(f"{index_url.rstrip('/')}/{normalize(name)}/", headers={"Accept": JSON_ACCEPT},
+                          timeout=TIMEOUT, verify=requests_verify())
+    if listing.status_code == 404:
+        raise NotOnIndex(f"{name} is not on {index_url}")
+    listing.raise_for_status()
+    if "json" not in listing.headers.get("Content-Type", ""):
+        raise IndexUnreachable(f"{index_url} does not answer in PEP 691 JSON")
+    wheel = _pick_wheel(listing.json()["files"], name, version, platform)
+    if wheel is None:
+        raise NotOnIndex(f"{index_url} has no wheel of {name}=={version}")
+    return wheel
+
+
 def fetch_metadata(name: str, version: str, index_url: str, cache_dir: Path,
                    platform: str = "x86_64") -> Metadata:
     """The METADATA of `name==version` as the index serves it; cached under cache_dir."""
@@ -105,17 +120,7 @@ def fetch_metadata(name: str, version: str, index_url: str, cache_dir: Path,
         return _parse(cached.read_text())
     session = requests.Session()
     try:
-        listing = session.get(f"{index_url.rstrip('/')}/{normalize(name)}/", headers={"Accept": JSON_ACCEPT},
-                              timeout=TIMEOUT, verify=requests_verify())
-        if listing.status_code == 404:
-            raise NotOnIndex(f"{name} is not on {index_url}")
-        listing.raise_for_status()
-        if "json" not in listing.headers.get("Content-Type", ""):
-            raise IndexUnreachable(f"{index_url} does not answer in PEP 691 JSON")
-        files = listing.json()["files"]
-        wheel = _pick_wheel(files, name, version, platform)
-        if wheel is None:
-            raise NotOnIndex(f"{index_url} has no wheel of {name}=={version}")
+        wheel = _wheel_entry(session, name, version, index_url, platform)
         if wheel.get("core-metadata") or wheel.get("data-dist-info-metadata"):
             meta = session.get(wheel["url"] + ".metadata", timeout=TIMEOUT, verify=requests_verify())
             meta.raise_for_status()
@@ -153,14 +158,7 @@ def download_wheel(name: str, version: str, index_url: str, dest: Path, platform
     """The wheel of `name==version` for the platform, downloaded once into `dest`."""
     session = requests.Session()
     try:
-        listing = session.get(f"{index_url.rstrip('/')}/{normalize(name)}/", headers={"Accept": JSON_ACCEPT},
-                              timeout=TIMEOUT, verify=requests_verify())
-        if listing.status_code == 404:
-            raise NotOnIndex(f"{name} is not on {index_url}")
-        listing.raise_for_status()
-        wheel = _pick_wheel(listing.json()["files"], name, version, platform)
-        if wheel is None:
-            raise NotOnIndex(f"{index_url} has no wheel of {name}=={version}")
+        wheel = _wheel_entry(session, name, version, index_url, platform)
         path = dest / wheel["filename"]
         if path.is_file() and path.stat().st_size == wheel.get("size", path.stat().st_size):
             return path

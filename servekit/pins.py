@@ -196,3 +196,63 @@ def apply_bump(bump: Bump, writes: dict[Path, str], root: Path) -> None:
         path.write_text(text)
     for src, dst in bump.renames:
         (root / src).rename(root / dst)
+
+
+# ---------------------------------------------------------------------------------------------
+# resolution
+
+
+MANYLINUX = [f"manylinux_2_{minor}_x86_64" for minor in range(39, 4, -1)] + ["manylinux2014_x86_64",
+                                                                          "manylinux2010_x86_64", "manylinux1_x86_64"]
+
+
+def resolve_dry_run(matrix: Matrix, target: str, say=print) -> Findings:
+    """pip's resolver, dry run, for the target's pins on its Python and manylinux x86_64 (every tag:
+    some wheels carry only older ones). A package whose index cannot be reached is named, and the
+    rest is still resolved."""
+    import json as _json
+    import subprocess
+    import sys
+    import tempfile
+
+    from .index import release_exists
+    from .trust import ca_bundle
+
+    out = Findings()
+    spec = matrix.targets[target]
+    wanted, index_urls = [], {matrix.indexes["pypi"].url}
+    for dist, version in matrix.target_pins(target).items():
+        pin_name = "vllm" if dist == spec.vllm_distribution else dist
+        index = matrix.indexes[matrix.package_index.get(pin_name, "pypi")].url
+        if "+" in version and spec.find_links:
+            wanted.append(f"{dist}=={version}")  # from the wheelhouse below
+            continue
+        try:
+            release_exists(dist, version, index)
+        except IndexUnreachable:
+            out.notes.append(f"{dist}=={version}: its index {index} cannot be reached from here; resolved without it")
+            continue
+        index_urls.add(index)
+        wanted.append(f"{dist}=={version}")
+    cmd = [sys.executable, "-m", "pip", "--isolated", "install", "--dry-run", "--ignore-installed", "--quiet",
+           "--report", "-", "--only-binary=:all:", "--implementation", "cp", "--python-version", spec.python,
+           "--index-url", matrix.indexes["pypi"].url]
+    for url in sorted(index_urls - {matrix.indexes["pypi"].url}):
+        cmd += ["--extra-index-url", url]
+    for tag in MANYLINUX:
+        cmd += ["--platform", tag]
+    if spec.find_links:
+        cmd += ["--find-links", spec.find_links]
+    bundle = ca_bundle()
+    if bundle:
+        cmd += ["--cert", str(bundle)]
+    with tempfile.TemporaryDirectory() as tmp:
+        say(f"resolving {len(wanted)} pins of the {target} target for Python {spec.python} (pip, dry run)")
+        done = subprocess.run([*cmd, "--target", tmp, *wanted], capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        reason = [line for line in done.stderr.splitlines() if "ERROR" in line or "error" in line][-3:]
+        out.problems.append(f"target {target}: the pins do not resolve: {' '.join(reason) or done.stderr[-400:]}")
+        return out
+    installs = _json.loads(done.stdout)["install"]
+    out.notes.append(f"target {target}: the pins resolve to {len(installs)} packages for Python {spec.python}")
+    return out

@@ -36,9 +36,10 @@ def tool_required(ctx: Context, seeds: int = 20, max_tokens: int = 2048, max_run
 
 
 @check("tool_auto")
-def tool_auto(ctx: Context, max_tokens: int = 256) -> dict:
+def tool_auto(ctx: Context, max_tokens: int = 256, thinking: str = "on,off") -> dict:
+    """tool_choice=auto must give a well-formed call with thinking on and off (`thinking` picks which)."""
     outcome = {}
-    for thinking in (True, False):
+    for thinking in [mode.strip() == "on" for mode in thinking.split(",")]:
         r = ctx.chat(ASK, tools=[NO_PARAMS_TOOL], tool_choice="auto", max_tokens=max_tokens, temperature=0,
                      chat_template_kwargs={"enable_thinking": thinking})
         calls = r["choices"][0]["message"].get("tool_calls") or []

@@ -6,6 +6,8 @@ import hashlib
 import json
 from pathlib import Path
 
+import pytest
+
 from conftest import ROOT
 
 
@@ -143,3 +145,14 @@ def test_plan_digest_follows_the_inputs(repo, cli):
     req.write_text(req.read_text() + "# a comment changes the file, so the image\n")
     after = digests()
     assert after["cpu"] != before["cpu"] and after["cuda"] == before["cuda"]
+
+
+@pytest.mark.slow
+def test_the_cuda_pins_resolve_for_python_312_on_manylinux(cli):
+    code, out, err = cli("--matrix", str(ROOT / "images.yaml"), "verify", "--no-series", "--resolve", "--json")
+    assert code == 0, (out, err)
+    notes = json.loads(out)["notes"]
+    assert any(n.startswith("target cuda: the pins resolve to") and "Python 3.12" in n for n in notes), notes
+    assert any(n.startswith("target cpu: the pins resolve to") for n in notes), notes
+    # What cannot be reached here is named, never skipped silently.
+    assert all("flashinfer-cubin" in n for n in notes if "cannot be reached" in n)
