@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import UserError
-from .matrix import Matrix
 
 PROJECT = "servekit"
 IMAGE_UID = 10001  # the image's non-root user

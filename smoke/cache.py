@@ -45,7 +45,8 @@ def two_conversations(ctx: Context, tokens: int = 60000, min_cached_share: float
         per.append({"prompt_tokens": prompt, "cached_tokens": cached, "share": round(cached / prompt, 4)})
     queries = after.get("vllm:prefix_cache_queries_total", 0) - before.get("vllm:prefix_cache_queries_total", 0)
     hits = after.get("vllm:prefix_cache_hits_total", 0) - before.get("vllm:prefix_cache_hits_total", 0)
-    figures = {"turn2": per, "counter_queries": queries, "counter_hits": hits,
+    figures = {"turn2": per, "turn2_min_cached_share": min(p["share"] for p in per),
+               "counter_queries": queries, "counter_hits": hits,
                "counter_hit_share": round(hits / queries, 4) if queries else None}
     low = [p for p in per if p["share"] < min_cached_share]
     ensure(not low, f"turn-2 cached share {', '.join(str(p['share']) for p in per)} below {min_cached_share}",

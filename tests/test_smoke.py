@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_build_py
+from conftest import run_build_py
 from servekit.report import compare, render_markdown
 from smoke import CHECKS, Context, run_check
 
