@@ -99,7 +99,7 @@ def main() -> None:
     figures.update(noop_s=round(noop["wall"], 2), noop_started_build=noop["built"])
     figures.update(patch_changed())
     figures.update(sizes(noop["tag"]))
-    print(f"cold cpu build:          {figures['cold_build_s']:7.1f} s")
+    print(f"cold cpu build (all stages, demo model training included): {figures['cold_build_s']:7.1f} s")
     print(f"pip install (fresh venv):{figures['pip_install_s']:7.1f} s   build/pip = "
           f"{figures['cold_build_s'] / figures['pip_install_s']:.2f}")
     print(f"no-op image:             {figures['noop_s']:7.2f} s   build started: {figures['noop_started_build']}")
