@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TARGET ?=
 STAMP := $(VENV)/.installed
 
-.PHONY: venv engine image demo up down smoke test test-fast schema clean help
+.PHONY: venv engine image demo up down smoke release test test-fast schema clean help
 
 help:
 	@$(PY) build.py --help 2>/dev/null || echo "run 'make venv' first"
@@ -39,6 +39,9 @@ down: $(STAMP)
 
 smoke: $(STAMP)
 	$(PY) build.py smoke $(or $(PROFILE),default) $(if $(TARGET),--target $(TARGET),)
+
+release: $(STAMP)
+	$(PY) build.py release $(if $(TARGET),--target $(TARGET),)
 
 schema: $(STAMP)
 	$(PY) build.py schema > images.schema.json

@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from packaging.version import Version
+
 from .errors import CheckFailed, EnvironmentProblem, UserError
 
 EPILOG = """exit codes: 0 ok, 1 a check failed (or the machine lacks something), 2 bad input or usage.
@@ -510,6 +512,179 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def cmd_release(args) -> int:
+    """Push the checked images: immutable and moving tags, digests read back, then the manifest."""
+    import docker
+    from .plan import plan_targets
+    import os
+    from .release import (TransientRegistryError, check_registry, dirty, gate, git_tag, push, release_tags,
+                          remote_vllm_version, summary_text, write_manifest)
+    matrix = _matrix(args)
+    root = _root(args)
+    registry = (args.registry or matrix.release.registry).rstrip("/")
+    if args.git_tag and not args.dry_run:
+        changes = dirty(root)
+        if changes:
+            raise CheckFailed(f"--git-tag: the working tree has uncommitted changes ({len(changes)} path(s), e.g. "
+                              f"{changes[0].strip()}); commit or stash them first")
+    try:
+        client = docker.from_env(timeout=600)
+        client.ping()
+    except docker.errors.DockerException:
+        raise EnvironmentProblem("no Docker engine answers: run `make engine`") from None
+    targets = args.target or list(matrix.targets)
+    plans = {p.target: p for p in plan_targets(matrix, root, [_check_target(matrix, t) for t in targets])}
+    check_registry(f"{registry}/{matrix.image.name}")
+    releases, say = [], (lambda line: print(line, file=sys.stderr))
+    for target, plan in plans.items():
+        try:
+            image = client.images.get(plan.tag)
+        except docker.errors.ImageNotFound:
+            if args.target:
+                raise CheckFailed(f"{target}: image {plan.tag} is not built: run `python build.py run --target "
+                                  f"{target}` first") from None
+            say(f"release: {target}: no image {plan.tag} here; skipped")
+            continue
+        smoke = gate(matrix, target, image.id, root)
+        repository = f"{registry}/{matrix.image.name}"
+        tags = release_tags(matrix, plan)
+        for moving in tags[1:]:
+            current = remote_vllm_version(repository, moving)
+            if current and current > Version(matrix.vllm):
+                raise CheckFailed(f"{target}: {repository}:{moving} carries vLLM {current}; moving it to "
+                                  f"{matrix.vllm} would go backwards (docs/release.md says how to roll back)")
+        say(f"release: {target}: {image.id[:19]}... passed {', '.join(smoke)}; tags {', '.join(tags)}")
+        if args.dry_run:
+            continue
+        try:
+            digests = {tag: push(client, image, repository, tag, say) for tag in tags}
+        except TransientRegistryError as exc:
+            raise EnvironmentProblem(f"{target}: the push failed after {os.environ.get('SERVEKIT_PUSH_ATTEMPTS', 5)} "
+                                     f"attempts ({exc}); no manifest written: run release again to complete "
+                                     "it") from None
+        if len(set(digests.values())) != 1:
+            raise CheckFailed(f"{target}: the tags read back different digests: {digests}")
+        releases.append({"target": target, "repository": repository, "tags": tags,
+                         "registry_digest": next(iter(digests.values())), "image_id": image.id,
+                         "content_digest": plan.digest, "pins": plan.pins,
+                         "series": json.loads((root / ".cache/build" / target / "build-info.json").read_text())["series"]
+                         if (root / ".cache/build" / target / "build-info.json").exists() else [],
+                         "components": plan.components, "smoke": smoke})
+        say(f"release: {target}: pushed {len(tags)} tags, {repository}@{releases[-1]['registry_digest']}")
+    if args.dry_run:
+        print("release: dry run; nothing pushed")
+        return 0
+    if not releases:
+        raise CheckFailed("nothing released: no target has a built image")
+    manifest = write_manifest(root, matrix, releases)
+    if args.git_tag:
+        git_tag(root, f"v{matrix.vllm}", summary_text(matrix, releases))
+    if args.json:
+        _emit_json({"manifest": str(manifest), "releases": releases})
+    else:
+        print(summary_text(matrix, releases))
+        print(f"manifest: {manifest.relative_to(root)}")
+    return 0
+
+
+def cmd_render(args) -> int:
+    """Kubernetes manifests for one profile, validated against the Kubernetes schemas before writing."""
+    from . import k8s
+    from .plan import plan_targets
+    matrix = _matrix(args)
+    target = _check_target(matrix, args.target or _default_target(matrix))
+    if args.profile not in matrix.profiles or target not in matrix.profiles[args.profile].targets:
+        raise UserError(f"--profile {args.profile}: not a profile of the {target} target")
+    host = args.host if args.host != "auto" else "native"
+    if host not in matrix.hosts:
+        raise UserError(f"--host {host}: expected one of {', '.join(matrix.hosts)}")
+    tag = plan_targets(matrix, _root(args), [target])[0].tag
+    image, how = k8s.image_reference(matrix, target, tag, _root(args))
+    docs = k8s.render(matrix, args.profile, target, host, image)
+    problems = k8s.validate(docs, args.kube_version)
+    if problems:
+        raise CheckFailed("the rendered manifests do not validate: " + "; ".join(problems))
+    paths = k8s.write(docs, Path(args.out))
+    print(f"image {how}", file=sys.stderr)
+    print(f"create the key Secret first: kubectl create secret generic servekit-api-key "
+          f"--from-file=api-key=compose/secrets/api_key", file=sys.stderr)
+    for path in paths:
+        print(path)
+    return 0
+
+
+def cmd_sweep(args) -> int:
+    """Every combination of knob values, N boots each; a failed cell is recorded and the sweep goes on."""
+    import datetime as dt
+    from .builder import build_image
+    from .deploy import ensure_secrets, write_env
+    from .knobs import KNOBS
+    from .pipeline import run_profile
+    from .plan import plan_targets
+    from .profiles import resolve_knobs
+    from . import sweep as sw
+    matrix = _matrix(args)
+    target = _check_target(matrix, args.target or _default_target(matrix))
+    if args.profile not in matrix.profiles or target not in matrix.profiles[args.profile].targets:
+        raise UserError(f"profile {args.profile!r} does not run on the {target} target")
+    knobs = []
+    for spec in args.knob:
+        name, _, values = spec.partition("=")
+        if name not in KNOBS or not values:
+            raise UserError(f"--knob {spec!r}: expected NAME=V1,V2 with NAME one of {', '.join(KNOBS)}")
+        for value in values.split(","):
+            if problem := KNOBS[name].check(value):
+                raise UserError(f"--knob {name}={value!r}: {problem}")
+        knobs.append((name, values.split(",")))
+    only = args.checks.split(",") if args.checks else None
+    for name in only or []:
+        if name not in matrix.checks:
+            raise UserError(f"--checks {name}: expected one of {', '.join(matrix.checks)}")
+    plan = plan_targets(matrix, _root(args), [target])[0]
+    build_image(matrix, plan, _root(args), show=_step_printer())
+    dep = _deployment(args, matrix, target)
+    key_file = ensure_secrets(dep)
+    write_env(dep)
+    cells = [sw.Cell(c) for c in sw.combinations(knobs)]
+    stamp = dt.datetime.now(dt.timezone.utc)
+    out = _root(args) / "reports" / f"{stamp:%Y%m%d-%H%M%S}-sweep-{args.profile}-{target}"
+    notes, interrupted = [], False
+    try:
+        for cell in cells:
+            for n in range(1, args.boots + 1):
+                print(f"sweep: {cell.label}, boot {n}/{args.boots}", file=sys.stderr)
+                report, _ = run_profile(matrix, dep, args.profile, key_file, knobs=cell.knobs, only=only,
+                                        say=lambda line: print(line, file=sys.stderr))
+                cell.boots.append(sw.summarize_boot(report))
+    except KeyboardInterrupt:  # run_profile has already taken the current boot down
+        interrupted = True
+        notes.append("interrupted: the table holds the boots that finished")
+    measured = [c for c in cells if c.boots]
+    knob_names = [k for k, _ in knobs]
+    speculates = resolve_knobs(matrix, args.profile, target, dep.host).get("SPEC", "off") != "off"
+    header, rows = sw.table_rows(measured, speculates)
+    current = resolve_knobs(matrix, args.profile, target, dep.host).get("GPU_UTIL")
+    advice = sw.sizing_advice(measured, knob_names[0], matrix.sweep.min_margin_mib * 2**20, current) \
+        if len(knob_names) == 1 else None
+    title = f"sweep of {args.profile} on {target} ({dep.host}): {', '.join(knob_names)}, {args.boots} boots a cell"
+    doc = {"schema_version": 1, "kind": "sweep", "profile": args.profile, "target": target, "host": dep.host,
+           "image": plan.tag, "boots_per_cell": args.boots, "interrupted": interrupted, "advice": advice,
+           "cells": [{"knobs": c.knobs, "boots": c.boots} for c in measured],
+           "table": {"header": header, "rows": rows}, "notes": notes}
+    sw.write(out, doc, sw.render_markdown(title, header, rows, advice, notes), measured, knob_names[0])
+    from rich.table import Table
+    table = Table(title=title)
+    for col in header:
+        table.add_column(col, overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    _console().print(table)
+    if advice:
+        print(advice)
+    print(f"sweep: report in {out.relative_to(_root(args))}/report.md")
+    return 130 if interrupted else 0
+
+
 def cmd_schema(args) -> int:
     from .matrix import render_json_schema
     sys.stdout.write(render_json_schema())
@@ -580,6 +755,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("report_a", metavar="REPORT_A", help="a report.json or its folder")
     p.add_argument("report_b", metavar="REPORT_B")
     p.add_argument("--threshold", type=float, default=0.10, help="relative difference to mark (default 0.10)")
+    p = add("release", cmd_release, "push each target's checked image: immutable and moving tags, digests read "
+            "back, then releases/v<vllm>.json")
+    p.add_argument("--registry", metavar="HOST[:PORT]/NAMESPACE", help="default: release.registry in images.yaml")
+    p.add_argument("--target", action="append", metavar="NAME", help="only this target (repeatable)")
+    p.add_argument("--dry-run", action="store_true", help="check and report; push nothing")
+    p.add_argument("--git-tag", action="store_true", help="also create an annotated git tag v<vllm> with the summary")
+    p = add("render", cmd_render, "render deployment manifests for one profile (Kubernetes), validated offline "
+            "against the Kubernetes schemas", json_out=False)
+    p.add_argument("kind", choices=["k8s"], help="what to render")
+    p.add_argument("--profile", required=True, metavar="NAME")
+    p.add_argument("--target", metavar="NAME", help="cpu or cuda (default: by the engine's NVIDIA runtime)")
+    p.add_argument("--host", default="native", metavar="KIND", help="native or wsl2 defaults (default: native)")
+    p.add_argument("--out", default="k8s", metavar="DIR", help="folder to write into (default: k8s/)")
+    p.add_argument("--kube-version", default="1.31", metavar="X.Y", help="schema version to validate against")
+    p = add("sweep", cmd_sweep, "boot a profile across knob values, several boots a cell, and print the table "
+            "(boots survived, margin, KV pool, tokens/s, and whether the spread is below the gap)", json_out=False)
+    p.add_argument("profile", metavar="PROFILE")
+    p.add_argument("--knob", action="append", required=True, metavar="NAME=V1,V2", help="a knob and its values "
+                   "(repeatable: every combination is booted)")
+    p.add_argument("--boots", type=int, default=2, metavar="N", help="boots per cell (default 2)")
+    p.add_argument("--target", metavar="NAME")
+    p.add_argument("--host", default="auto", metavar="KIND")
+    p.add_argument("--checks", metavar="C1,C2", help="checks to run per boot (default: the profile's own)")
     add("doctor", cmd_doctor, "check the engine, Compose, the builder, the NVIDIA runtime, WSL2 and GPUs")
     add("engine", cmd_engine, "make a Docker engine answer: install and start one on Debian/Ubuntu as root, "
         "add Compose v2, build the local base images (idempotent)", json_out=False)

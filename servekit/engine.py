@@ -149,6 +149,8 @@ def ensure_engine(local_bases: list[LocalBase], cache_dir: Path, say=print) -> N
         _install_compose_plugin(say, cache_dir)
         if not compose_works():
             raise EnvironmentProblem(f"installed Compose into {PLUGIN_DIR}, but `docker compose version` fails")
+    if not shutil.which("docker-registry") and _can_install():
+        _apt_install(["docker-registry"], say)  # the release tests push to a registry on 127.0.0.1
     for base in local_bases:
         if not image_present(base.image):
             if not _can_install():

@@ -130,6 +130,15 @@ class Serve(Strict):
     boot_timeout_s: int = Field(900, ge=10, description="how long `up` waits for a profile to become healthy")
 
 
+class Release(Strict):
+    registry: str = Field("127.0.0.1:5000/serve", pattern=r"^[A-Za-z0-9.-]+(:\d+)?(/[a-z0-9._/-]+)?$",
+                          description="HOST[:PORT]/NAMESPACE that `release` pushes to (--registry overrides)")
+
+
+class Sweep(Strict):
+    min_margin_mib: int = Field(100, ge=0, description="a GPU_UTIL value is advised only if every boot kept this much")
+
+
 class ImageInfo(Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9._/-]*$")
     title: str
@@ -155,6 +164,8 @@ class Matrix(Strict):
     checks: dict[str, Check]
     profiles: dict[str, Profile]
     serve: Serve = Serve()
+    release: Release = Release()
+    sweep: Sweep = Sweep()
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 

@@ -144,11 +144,20 @@ def smoke(ctx, checks: dict[str, dict], say=None) -> list:
     return results
 
 
-def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=print) -> tuple[dict, dict]:
-    """Boot, smoke, down: (the report, the series for its plot). Never raises for a failed boot or check."""
+def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=print, knobs: dict | None = None,
+                only: list[str] | None = None) -> tuple[dict, dict]:
+    """Boot, smoke, down: (the report, the series for its plot). Never raises for a failed boot or check.
+
+    `knobs` are set in the environment for this boot only (compose passes them to the launcher);
+    `only` limits the checks to those named."""
     import datetime as dt
+    import os
     from smoke import Context, Result
     checks = matrix.profile_checks(profile, dep.target)
+    if only:
+        checks = {name: {**matrix.checks[name].params, **checks.get(name, {})} for name in only}
+    saved = {k: os.environ.get(k) for k in (knobs or {})}
+    os.environ.update(knobs or {})
     created = dt.datetime.now(dt.timezone.utc)
     report = {"run_id": f"{created:%Y%m%d-%H%M%S}-{profile}-{dep.target}", "created": created.isoformat(timespec="seconds"),
               "profile": profile, "target": dep.target, "host": dep.host, "url": dep.url,
@@ -168,6 +177,11 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
         results = [Result("boot", "failed", str(exc), {"last_lines": exc.last_lines[-12:]})]
         results += [Result(name, "skipped", "the server did not boot") for name in checks]
     finally:
+        for k, v in saved.items():  # the next boot starts from the environment the sweep was given
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         if b:
             b.stop_samplers()
             report["image"]["id"] = (b.container.image.id if b.container else None)
@@ -181,6 +195,7 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
               "shared": shared.pop("series") if shared else None}
     report["memory"] = {"gpus": memory["gpus"], "shared_usage": shared, "container": memory.get("container")}
     report["notes"] += memory["notes"]
+    report["knobs"] = knobs or {}
     report["checks"] = [r.to_json() for r in results]
     report["passed"] = all(r.status != "failed" for r in results)
     return report, series

@@ -95,4 +95,4 @@ def ensure(condition: bool, reason: str, **figures) -> None:
 
 
 # Importing the modules registers their checks.
-from . import api, cache, load, logs, tools  # noqa: E402,F401
+from . import api, cache, load, logs, spec, tools  # noqa: E402,F401

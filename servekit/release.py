@@ -1,0 +1,195 @@
+"""Release: only an image whose required profiles passed their checks, matched by image ID.
+
+Tags: an immutable `v<vllm>-<target>-<digest12>` and the moving `v<vllm>-<target>` and
+`latest-<target>`. Each push is retried on transient errors and its digest read back from the
+registry; the manifest (releases/v<vllm>.json) is written only after every push of the release
+succeeded, so a re-run after a failure completes it without duplicating anything.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+from packaging.version import InvalidVersion, Version
+from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from .errors import CheckFailed, EnvironmentProblem
+from .matrix import Matrix
+from .plan import TargetPlan
+
+MANIFEST_ACCEPT = ", ".join(["application/vnd.docker.distribution.manifest.v2+json",
+                             "application/vnd.oci.image.manifest.v1+json"])
+
+
+class TransientRegistryError(Exception):
+    """The registry did not answer, or answered 5xx: worth another try."""
+
+
+@dataclass
+class ReleasePlan:
+    target: str
+    image_id: str
+    plan: TargetPlan
+    repository: str  # HOST:PORT/NAMESPACE/NAME
+    tags: list[str]  # immutable first, then the moving ones
+    reports: dict[str, dict] = field(default_factory=dict)  # profile -> {"path", "passed", "checks"}
+
+
+def release_tags(matrix: Matrix, plan: TargetPlan) -> list[str]:
+    base = f"v{matrix.vllm}-{plan.target}"
+    return [f"{base}-{plan.digest[:12]}", base, f"latest-{plan.target}"]
+
+
+def _reports(root: Path) -> list[tuple[Path, dict]]:
+    out = []
+    for path in sorted((root / "reports").glob("*/report.json")):
+        if path.parent.is_symlink():  # reports/latest points at a run that is listed by its own name
+            continue
+        try:
+            out.append((path, json.loads(path.read_text())))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def gate(matrix: Matrix, target: str, image_id: str, root: Path) -> dict[str, dict]:
+    """The passing report of each profile required for a release, matched by image ID; refuses otherwise."""
+    required = [p for p, spec in matrix.profiles.items() if spec.required_for_release and target in spec.targets]
+    found = {}
+    for profile in required:
+        mine = [(p, r) for p, r in _reports(root) if r.get("profile") == profile and r.get("target") == target]
+        same = [(p, r) for p, r in mine if (r.get("image") or {}).get("id") == image_id]
+        passing = [(p, r) for p, r in same if r.get("passed")]
+        if not passing:
+            others = [r["image"].get("id", "?")[:19] for _, r in mine if r.get("passed") and r.get("image")]
+            if others:
+                raise CheckFailed(f"{target}: the passing {profile} reports are of another image ({others[-1]}...), "
+                                  f"not of {image_id[:19]}...; run `python build.py run --target {target} "
+                                  f"--profile {profile}` on this image")
+            raise CheckFailed(f"{target}: no passing {profile} report for image {image_id[:19]}...; run "
+                              f"`python build.py run --target {target} --profile {profile}` first")
+        path, report = passing[-1]
+        found[profile] = {"report": str(path.relative_to(root)), "passed": True, "run_id": report["run_id"],
+                          "checks": {c["name"]: c["status"] for c in report["checks"]}}
+    return found
+
+
+def _registry_base(repository: str) -> tuple[str, str]:
+    """(http base of the registry, repository path inside it)."""
+    host, _, path = repository.partition("/")
+    scheme = "http" if host.split(":")[0] in ("127.0.0.1", "localhost") else "https"
+    return f"{scheme}://{host}", path
+
+
+def _get(url: str, **kw) -> requests.Response:
+    try:
+        resp = requests.get(url, timeout=30, **kw)
+    except requests.RequestException as exc:
+        raise TransientRegistryError(f"{url}: {type(exc).__name__}") from None
+    if resp.status_code >= 500:
+        raise TransientRegistryError(f"{url}: HTTP {resp.status_code}")
+    return resp
+
+
+def check_registry(repository: str) -> None:
+    base, _ = _registry_base(repository)
+    try:
+        resp = requests.get(f"{base}/v2/", timeout=10)
+    except requests.RequestException:
+        raise EnvironmentProblem(f"the registry at {base} does not answer; start it (docs/release.md) or pass "
+                                 "--registry") from None
+    if resp.status_code not in (200, 401):
+        raise EnvironmentProblem(f"{base}/v2/ answered HTTP {resp.status_code}: not a Docker registry")
+
+
+def remote_digest(repository: str, tag: str) -> str | None:
+    base, path = _registry_base(repository)
+    resp = _get(f"{base}/v2/{path}/manifests/{tag}", headers={"Accept": MANIFEST_ACCEPT})
+    return resp.headers.get("Docker-Content-Digest") if resp.status_code == 200 else None
+
+
+def remote_vllm_version(repository: str, tag: str) -> Version | None:
+    """The vLLM version an existing tag carries (from its image config's labels), if the tag exists."""
+    base, path = _registry_base(repository)
+    manifest = _get(f"{base}/v2/{path}/manifests/{tag}", headers={"Accept": MANIFEST_ACCEPT})
+    if manifest.status_code != 200:
+        return None
+    config = _get(f"{base}/v2/{path}/blobs/{manifest.json()['config']['digest']}").json()
+    label = ((config.get("config") or {}).get("Labels") or {}).get("org.opencontainers.image.version", "")
+    try:
+        return Version(label.split("-")[0])
+    except InvalidVersion:
+        return None
+
+
+def _attempts() -> int:
+    return int(os.environ.get("SERVEKIT_PUSH_ATTEMPTS", "5"))
+
+
+def push(client, image, repository: str, tag: str, say) -> str:
+    """Tag and push one tag, retried with backoff on transient errors; the registry's digest read back."""
+    image.tag(repository, tag)
+
+    @retry(retry=retry_if_exception_type(TransientRegistryError), stop=stop_after_attempt(_attempts()),
+           wait=wait_exponential(multiplier=1, max=20), reraise=True,
+           before_sleep=lambda state: say(f"  push {tag}: {state.outcome.exception()}; retrying"))
+    def attempt() -> str:
+        pushed = None
+        try:
+            for event in client.images.push(repository, tag=tag, stream=True, decode=True):
+                if "error" in event:
+                    raise TransientRegistryError(event["error"])
+                pushed = (event.get("aux") or {}).get("Digest") or pushed
+        except requests.RequestException as exc:
+            raise TransientRegistryError(f"the engine lost the push: {type(exc).__name__}") from None
+        confirmed = remote_digest(repository, tag)
+        if not pushed or confirmed != pushed:
+            raise TransientRegistryError(f"pushed {pushed}, the registry serves {confirmed}")
+        return confirmed
+    return attempt()
+
+
+def git_tag(root: Path, name: str, message: str) -> None:
+    existing = subprocess.run(["git", "rev-parse", "-q", "--verify", f"refs/tags/{name}^{{commit}}"], cwd=root,
+                              capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+    if existing and existing != head:
+        raise CheckFailed(f"git tag {name} already exists on another commit ({existing[:12]})")
+    if not existing:
+        subprocess.run(["git", "tag", "-a", name, "-m", message], cwd=root, check=True, capture_output=True)
+
+
+def dirty(root: Path) -> list[str]:
+    out = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise EnvironmentProblem(f"--git-tag: {root} is not a git working tree")
+    return out.stdout.splitlines()
+
+
+def write_manifest(root: Path, matrix: Matrix, releases: list[dict]) -> Path:
+    """releases/v<vllm>.json, merged with the targets an earlier release of this version recorded."""
+    path = root / "releases" / f"v{matrix.vllm}.json"
+    path.parent.mkdir(exist_ok=True)
+    doc = json.loads(path.read_text()) if path.exists() else {"version": matrix.vllm, "targets": {}}
+    for r in releases:
+        doc["targets"][r["target"]] = r
+    doc["updated"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    return path
+
+
+def summary_text(matrix: Matrix, releases: list[dict]) -> str:
+    lines = [f"vLLM {matrix.vllm} release"]
+    for r in releases:
+        lines.append(f"{r['target']}: {r['repository']}@{r['registry_digest']}")
+        lines.append(f"  tags: {', '.join(r['tags'])}")
+        for profile, s in r["smoke"].items():
+            passed = sum(1 for v in s["checks"].values() if v == "passed")
+            lines.append(f"  {profile}: {passed}/{len(s['checks'])} checks passed ({s['report']})")
+    return "\n".join(lines)

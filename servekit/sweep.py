@@ -1,0 +1,182 @@
+"""Sweeps: boot a profile across knob values, several boots a cell, and draw the table the source
+document drew by hand, with the spread between boots measured so a reader knows which gaps are claims.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+GiB = 2**30
+
+
+@dataclass
+class Cell:
+    knobs: dict[str, str]
+    boots: list[dict] = field(default_factory=list)  # one summary per boot
+
+    @property
+    def label(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.knobs.items())
+
+
+def combinations(knobs: list[tuple[str, list[str]]]) -> list[dict[str, str]]:
+    names = [name for name, _ in knobs]
+    return [dict(zip(names, values)) for values in itertools.product(*(vals for _, vals in knobs))]
+
+
+def failure_kind(reason: str) -> str:
+    text = reason.lower()
+    if "memory" in text:
+        return "out of memory"
+    if "within" in text and "healthy" in text:
+        return "timeout"
+    if "exited" in text:
+        return "exit"
+    return "failed"
+
+
+def summarize_boot(report: dict) -> dict:
+    """What a sweep keeps of one boot's report."""
+    boot_check = next((c for c in report["checks"] if c["name"] == "boot"), None)
+    gpu = (report["memory"].get("gpus") or [None])[0]
+    shared = report["memory"].get("shared_usage")
+    out = {"survived": boot_check is None, "reason": boot_check["reason"] if boot_check else "",
+           "kind": failure_kind(boot_check["reason"]) if boot_check else "survived",
+           "time_to_healthy_s": report["boot"]["time_to_healthy_s"], "kv_pool_tokens": report["boot"]["kv_pool_tokens"],
+           "gpu_peak_bytes": gpu["peak_used_bytes"] if gpu else None,
+           "gpu_margin_bytes": gpu["min_margin_bytes"] if gpu else None,
+           "spill_bytes": shared["spill_bytes"] if shared else None,
+           "checks": {c["name"]: {"status": c["status"], "figures": c["figures"], "reason": c["reason"]}
+                      for c in report["checks"] if c["name"] != "boot"},
+           "report_run_id": report["run_id"]}
+    burst = out["checks"].get("burst")
+    out["tokens_per_s"] = burst["figures"].get("tokens_per_s") if burst and burst["status"] == "passed" else None
+    spec = out["checks"].get("spec_decode")
+    out["tokens_per_step"] = spec["figures"] if spec and spec["status"] == "passed" else None
+    return out
+
+
+def _range(values: list, fmt) -> str:
+    values = [v for v in values if v is not None]
+    if not values:
+        return ""
+    lo, hi = min(values), max(values)
+    return fmt(lo) if lo == hi else f"{fmt(lo)}-{fmt(hi)}"
+
+
+def boots_text(cell: Cell) -> str:
+    n, ok = len(cell.boots), sum(b["survived"] for b in cell.boots)
+    if ok == n:
+        return f"{n}/{n} survive"
+    kinds = sorted({b["kind"] for b in cell.boots if not b["survived"]})
+    return f"{', '.join(kinds)}, {n - ok}/{n}" + (f" ({ok} survive)" if ok else "")
+
+
+def primary_metric(cells: list[Cell]) -> str:
+    """The figure the spread column judges: tokens/s when the burst ran, else the time to healthy."""
+    return "tokens_per_s" if any(b["tokens_per_s"] for c in cells for b in c.boots) else "time_to_healthy_s"
+
+
+def spread_versus_gap(cells: list[Cell], metric: str) -> list[str]:
+    """Per row: whether the spread between its boots (and the next row's) is smaller than the gap between them."""
+    out = []
+    for cell, nxt in zip(cells, cells[1:] + [None]):
+        mine = [b[metric] for b in cell.boots if b[metric] is not None]
+        if nxt is None:
+            out.append("")
+            continue
+        theirs = [b[metric] for b in nxt.boots if b[metric] is not None]
+        if len(mine) < 2 or len(theirs) < 2:
+            out.append("too few boots")
+            continue
+        spread = max(max(mine) - min(mine), max(theirs) - min(theirs))
+        gap = abs(statistics.mean(mine) - statistics.mean(theirs))
+        out.append(f"{'yes' if spread < gap else 'no'} (spread {spread:.3g}, gap {gap:.3g})")
+    return out
+
+
+def table_rows(cells: list[Cell], speculates: bool) -> tuple[list[str], list[list[str]]]:
+    metric = primary_metric(cells)
+    header = ["value", "boots", "GPU margin", "KV pool (tokens)", "tokens/s", "time to healthy (s)", "spill",
+              f"spread < gap to next ({metric})", "tokens per step (T=0 / default)"]
+    rows = []
+    for cell, claim in zip(cells, spread_versus_gap(cells, metric)):
+        b = cell.boots
+        spec = [x["tokens_per_step"] for x in b if x["tokens_per_step"]]
+        rows.append([
+            cell.label, boots_text(cell),
+            _range([x["gpu_margin_bytes"] for x in b], lambda v: f"{v / 2**20:.0f} MiB") or "no GPU",
+            _range([x["kv_pool_tokens"] for x in b], lambda v: f"{v:,}"),
+            _range([x["tokens_per_s"] for x in b], lambda v: f"{v:,.0f}"),
+            _range([x["time_to_healthy_s"] for x in b], lambda v: f"{v:.1f}"),
+            _range([x["spill_bytes"] for x in b], lambda v: f"{v / 1e6:.0f} MB"),
+            claim,
+            (f"{spec[0]['greedy']:.3f} / {spec[0]['sampled']:.3f}" if spec else
+             ("not measured" if speculates else "no speculation in this profile or target")),
+        ])
+    return header, rows
+
+
+def sizing_advice(cells: list[Cell], knob: str, min_margin_bytes: int, current: str | None) -> str | None:
+    """For a GPU_UTIL sweep: the largest value whose every boot survived with the margin required."""
+    if knob != "GPU_UTIL":
+        return None
+    ok = [c for c in cells if c.boots and all(b["survived"] and b["gpu_margin_bytes"] is not None and
+                                               b["gpu_margin_bytes"] >= min_margin_bytes for b in c.boots)]
+    if not ok:
+        return (f"no GPU_UTIL value had every boot survive with a margin of {min_margin_bytes / 2**20:.0f} MiB "
+                "(or no GPU was sampled); no advice")
+    best = max(ok, key=lambda c: float(c.knobs[knob]))
+    return (f"recommended GPU_UTIL default: {best.knobs[knob]} (largest value whose every boot survived with at "
+            f"least {min_margin_bytes / 2**20:.0f} MiB to spare); current default: {current or 'unset'}")
+
+
+def render_markdown(title: str, header: list[str], rows: list[list[str]], advice: str | None, notes: list[str]) -> str:
+    lines = [f"# {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    if advice:
+        lines += ["", advice]
+    lines += [f"\nNote: {n}" for n in notes]
+    return "\n".join(lines) + "\n"
+
+
+def plot(path: Path, cells: list[Cell], knob: str) -> None:
+    import os
+    os.environ.setdefault("MPLCONFIGDIR", str(path.parent / ".mpl"))
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = [c.knobs.get(knob, c.label) for c in cells]
+    fig, ax = plt.subplots(figsize=(8, 4.2), dpi=110)
+    for i, c in enumerate(cells):
+        pools = [b["kv_pool_tokens"] for b in c.boots if b["kv_pool_tokens"]]
+        ax.scatter([i] * len(pools), pools, color="tab:blue", label="KV pool (tokens)" if i == 0 else None)
+        failed = [b for b in c.boots if not b["survived"]]
+        if failed:
+            ax.annotate(f"{len(failed)} failed", (i, ax.get_ylim()[0]), color="tab:red", fontsize=8)
+    ax.set_xticks(range(len(cells)), xs)
+    ax.set_xlabel(knob)
+    ax.set_ylabel("KV pool, tokens", color="tab:blue")
+    margins = [[b["gpu_margin_bytes"] / 2**20 for b in c.boots if b["gpu_margin_bytes"] is not None] for c in cells]
+    if any(margins):
+        ax2 = ax.twinx()
+        for i, m in enumerate(margins):
+            ax2.scatter([i] * len(m), m, color="tab:orange", marker="x", label="GPU margin (MiB)" if i == 0 else None)
+        ax2.set_ylabel("GPU margin, MiB", color="tab:orange")
+    ax.set_title(f"sweep of {knob}: every boot a point")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def write(out: Path, doc: dict, markdown: str, cells: list[Cell], knob: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(doc, indent=2) + "\n")
+    (out / "report.md").write_text(markdown)
+    plot(out / "sweep.png", cells, knob)

@@ -1,0 +1,74 @@
+"""Kubernetes manifests: every profile validates against the schemas, and matches its compose service."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+import yaml
+
+from conftest import ROOT, run_build_py
+from servekit import k8s
+from servekit.matrix import load_matrix
+from servekit.profiles import resolve_knobs
+
+MATRIX = load_matrix(ROOT / "images.yaml")
+CASES = [(p, t, h) for p, spec in MATRIX.profiles.items() for t in spec.targets for h in MATRIX.hosts]
+
+
+@pytest.mark.parametrize("profile,target,host", CASES, ids=[f"{p}-{t}-{h}" for p, t, h in CASES])
+def test_every_profile_validates_and_carries_its_knobs(profile, target, host):
+    docs = k8s.render(MATRIX, profile, target, host, "127.0.0.1:5000/serve/vllm-serve@sha256:" + "a" * 64)
+    assert k8s.validate(docs) == []
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert {k: env[k] for k in resolve_knobs(MATRIX, profile, target, host)} == resolve_knobs(MATRIX, profile, target,
+                                                                                               host)
+    assert container["args"] == ["serve", profile] and env["HOST"] == host
+    assert ("nvidia.com/gpu" in container["resources"].get("limits", {})) is MATRIX.targets[target].gpu
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/health", "port": 8000}
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= MATRIX.serve.boot_timeout_s
+    assert {d["kind"] for d in docs} == {"Deployment", "Service", "PersistentVolumeClaim"}
+    assert "sk-" not in json.dumps(docs)  # the key comes from a Secret, never a manifest
+
+
+def test_a_broken_manifest_is_caught():
+    docs = k8s.render(MATRIX, "default", "cpu", "native", "x")
+    docs[0]["spec"]["template"]["spec"]["containers"][0]["portz"] = []
+    assert k8s.validate(docs) and "portz" in k8s.validate(docs)[0]
+
+
+@pytest.mark.engine
+def test_manifests_match_the_compose_service(tmp_path):
+    env = dict(os.environ, SERVEKIT_IMAGE="x", SERVEKIT_API_KEY_FILE=str(tmp_path / "k"),
+               SERVEKIT_HF_TOKEN_FILE=str(tmp_path / "t"), COMPOSE_FILE="")
+    (tmp_path / "k").write_text("k")
+    (tmp_path / "t").write_text("")
+    compose = json.loads(subprocess.run(
+        ["docker", "compose", "--project-directory", str(ROOT / "compose"), "-f", str(ROOT / "compose/compose.yaml"),
+         "--profile", "*", "config", "--format", "json"], env=env, capture_output=True, text=True, check=True).stdout)
+    for profile in ("default", "batch", "alternative"):
+        service = compose["services"][profile]
+        container = k8s.render(MATRIX, profile, "cuda", "native", "x")[0]["spec"]["template"]["spec"]["containers"][0]
+        assert container["args"] == service["command"]
+        assert service["healthcheck"]["test"][-1].find(f"127.0.0.1:{k8s.PORT}/health") > 0
+        assert service["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+        assert service["user"] == "10001:10001" and container["securityContext"]["runAsUser"] == 10001
+
+
+def test_render_command_writes_valid_files(tmp_path):
+    result = run_build_py("render", "k8s", "--profile", "alternative", "--target", "cuda", "--host", "wsl2",
+                          "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert "deployment-servekit-alternative.yaml" in files and "service-servekit-alternative.yaml" in files
+    deployment = yaml.safe_load((tmp_path / "deployment-servekit-alternative.yaml").read_text())
+    env = {e["name"]: e["value"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["MAX_LEN"] == "160000" and env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:False"
+    assert "kubectl create secret" in result.stderr
