@@ -15,6 +15,11 @@ EPILOG = """exit codes: 0 ok, 1 a check failed (or the machine lacks something),
 The matrix (images.yaml) is the single source of truth; see README.md and docs/."""
 
 
+def threading_is_main() -> bool:
+    import threading
+    return threading.current_thread() is threading.main_thread()
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # usage errors: one line, exit 2
         self.print_usage(sys.stderr)
@@ -42,6 +47,16 @@ def _emit_json(obj) -> None:
 def _console():
     from rich.console import Console
     return Console(highlight=False)
+
+
+def _print_table(title: str, header: list[str], rows: list[list]) -> None:
+    from rich.table import Table
+    table = Table(title=title)
+    for col in header:
+        table.add_column(col, overflow="fold")
+    for row in rows:
+        table.add_row(*("" if cell is None else str(cell) for cell in row))
+    _console().print(table)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -501,14 +516,9 @@ def cmd_compare(args) -> int:
     if args.json:
         _emit_json([{"metric": m, "a": a, "b": b, "differs": d} for m, a, b, d in rows])
         return 0
-    from rich.table import Table
-    table = Table(title=f"A: {reports[0]['run_id']}   B: {reports[1]['run_id']}   "
-                        f"(marked: differs by more than {args.threshold:.0%})")
-    for col in ("metric", "A", "B", ""):
-        table.add_column(col)
-    for metric, a, b, differs in rows:
-        table.add_row(metric, "" if a is None else str(a), "" if b is None else str(b), "<>" if differs else "")
-    _console().print(table)
+    _print_table(f"A: {reports[0]['run_id']}   B: {reports[1]['run_id']}   (marked: differs by more than "
+                 f"{args.threshold:.0%})", ["metric", "A", "B", ""],
+                 [[metric, a, b, "<>" if differs else ""] for metric, a, b, differs in rows])
     return 0
 
 
@@ -606,8 +616,8 @@ def cmd_render(args) -> int:
         raise CheckFailed("the rendered manifests do not validate: " + "; ".join(problems))
     paths = k8s.write(docs, Path(args.out))
     print(f"image {how}", file=sys.stderr)
-    print(f"create the key Secret first: kubectl create secret generic servekit-api-key "
-          f"--from-file=api-key=compose/secrets/api_key", file=sys.stderr)
+    print("create the key Secret first: kubectl create secret generic servekit-api-key "
+          "--from-file=api-key=compose/secrets/api_key", file=sys.stderr)
     for path in paths:
         print(path)
     return 0
@@ -671,16 +681,14 @@ def cmd_sweep(args) -> int:
            "image": plan.tag, "boots_per_cell": args.boots, "interrupted": interrupted, "advice": advice,
            "cells": [{"knobs": c.knobs, "boots": c.boots} for c in measured],
            "table": {"header": header, "rows": rows}, "notes": notes}
-    sw.write(out, doc, sw.render_markdown(title, header, rows, advice, notes), measured, knob_names[0])
-    from rich.table import Table
-    table = Table(title=title)
-    for col in header:
-        table.add_column(col, overflow="fold")
-    for row in rows:
-        table.add_row(*row)
-    _console().print(table)
-    if advice:
-        print(advice)
+    markdown = sw.render_markdown(title, header, rows, advice, notes)
+    sw.write(out, doc, markdown, measured, knob_names[0])
+    if sys.stdout.isatty():
+        _print_table(title, header, rows)
+        if advice:
+            print(advice)
+    else:  # a log or a pipe: nine columns would fold into an unreadable box; Markdown stays one row a line
+        print(markdown, end="")
     print(f"sweep: report in {out.relative_to(_root(args))}/report.md")
     return 130 if interrupted else 0
 
@@ -786,7 +794,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminated(signum, frame):
+    raise KeyboardInterrupt  # SIGTERM (a CI timeout, pkill) tears down like Ctrl-C does
+
+
 def main(argv: list[str] | None = None) -> int:
+    import signal
+    if threading_is_main():
+        signal.signal(signal.SIGTERM, _terminated)
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

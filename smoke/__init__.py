@@ -43,6 +43,14 @@ class Context:
         return (session or requests).post(f"{self.url}{path}", json=body, headers=self.headers(),
                                           timeout=timeout or self.timeout_s)
 
+    def metric_totals(self, pattern) -> dict[str, float]:
+        """Sum each /metrics series whose name `pattern` captures (group 1; the value is group 2) over labels."""
+        text = requests.get(f"{self.url}/metrics", headers=self.headers(), timeout=10).text
+        out: dict[str, float] = {}
+        for name, value in pattern.findall(text):
+            out[name] = out.get(name, 0.0) + float(value)
+        return out
+
     def chat(self, messages: list[dict], session=None, **kw) -> dict:
         resp = self.post("/v1/chat/completions", {"model": self.model, "messages": messages, **kw}, session=session)
         resp.raise_for_status()

@@ -6,19 +6,9 @@ import hashlib
 import re
 from concurrent.futures import ThreadPoolExecutor
 
-import requests
-
 from . import Context, check, ensure
 
 METRIC = re.compile(r"^(vllm:prefix_cache_(?:queries|hits)_total)\{[^}]*\} ([0-9.e+]+)$", re.M)
-
-
-def prefix_counters(ctx: Context) -> dict[str, float]:
-    text = requests.get(f"{ctx.url}/metrics", headers=ctx.headers(), timeout=10).text
-    out: dict[str, float] = {}
-    for name, value in METRIC.findall(text):
-        out[name] = out.get(name, 0.0) + float(value)
-    return out
 
 
 def _conversation(seed: int, words: int) -> list[dict]:
@@ -31,13 +21,13 @@ def _conversation(seed: int, words: int) -> list[dict]:
 def two_conversations(ctx: Context, tokens: int = 60000, min_cached_share: float = 0.9, max_tokens: int = 16) -> dict:
     words = max(16, tokens // 3)  # about three tokens a word with this vocabulary
     convs = [_conversation(seed, words) for seed in (1, 2)]
-    before = prefix_counters(ctx)
+    before = ctx.metric_totals(METRIC)
     with ThreadPoolExecutor(2) as pool:  # both in flight at once, as two users would be
         turn1 = list(pool.map(lambda m: ctx.chat(m, temperature=0, max_tokens=max_tokens), convs))
         turn2_msgs = [m + [{"role": "assistant", "content": r["choices"][0]["message"]["content"]},
                            {"role": "user", "content": "And in one word?"}] for m, r in zip(convs, turn1)]
         turn2 = list(pool.map(lambda m: ctx.chat(m, temperature=0, max_tokens=max_tokens), turn2_msgs))
-    after = prefix_counters(ctx)
+    after = ctx.metric_totals(METRIC)
     per = []
     for r in turn2:
         details = r["usage"].get("prompt_tokens_details") or {}

@@ -5,27 +5,17 @@ from __future__ import annotations
 
 import re
 
-import requests
-
 from . import Context, Skip, check, ensure
 
 COUNTER = re.compile(r"^(vllm:spec_decode_num_(?:accepted_tokens|drafts)_total)\{[^}]*\} ([0-9.e+]+)$", re.M)
 PROMPT = [{"role": "user", "content": "Copy this exactly: the quick brown fox jumps over the lazy dog, twice."}]
 
 
-def _counters(ctx: Context) -> dict[str, float]:
-    text = requests.get(f"{ctx.url}/metrics", headers=ctx.headers(), timeout=10).text
-    out: dict[str, float] = {}
-    for name, value in COUNTER.findall(text):
-        out[name] = out.get(name, 0.0) + float(value)
-    return out
-
-
 def _tokens_per_step(ctx: Context, requests_n: int, max_tokens: int, **sampling) -> float:
-    before = _counters(ctx)
+    before = ctx.metric_totals(COUNTER)
     for _ in range(requests_n):
         ctx.chat(PROMPT, max_tokens=max_tokens, **sampling)
-    after = _counters(ctx)
+    after = ctx.metric_totals(COUNTER)
     drafts = after["vllm:spec_decode_num_drafts_total"] - before["vllm:spec_decode_num_drafts_total"]
     accepted = after["vllm:spec_decode_num_accepted_tokens_total"] - before["vllm:spec_decode_num_accepted_tokens_total"]
     ensure(drafts > 0, "the server speculates but drafted nothing for these requests")
@@ -34,7 +24,7 @@ def _tokens_per_step(ctx: Context, requests_n: int, max_tokens: int, **sampling)
 
 @check("spec_decode")
 def spec_decode(ctx: Context, requests: int = 8, max_tokens: int = 256) -> dict:
-    if "vllm:spec_decode_num_drafts_total" not in _counters(ctx):
+    if "vllm:spec_decode_num_drafts_total" not in ctx.metric_totals(COUNTER):
         raise Skip("the server does not speculate (no spec-decode counters on /metrics)")
     return {"greedy": round(_tokens_per_step(ctx, requests, max_tokens, temperature=0), 3),
             "sampled": round(_tokens_per_step(ctx, requests, max_tokens), 3)}

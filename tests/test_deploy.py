@@ -251,7 +251,8 @@ def test_an_argument_vllm_rejects_fails_on_vllms_line_not_the_timeout(cpu_built)
 
 @pytest.mark.slow
 @pytest.mark.engine
-def test_ctrl_c_during_up_leaves_nothing_running(cpu_built):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_during_up_leaves_nothing_running(cpu_built, sig):
     proc = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "up", "default", "--target", "cpu"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
@@ -259,7 +260,7 @@ def test_ctrl_c_during_up_leaves_nothing_running(cpu_built):
             ["docker", "ps", "-q", "--filter", "label=com.docker.compose.service=default"],
             capture_output=True, text=True).stdout.strip():
         time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]
     assert _containers() == []
