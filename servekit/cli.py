@@ -7,8 +7,6 @@ import json
 import sys
 from pathlib import Path
 
-from packaging.version import Version
-
 from .errors import CheckFailed, EnvironmentProblem, UserError
 
 EPILOG = """exit codes: 0 ok, 1 a check failed (or the machine lacks something), 2 bad input or usage.
@@ -526,12 +524,9 @@ def cmd_release(args) -> int:
     """Push the checked images: immutable and moving tags, digests read back, then the manifest."""
     import docker
     from .plan import plan_targets
-    import os
-    from .release import (TransientRegistryError, check_registry, dirty, gate, git_tag, push, release_tags,
-                          remote_vllm_version, summary_text, write_manifest)
+    from .release import dirty, git_tag, release_targets, summary_text, write_manifest
     matrix = _matrix(args)
     root = _root(args)
-    registry = (args.registry or matrix.release.registry).rstrip("/")
     if args.git_tag and not args.dry_run:
         changes = dirty(root)
         if changes:
@@ -542,45 +537,11 @@ def cmd_release(args) -> int:
         client.ping()
     except docker.errors.DockerException:
         raise EnvironmentProblem("no Docker engine answers: run `make engine`") from None
-    targets = args.target or list(matrix.targets)
-    plans = {p.target: p for p in plan_targets(matrix, root, [_check_target(matrix, t) for t in targets])}
-    check_registry(f"{registry}/{matrix.image.name}")
-    releases, say = [], (lambda line: print(line, file=sys.stderr))
-    for target, plan in plans.items():
-        try:
-            image = client.images.get(plan.tag)
-        except docker.errors.ImageNotFound:
-            if args.target:
-                raise CheckFailed(f"{target}: image {plan.tag} is not built: run `python build.py run --target "
-                                  f"{target}` first") from None
-            say(f"release: {target}: no image {plan.tag} here; skipped")
-            continue
-        smoke = gate(matrix, target, image.id, root)
-        repository = f"{registry}/{matrix.image.name}"
-        tags = release_tags(matrix, plan)
-        for moving in tags[1:]:
-            current = remote_vllm_version(repository, moving)
-            if current and current > Version(matrix.vllm):
-                raise CheckFailed(f"{target}: {repository}:{moving} carries vLLM {current}; moving it to "
-                                  f"{matrix.vllm} would go backwards (docs/release.md says how to roll back)")
-        say(f"release: {target}: {image.id[:19]}... passed {', '.join(smoke)}; tags {', '.join(tags)}")
-        if args.dry_run:
-            continue
-        try:
-            digests = {tag: push(client, image, repository, tag, say) for tag in tags}
-        except TransientRegistryError as exc:
-            raise EnvironmentProblem(f"{target}: the push failed after {os.environ.get('SERVEKIT_PUSH_ATTEMPTS', 5)} "
-                                     f"attempts ({exc}); no manifest written: run release again to complete "
-                                     "it") from None
-        if len(set(digests.values())) != 1:
-            raise CheckFailed(f"{target}: the tags read back different digests: {digests}")
-        releases.append({"target": target, "repository": repository, "tags": tags,
-                         "registry_digest": next(iter(digests.values())), "image_id": image.id,
-                         "content_digest": plan.digest, "pins": plan.pins,
-                         "series": json.loads((root / ".cache/build" / target / "build-info.json").read_text())["series"]
-                         if (root / ".cache/build" / target / "build-info.json").exists() else [],
-                         "components": plan.components, "smoke": smoke})
-        say(f"release: {target}: pushed {len(tags)} tags, {repository}@{releases[-1]['registry_digest']}")
+    targets = [_check_target(matrix, t) for t in (args.target or list(matrix.targets))]
+    plans = {p.target: p for p in plan_targets(matrix, root, targets)}
+    releases = release_targets(matrix, root, client, (args.registry or matrix.release.registry).rstrip("/"), plans,
+                               explicit=bool(args.target), dry_run=args.dry_run,
+                               say=lambda line: print(line, file=sys.stderr))
     if args.dry_run:
         print("release: dry run; nothing pushed")
         return 0
@@ -629,9 +590,7 @@ def cmd_sweep(args) -> int:
     from .builder import build_image
     from .deploy import ensure_secrets, write_env
     from .knobs import KNOBS
-    from .pipeline import run_profile
     from .plan import plan_targets
-    from .profiles import resolve_knobs
     from . import sweep as sw
     matrix = _matrix(args)
     target = _check_target(matrix, args.target or _default_target(matrix))
@@ -655,38 +614,15 @@ def cmd_sweep(args) -> int:
     dep = _deployment(args, matrix, target)
     key_file = ensure_secrets(dep)
     write_env(dep)
-    cells = [sw.Cell(c) for c in sw.combinations(knobs)]
-    stamp = dt.datetime.now(dt.timezone.utc)
-    out = _root(args) / "reports" / f"{stamp:%Y%m%d-%H%M%S}-sweep-{args.profile}-{target}"
-    notes, interrupted = [], False
-    try:
-        for cell in cells:
-            for n in range(1, args.boots + 1):
-                print(f"sweep: {cell.label}, boot {n}/{args.boots}", file=sys.stderr)
-                report, _ = run_profile(matrix, dep, args.profile, key_file, knobs=cell.knobs, only=only,
-                                        say=lambda line: print(line, file=sys.stderr))
-                cell.boots.append(sw.summarize_boot(report))
-    except KeyboardInterrupt:  # run_profile has already taken the current boot down
-        interrupted = True
-        notes.append("interrupted: the table holds the boots that finished")
-    measured = [c for c in cells if c.boots]
-    knob_names = [k for k, _ in knobs]
-    speculates = resolve_knobs(matrix, args.profile, target, dep.host).get("SPEC", "off") != "off"
-    header, rows = sw.table_rows(measured, speculates)
-    current = resolve_knobs(matrix, args.profile, target, dep.host).get("GPU_UTIL")
-    advice = sw.sizing_advice(measured, knob_names[0], matrix.sweep.min_margin_mib * 2**20, current) \
-        if len(knob_names) == 1 else None
-    title = f"sweep of {args.profile} on {target} ({dep.host}): {', '.join(knob_names)}, {args.boots} boots a cell"
-    doc = {"schema_version": 1, "kind": "sweep", "profile": args.profile, "target": target, "host": dep.host,
-           "image": plan.tag, "boots_per_cell": args.boots, "interrupted": interrupted, "advice": advice,
-           "cells": [{"knobs": c.knobs, "boots": c.boots} for c in measured],
-           "table": {"header": header, "rows": rows}, "notes": notes}
-    markdown = sw.render_markdown(title, header, rows, advice, notes)
-    sw.write(out, doc, markdown, measured, knob_names[0])
+    cells, interrupted = sw.run_sweep(matrix, dep, args.profile, key_file, knobs, args.boots, only,
+                                      say=lambda line: print(line, file=sys.stderr))
+    doc, markdown = sw.sweep_document(matrix, dep, args.profile, plan.tag, knobs, args.boots, cells, interrupted)
+    out = _root(args) / "reports" / f"{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}-sweep-{args.profile}-{target}"
+    sw.write(out, doc, markdown, cells, knobs[0][0])
     if sys.stdout.isatty():
-        _print_table(title, header, rows)
-        if advice:
-            print(advice)
+        _print_table(doc["title"], doc["table"]["header"], doc["table"]["rows"])
+        if doc["advice"]:
+            print(doc["advice"])
     else:  # a log or a pipe: nine columns would fold into an unreadable box; Markdown stays one row a line
         print(markdown, end="")
     print(f"sweep: report in {out.relative_to(_root(args))}/report.md")

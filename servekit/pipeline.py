@@ -159,7 +159,7 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
     saved = {k: os.environ.get(k) for k in (knobs or {})}
     os.environ.update(knobs or {})
     created = dt.datetime.now(dt.timezone.utc)
-    report = {"run_id": f"{created:%Y%m%d-%H%M%S}-{profile}-{dep.target}", "created": created.isoformat(timespec="seconds"),
+    report = {"kind": "run", "run_id": f"{created:%Y%m%d-%H%M%S}-{profile}-{dep.target}", "created": created.isoformat(timespec="seconds"),
               "profile": profile, "target": dep.target, "host": dep.host, "url": dep.url,
               "image": {"tag": dep.image}, "pins": matrix.target_pins(dep.target), "notes": []}
     b = None

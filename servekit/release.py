@@ -52,9 +52,11 @@ def _reports(root: Path) -> list[tuple[Path, dict]]:
         if path.parent.is_symlink():  # reports/latest points at a run that is listed by its own name
             continue
         try:
-            out.append((path, json.loads(path.read_text())))
+            doc = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
+        if doc.get("kind", "run") == "run" and isinstance(doc.get("image"), dict):  # not a sweep's table
+            out.append((path, doc))
     return out
 
 
@@ -193,3 +195,48 @@ def summary_text(matrix: Matrix, releases: list[dict]) -> str:
             passed = sum(1 for v in s["checks"].values() if v == "passed")
             lines.append(f"  {profile}: {passed}/{len(s['checks'])} checks passed ({s['report']})")
     return "\n".join(lines)
+
+
+def release_targets(matrix: Matrix, root: Path, client, registry: str, plans: dict[str, TargetPlan],
+                    explicit: bool, dry_run: bool, say) -> list[dict]:
+    """Gate, check the moving tags, push and read back, per target; the records for the manifest.
+
+    Everything that can refuse is checked for a target before any of its tags is pushed."""
+    import docker
+    releases = []
+    check_registry(f"{registry}/{matrix.image.name}")
+    for target, plan in plans.items():
+        try:
+            image = client.images.get(plan.tag)
+        except docker.errors.ImageNotFound:
+            if explicit:
+                raise CheckFailed(f"{target}: image {plan.tag} is not built: run `python build.py run --target "
+                                  f"{target}` first") from None
+            say(f"release: {target}: no image {plan.tag} here; skipped")
+            continue
+        smoke = gate(matrix, target, image.id, root)
+        repository = f"{registry}/{matrix.image.name}"
+        tags = release_tags(matrix, plan)
+        for moving in tags[1:]:
+            current = remote_vllm_version(repository, moving)
+            if current and current > Version(matrix.vllm):
+                raise CheckFailed(f"{target}: {repository}:{moving} carries vLLM {current}; moving it to "
+                                  f"{matrix.vllm} would go backwards (docs/release.md says how to roll back)")
+        say(f"release: {target}: {image.id[:19]}... passed {', '.join(smoke)}; tags {', '.join(tags)}")
+        if dry_run:
+            continue
+        try:
+            digests = {tag: push(client, image, repository, tag, say) for tag in tags}
+        except TransientRegistryError as exc:
+            raise EnvironmentProblem(f"{target}: the push failed after {_attempts()} attempts ({exc}); no manifest "
+                                     "written: run release again to complete it") from None
+        if len(set(digests.values())) != 1:
+            raise CheckFailed(f"{target}: the tags read back different digests: {digests}")
+        info = root / ".cache" / "build" / target / "build-info.json"
+        releases.append({"target": target, "repository": repository, "tags": tags,
+                         "registry_digest": next(iter(digests.values())), "image_id": image.id,
+                         "content_digest": plan.digest, "pins": plan.pins,
+                         "series": json.loads(info.read_text())["series"] if info.exists() else [],
+                         "components": plan.components, "smoke": smoke})
+        say(f"release: {target}: pushed {len(tags)} tags, {repository}@{releases[-1]['registry_digest']}")
+    return releases

@@ -180,3 +180,40 @@ def write(out: Path, doc: dict, markdown: str, cells: list[Cell], knob: str) -> 
     (out / "report.json").write_text(json.dumps(doc, indent=2) + "\n")
     (out / "report.md").write_text(markdown)
     plot(out / "sweep.png", cells, knob)
+
+
+def run_sweep(matrix, dep, profile: str, key_file: Path, knobs: list[tuple[str, list[str]]], boots: int,
+              only: list[str] | None, say) -> tuple[list[Cell], bool]:
+    """Boot every combination `boots` times; (the cells that have boots, whether Ctrl-C stopped it).
+
+    A cell whose boot fails is recorded and the sweep goes on; Ctrl-C stops after run_profile has
+    taken the current boot down."""
+    from .pipeline import run_profile
+    cells = [Cell(c) for c in combinations(knobs)]
+    try:
+        for cell in cells:
+            for n in range(1, boots + 1):
+                say(f"sweep: {cell.label}, boot {n}/{boots}")
+                report, _ = run_profile(matrix, dep, profile, key_file, knobs=cell.knobs, only=only, say=say)
+                cell.boots.append(summarize_boot(report))
+    except KeyboardInterrupt:
+        return [c for c in cells if c.boots], True
+    return cells, False
+
+
+def sweep_document(matrix, dep, profile: str, image: str, knobs: list[tuple[str, list[str]]], boots: int,
+                   cells: list[Cell], interrupted: bool) -> tuple[dict, str]:
+    """The sweep's report.json content and its Markdown."""
+    from .profiles import resolve_knobs
+    names = [k for k, _ in knobs]
+    resolved = resolve_knobs(matrix, profile, dep.target, dep.host)
+    header, rows = table_rows(cells, resolved.get("SPEC", "off") != "off")
+    advice = sizing_advice(cells, names[0], matrix.sweep.min_margin_mib * 2**20, resolved.get("GPU_UTIL")) \
+        if len(names) == 1 else None
+    notes = ["interrupted: the table holds the boots that finished"] if interrupted else []
+    title = f"sweep of {profile} on {dep.target} ({dep.host}): {', '.join(names)}, {boots} boots a cell"
+    doc = {"schema_version": 1, "kind": "sweep", "profile": profile, "target": dep.target, "host": dep.host,
+           "image": image, "boots_per_cell": boots, "interrupted": interrupted, "advice": advice,
+           "cells": [{"knobs": c.knobs, "boots": c.boots} for c in cells],
+           "table": {"header": header, "rows": rows}, "notes": notes, "title": title}
+    return doc, render_markdown(title, header, rows, advice, notes)
