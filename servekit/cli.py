@@ -301,19 +301,24 @@ def _check_target(matrix, target: str) -> str:
     return target
 
 
+def _profile_target(matrix, profile: str, wanted: str | None) -> str:
+    """The target to use for `profile`: the one asked for (or the engine's default), if the profile runs there."""
+    target = _check_target(matrix, wanted or _default_target(matrix))
+    if profile not in matrix.profiles:
+        raise UserError(f"profile {profile!r}: expected one of {', '.join(matrix.profiles)}")
+    if target not in matrix.profiles[profile].targets:
+        raise UserError(f"profile {profile} does not run on the {target} target (it runs on "
+                        f"{', '.join(matrix.profiles[profile].targets)})")
+    return target
+
+
 def cmd_up(args) -> int:
     from .builder import image_exists
     from .deploy import check_bind, ensure_secrets, write_env
     from .pipeline import boot
     from .watch import BootFailed
     matrix = _matrix(args)
-    target = _check_target(matrix, args.target or _default_target(matrix))
-    profile = matrix.profiles.get(args.profile)
-    if profile is None:
-        raise UserError(f"profile {args.profile!r}: expected one of {', '.join(matrix.profiles)}")
-    if target not in profile.targets:
-        raise UserError(f"profile {args.profile} does not run on the {target} target (it runs on "
-                        f"{', '.join(profile.targets)})")
+    target = _profile_target(matrix, args.profile, args.target)
     dep = _deployment(args, matrix, target)
     if not image_exists(dep.image):
         raise UserError(f"image {dep.image} is not built: run `python build.py image --target {target}`")
@@ -563,9 +568,7 @@ def cmd_render(args) -> int:
     from . import k8s
     from .plan import plan_targets
     matrix = _matrix(args)
-    target = _check_target(matrix, args.target or _default_target(matrix))
-    if args.profile not in matrix.profiles or target not in matrix.profiles[args.profile].targets:
-        raise UserError(f"--profile {args.profile}: not a profile of the {target} target")
+    target = _profile_target(matrix, args.profile, args.target)
     host = args.host if args.host != "auto" else "native"
     if host not in matrix.hosts:
         raise UserError(f"--host {host}: expected one of {', '.join(matrix.hosts)}")
@@ -593,9 +596,7 @@ def cmd_sweep(args) -> int:
     from .plan import plan_targets
     from . import sweep as sw
     matrix = _matrix(args)
-    target = _check_target(matrix, args.target or _default_target(matrix))
-    if args.profile not in matrix.profiles or target not in matrix.profiles[args.profile].targets:
-        raise UserError(f"profile {args.profile!r} does not run on the {target} target")
+    target = _profile_target(matrix, args.profile, args.target)
     knobs = []
     for spec in args.knob:
         name, _, values = spec.partition("=")
