@@ -39,8 +39,15 @@ def registry(tmp_path_factory):
     folder = tmp_path_factory.mktemp("registry")
     port = _free_port()
     proc = start_registry(folder / "storage", port, folder / "registry.log")
-    yield {"port": port, "folder": folder, "proc": proc}
-    proc.kill()
+    state = {"port": port, "folder": folder, "proc": proc}
+    yield state
+    state["proc"].kill()
+    # The pushes left names for this registry on the engine's images; they go with it.
+    names = subprocess.run(["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True,
+                           text=True).stdout.split()
+    mine = [n for n in names if n.startswith(f"127.0.0.1:{port}/")]
+    if mine:
+        subprocess.run(["docker", "rmi", *mine], capture_output=True)
 
 
 def _release(*args: str, env: dict | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
