@@ -84,7 +84,7 @@ def verify(manifest: list[dict], vllm_dir: Path, python: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="install or verify components (inside the image)")
     parser.add_argument("action", choices=("install", "verify"))
-    parser.add_argument("--spec", type=Path, required=True, help="JSON: [{name, patches}] in install order")
+    parser.add_argument("--spec", type=Path, help="install: JSON [{name, patches}] in install order")
     parser.add_argument("--components-dir", type=Path, required=True, help="holds one source folder per component")
     parser.add_argument("--python", required=True)
     args = parser.parse_args(argv)
@@ -92,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     manifest_path = args.components_dir / MANIFEST
     try:
         if args.action == "install":
+            if args.spec is None:
+                parser.error("install needs --spec")
             manifest = [install(c["name"], args.components_dir / c["name"], c["patches"], vllm_dir)
                         for c in json.loads(args.spec.read_text())]
             manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")

@@ -138,11 +138,11 @@ def main(argv: list[str]) -> int:
         print(f"launcher: unknown command {command!r}; expected serve [PROFILE], prepare or flags", file=sys.stderr)
         return 2
     profiles = json.loads(PROFILES_FILE.read_text())
+    try:
+        from .prepare import is_complete, prepare
+    except ImportError:  # run as a script inside the image, beside prepare.py
+        from prepare import is_complete, prepare
     if command == "prepare":
-        try:
-            from .prepare import prepare
-        except ImportError:  # run as a script inside the image, beside prepare.py
-            from prepare import prepare
         prepare(profiles["model"], say=lambda line: print(line, file=sys.stderr, flush=True))
         return 0
     profile = argv[2] if len(argv) > 2 else os.environ.get("PROFILE", "default")
@@ -151,7 +151,7 @@ def main(argv: list[str]) -> int:
     except KnobError as exc:
         print(f"launcher: refusing to start: {exc}", file=sys.stderr)
         return 2
-    if not Path(profiles["model"]["path"], ".servekit-complete").is_file() and os.environ.get("PRINT_ARGV") != "1":
+    if not is_complete(profiles["model"]["path"]) and os.environ.get("PRINT_ARGV") != "1":
         print(f"launcher: refusing to start: the model in {profiles['model']['path']} is missing or incomplete; "
               "run the prepare step first (docker compose runs it before every profile)", file=sys.stderr)
         return 2
