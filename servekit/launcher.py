@@ -151,7 +151,7 @@ def main(argv: list[str]) -> int:
     except KnobError as exc:
         print(f"launcher: refusing to start: {exc}", file=sys.stderr)
         return 2
-    if not is_complete(profiles["model"]["path"]) and os.environ.get("PRINT_ARGV") != "1":
+    if not is_complete(profiles["model"]) and os.environ.get("PRINT_ARGV") != "1":
         print(f"launcher: refusing to start: the model in {profiles['model']['path']} is missing or incomplete; "
               "run the prepare step first (docker compose runs it before every profile)", file=sys.stderr)
         return 2

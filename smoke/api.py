@@ -45,12 +45,12 @@ def greedy(ctx: Context, max_tokens: int = 32) -> dict:
 
 @check("sampled")
 def sampled(ctx: Context, tries: int = 4, max_tokens: int = 24) -> dict:
-    # A prompt the model has no fixed answer for, hot enough that unseeded answers differ.
+    # A prompt the model has no fixed answer for, hot enough that unseeded answers differ; ignore_eos (vLLM's)
+    # samples every one of the tokens, so a model sure of a short answer cannot end before sampling shows.
     prompt = [{"role": "user", "content": "Continue with random words: river, cobalt,"}]
-    unseeded = {ctx.chat(prompt, temperature=1.5, max_tokens=max_tokens)["choices"][0]["message"]["content"]
-                for _ in range(tries)}
-    seeded = {ctx.chat(prompt, temperature=1.5, max_tokens=max_tokens, seed=1234)["choices"][0]["message"]["content"]
-              for _ in range(2)}
+    hot = {"temperature": 1.5, "max_tokens": max_tokens, "ignore_eos": True}
+    unseeded = {ctx.chat(prompt, **hot)["choices"][0]["message"]["content"] for _ in range(tries)}
+    seeded = {ctx.chat(prompt, seed=1234, **hot)["choices"][0]["message"]["content"] for _ in range(2)}
     ensure(len(unseeded) > 1, f"{tries} unseeded sampled answers were all identical")
     ensure(len(seeded) == 1, "two answers with the same seed differ")
     return {"distinct_unseeded": len(unseeded), "tries": tries}

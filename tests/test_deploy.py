@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from conftest import ROOT, run_build_py
-from servekit.prepare import COMPLETE, prepare
+from servekit.prepare import COMPLETE, is_complete, prepare
 from servekit.watch import LogFollower, BootRecord, classify, without_frames
 
 COMPOSE = ROOT / "compose"
@@ -81,6 +81,20 @@ def test_prepare_copies_the_generated_model_once_and_marks_it(tmp_path):
     said = []
     prepare(model, say=said.append)
     assert said == [f"prepare: {tmp_path / 'models/demo'} is complete"]
+
+
+def test_a_volume_holding_an_older_model_gets_the_images_one(tmp_path):
+    baked = tmp_path / "baked"
+    baked.mkdir()
+    (baked / "model.safetensors").write_text("trained 400 steps")
+    model = {"source": "generated", "path": str(tmp_path / "models/demo"), "baked": str(baked)}
+    prepare(model, say=lambda s: None)
+    (baked / "model.safetensors").write_text("trained 900 steps")  # a newer image bakes another model
+    assert not is_complete(model)
+    said = []
+    prepare(model, say=said.append)
+    assert "holds another model" in said[0] and is_complete(model)
+    assert (tmp_path / "models/demo/model.safetensors").read_text() == "trained 900 steps"
 
 
 def test_a_half_prepared_model_is_redone_and_never_served(tmp_path):
