@@ -232,11 +232,13 @@ def cmd_doctor(args) -> int:
     return 1 if any(f.status == "fail" for f in findings) else 0
 
 
-def _default_target(matrix) -> str:
-    """cuda where the engine has an NVIDIA runtime, else cpu."""
-    import subprocess
-    runtimes = subprocess.run(["docker", "info", "--format", "{{json .Runtimes}}"], capture_output=True, text=True)
-    gpu = runtimes.returncode == 0 and "nvidia" in runtimes.stdout
+def _default_target(matrix, engine=None) -> str:
+    """cuda where the engine (default: this machine's) has an NVIDIA runtime, else cpu."""
+    from .remote import resolve
+    try:
+        gpu = "nvidia" in ((engine or resolve(None)).sdk(timeout=15).info().get("Runtimes") or {})
+    except Exception:  # no engine answers: the cpu target is what can run anywhere
+        gpu = False
     wanted = [name for name, t in matrix.targets.items() if t.gpu == gpu]
     return wanted[0] if wanted else next(iter(matrix.targets))
 
@@ -283,7 +285,12 @@ def cmd_image(args) -> int:
     return 0
 
 
-def _deployment(args, matrix, target: str):
+def _engine(args):
+    from .remote import resolve
+    return resolve(getattr(args, "engine", None))
+
+
+def _deployment(args, matrix, target: str, engine=None):
     from wsl2.detect import is_wsl2
     from .deploy import Deployment
     from .plan import plan_targets
@@ -292,7 +299,8 @@ def _deployment(args, matrix, target: str):
     if host not in matrix.hosts:
         raise UserError(f"--host {host}: expected one of auto, {', '.join(matrix.hosts)}")
     tag = plan_targets(matrix, _root(args), [target])[0].tag
-    return Deployment(_root(args), target, host, tag, matrix.serve.bind, matrix.serve.port)
+    return Deployment(_root(args), target, host, tag, matrix.serve.bind, getattr(args, "port", None) or
+                      matrix.serve.port, engine=engine or _engine(args))
 
 
 def _check_target(matrix, target: str) -> str:
@@ -301,9 +309,9 @@ def _check_target(matrix, target: str) -> str:
     return target
 
 
-def _profile_target(matrix, profile: str, wanted: str | None) -> str:
+def _profile_target(matrix, profile: str, wanted: str | None, engine=None) -> str:
     """The target to use for `profile`: the one asked for (or the engine's default), if the profile runs there."""
-    target = _check_target(matrix, wanted or _default_target(matrix))
+    target = _check_target(matrix, wanted or _default_target(matrix, engine))
     if profile not in matrix.profiles:
         raise UserError(f"profile {profile!r}: expected one of {', '.join(matrix.profiles)}")
     if target not in matrix.profiles[profile].targets:
@@ -313,24 +321,32 @@ def _profile_target(matrix, profile: str, wanted: str | None) -> str:
 
 
 def cmd_up(args) -> int:
+    from dataclasses import replace
     from .builder import image_exists
     from .deploy import check_bind, ensure_secrets, write_env
     from .pipeline import boot
+    from .remote import address, reach
+    from .transfer import ensure_image
     from .watch import BootFailed
     matrix = _matrix(args)
-    target = _profile_target(matrix, args.profile, args.target)
-    dep = _deployment(args, matrix, target)
+    engine = _engine(args)
+    engine.check()
+    target = _profile_target(matrix, args.profile, args.target, engine)
+    dep = _deployment(args, matrix, target, engine)
     if not image_exists(dep.image):
         raise UserError(f"image {dep.image} is not built: run `python build.py image --target {target}`")
+    arrived = ensure_image(engine, dep.image, say=lambda line: print(f"up: {line}", file=sys.stderr))
     check_bind(dep.bind, warn=lambda w: print(f"warning: {w}", file=sys.stderr))
     key_file = ensure_secrets(dep)
     write_env(dep)
     timeout = args.timeout or matrix.serve.boot_timeout_s
-    print(f"up: {args.profile} on {target} ({dep.host}), {dep.image}", file=sys.stderr)
+    where = "" if engine.is_local else f" on engine {engine.given} (image {arrived})"
+    print(f"up: {args.profile} on {target} ({dep.host}){where}, {dep.image}", file=sys.stderr)
     from rich.console import Console
     try:
-        with Console(stderr=True).status(f"waiting for {args.profile} to become healthy") as status:
-            booted = boot(dep, args.profile, timeout, say=status.update)
+        with reach(engine, dep.bind, dep.port) as url, \
+                Console(stderr=True).status(f"waiting for {args.profile} to become healthy") as status:
+            booted = boot(replace(dep, reached_at=url), args.profile, timeout, say=status.update)
     except BootFailed as exc:
         print(f"up: {args.profile} failed: {exc}", file=sys.stderr)
         for line in exc.last_lines[-12:]:
@@ -338,7 +354,9 @@ def cmd_up(args) -> int:
         return 1
     booted.stop_samplers()  # `up` ends at healthy; `run` keeps them going through the traffic
     record, memory = booted.record, booted.memory()
-    result = {"profile": args.profile, "target": target, "host": dep.host, "image": dep.image, "url": dep.url,
+    url = address(engine, dep.bind, dep.port)
+    result = {"profile": args.profile, "target": target, "host": dep.host, "engine": engine.given,
+              "image": dep.image, "url": url,
               "api_key_file": str(key_file), "container": booted.container.name,
               "time_to_healthy_s": record.time_to_healthy_s, "kv_pool_tokens": record.kv_pool_tokens,
               "detection_lag_s": record.detection_lag_s, "phases": memory["phases"],
@@ -348,7 +366,7 @@ def cmd_up(args) -> int:
     if args.json:
         _emit_json(result)
     else:
-        print(f"{args.profile} is healthy at {dep.url} (API key in {key_file})")
+        print(f"{args.profile} is healthy at {url} (API key in {key_file})")
         print(f"  time to healthy {record.time_to_healthy_s} s, KV pool {record.kv_pool_tokens} tokens, "
               f"detection lag {record.detection_lag_s} s")
         if result["gpu"]:
@@ -361,15 +379,17 @@ def cmd_up(args) -> int:
 
 
 def cmd_down(args) -> int:
-    from .deploy import Deployment, down, running_profiles
+    from .deploy import Deployment, down, ensure_secrets, running_profiles, write_env
     matrix = _matrix(args)
+    engine = _engine(args)
+    engine.check()
     dep = Deployment(_root(args), "cpu" if "cpu" in matrix.targets else next(iter(matrix.targets)), "native",
-                     "unused", matrix.serve.bind, matrix.serve.port)
-    if not (dep.compose_dir / ".env").exists():
-        from .deploy import write_env
+                     "unused", matrix.serve.bind, matrix.serve.port, engine=engine)
+    if not dep.env_file.exists():
         write_env(dep)
+    ensure_secrets(dep)  # Compose checks the secrets' sources even to take a project down
     down(dep, args.profile)
-    left = [p for p in running_profiles() if not args.profile or p == args.profile]
+    left = [p for p in running_profiles(engine) if not args.profile or p == args.profile]
     print(f"down: {'nothing left running' if not left else 'still present: ' + ', '.join(left)}")
     return 0 if not left else 1
 
@@ -443,14 +463,15 @@ def _wsl2_adapter(args) -> str | None:
 
 
 def cmd_run(args) -> int:
-    """image, up, smoke, down and report, per profile; exit 0 only when no check failed."""
+    """image, up, smoke, down and a report for each profile, on one engine or several at once."""
     from .builder import build_image
     from .deploy import ensure_secrets, write_env
-    from .pipeline import run_profile
     from .plan import plan_targets
-    from .report import write_report
+    from .release import released
+    from .remote import parse_engines
     matrix = _matrix(args)
-    target = _check_target(matrix, args.target or _default_target(matrix))
+    engines = parse_engines(args.engines) if args.engines else [_engine(args)]
+    target = _check_target(matrix, args.target or _default_target(matrix, engines[0]))
     profiles = args.profile or [p for p, spec in matrix.profiles.items() if target in spec.targets][:1]
     for name in profiles:
         if name not in matrix.profiles or target not in matrix.profiles[name].targets:
@@ -459,49 +480,98 @@ def cmd_run(args) -> int:
     plan = plan_targets(matrix, _root(args), [target])[0]
     print(f"run: {target} image {plan.tag}", file=sys.stderr)
     build_image(matrix, plan, _root(args), show=_step_printer())
-    dep = _deployment(args, matrix, target)
+    release = released(_root(args), matrix, target, plan.digest)
+    if args.engines:
+        return _run_fleet(args, matrix, target, plan.tag, engines, profiles, release)
+    engines[0].check()
+    dep = _deployment(args, matrix, target, engines[0])
     key_file = ensure_secrets(dep)
     write_env(dep)
-    passed, reports = True, []
-    for name in profiles:
-        print(f"run: {name}", file=sys.stderr)
-        report, series = run_profile(matrix, dep, name, key_file, say=lambda line: print(line, file=sys.stderr))
-        run_dir = write_report(_root(args) / "reports" / report["run_id"], report, series)
-        reports.append(str(run_dir))
+    say = lambda line: print(line, file=sys.stderr)  # noqa: E731
+    from .pipeline import run_profiles
+    from .report import write_report
+    done = run_profiles(matrix, dep, profiles, key_file, release=release, say=say,
+                        write=lambda report, series: write_report(_root(args) / "reports" / report["run_id"], report,
+                                                                  series))
+    for report, run_dir in done:
         failed = [c["name"] for c in report["checks"] if c["status"] == "failed"]
-        print(f"run: {name}: {'passed' if report['passed'] else 'FAILED: ' + ', '.join(failed)}; report in "
-              f"{run_dir.relative_to(_root(args))}/report.md", file=sys.stderr)
-        passed &= report["passed"]
+        say(f"run: {report['profile']}: {'passed' if report['passed'] else 'FAILED: ' + ', '.join(failed)}; report "
+            f"in {run_dir.relative_to(_root(args))}/report.md")
+    passed = all(report["passed"] for report, _ in done)
     if args.json:
-        _emit_json({"passed": passed, "reports": reports})
+        _emit_json({"passed": passed, "reports": [str(run_dir) for _, run_dir in done]})
     return 0 if passed else 1
+
+
+def _run_fleet(args, matrix, target: str, tag: str, engines, profiles: list[str], release) -> int:
+    import datetime as dt
+    from wsl2.detect import is_wsl2
+    from . import fleet
+    from .deploy import ensure_secrets, write_env
+    host = args.host if args.host not in (None, "auto") else ("wsl2" if is_wsl2() else "native")
+    if host not in matrix.hosts:
+        raise UserError(f"--host {host}: expected one of auto, {', '.join(matrix.hosts)}")
+    deps = fleet.deployments(_root(args), matrix, target, host, tag, engines, args.port or matrix.serve.port)
+    for dep in deps:  # before the threads: they share the key file and these env files
+        key_file = ensure_secrets(dep)
+        write_env(dep)
+    out = _root(args) / "reports" / f"{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}-fleet-{target}"
+    print(f"run: {', '.join(profiles)} on {len(engines)} engines in parallel: "
+          f"{', '.join(f'{d.engine.given} (port {d.port})' for d in deps)}", file=sys.stderr)
+    runs = fleet.run_fleet(matrix, deps, profiles, key_file, out, release=release,
+                           say=lambda line: print(line, file=sys.stderr))
+    doc, summary_md = fleet.write_summary(out, runs)
+    if args.json:
+        _emit_json({"passed": doc["passed"], "summary": str(summary_md), "engines": doc["engines"]})
+    else:
+        if sys.stdout.isatty():
+            _print_table(f"{sum(r.passed for r in runs)} of {len(runs)} engines passed", doc["table"]["header"],
+                         doc["table"]["rows"])
+        else:  # a log or a pipe: a nine-column box folds into an unreadable one; Markdown stays a row a line
+            print(summary_md.read_text(), end="")
+        print(f"run: summary in {summary_md.relative_to(_root(args))}")
+    return 0 if doc["passed"] else 1
 
 
 def cmd_smoke(args) -> int:
     """The profile's checks against a running server, local or remote."""
+    from contextlib import nullcontext
     from smoke import Context
-    from .deploy import find_container
+    from .deploy import find_container, published_port
     from .pipeline import smoke
+    from .remote import reach
+    from .watch import READY
     matrix = _matrix(args)
-    target = _check_target(matrix, args.target or _default_target(matrix))
+    engine = _engine(args)
+    if args.url and args.engine:
+        raise UserError("--url and --engine: name the server one way (--engine finds it on that engine)")
+    target = _check_target(matrix, args.target or _default_target(matrix, engine))
     if args.profile not in matrix.profiles:
         raise UserError(f"profile {args.profile!r}: expected one of {', '.join(matrix.profiles)}")
-    dep = _deployment(args, matrix, target)
-    url = (args.url or dep.url).rstrip("/")
+    dep = _deployment(args, matrix, target, engine)
     key_path = Path(args.api_key_file) if args.api_key_file else dep.api_key_file
     if not key_path.is_file():
         raise UserError(f"no API key file at {key_path}: pass --api-key-file")
-    logs = None
-    if not args.url:  # a local profile: its log is readable, so the log checks can run
-        container = find_container(args.profile)
-        if container is not None:
-            logs = lambda: container.logs().decode("utf-8", "replace").splitlines()  # noqa: E731
-    ctx = Context(url, key_path.read_text().strip(), matrix.models[matrix.targets[target].model].served_name,
-                  gpu=matrix.targets[target].gpu, logs=logs, healthy_line=0)
-    results = smoke(ctx, matrix.profile_checks(args.profile, target),
-                    say=None if args.json else lambda r: print(f"{r.status:7} {r.name} ({r.seconds} s) {r.reason}"))
+    logs, port, healthy_line = None, dep.port, 0
+    if not args.url:  # a profile on an engine: its log is readable, so the log checks can run
+        engine.check()
+        container = find_container(args.profile, engine)
+        if container is None:
+            raise UserError(f"{args.profile} is not running on engine {engine.given}: start it with "
+                            f"`python build.py up {args.profile}" + ("" if engine.is_local else
+                                                                     f" --engine {engine.given}") + "`")
+        logs = lambda: container.logs().decode("utf-8", "replace").splitlines()  # noqa: E731
+        port = published_port(container) or port
+        # compiles while booting are expected; the log checks judge what came after the server was ready
+        healthy_line = next((i + 1 for i, line in enumerate(logs()) if READY.search(line)), 0)
+    with (nullcontext(args.url) if args.url else reach(engine, dep.bind, port)) as url:
+        ctx = Context(url.rstrip("/"), key_path.read_text().strip(),
+                      matrix.models[matrix.targets[target].model].served_name, gpu=matrix.targets[target].gpu,
+                      logs=logs, healthy_line=healthy_line)
+        results = smoke(ctx, matrix.profile_checks(args.profile, target), say=None if args.json else
+                        lambda r: print(f"{r.status:7} {r.name} ({r.seconds} s) {r.reason}"))
     if args.json:
-        _emit_json({"url": url, "checks": [r.to_json() for r in results]})
+        _emit_json({"url": ctx.url, "checks": [r.to_json() for r in results]})
     return 0 if all(r.status != "failed" for r in results) else 1
 
 
@@ -572,8 +642,7 @@ def cmd_render(args) -> int:
     host = args.host if args.host != "auto" else "native"
     if host not in matrix.hosts:
         raise UserError(f"--host {host}: expected one of {', '.join(matrix.hosts)}")
-    tag = plan_targets(matrix, _root(args), [target])[0].tag
-    image, how = k8s.image_reference(matrix, target, tag, _root(args))
+    image, how = k8s.image_reference(matrix, plan_targets(matrix, _root(args), [target])[0], _root(args))
     docs = k8s.render(matrix, args.profile, target, host, image)
     problems = k8s.validate(docs, args.kube_version)
     if problems:
@@ -646,6 +715,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "%(default)s)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
+    def add_engine(p) -> None:
+        p.add_argument("--engine", metavar="ENGINE", help="the Docker engine: a DOCKER_HOST URL (unix://, tcp://, "
+                       "ssh://user@host) or a context name (default: this machine's, `local`)")
+
     def add(name: str, func, help: str, json_out: bool = True) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help, description=help)
         if json_out:
@@ -675,24 +748,34 @@ def build_parser() -> argparse.ArgumentParser:
                    "runtime, else cpu)")
     p.add_argument("--host", default="auto", metavar="KIND", help="native, wsl2 or auto (default: detect WSL2)")
     p.add_argument("--timeout", type=float, metavar="S", help="seconds to wait (default: serve.boot_timeout_s)")
+    add_engine(p)
+    p.add_argument("--port", type=int, metavar="N", help="publish on this port (default: serve.port)")
     p = add("down", cmd_down, "stop and remove a profile's containers (all profiles when none is named); "
             "volumes stay", json_out=False)
     p.add_argument("profile", nargs="?", metavar="PROFILE")
+    add_engine(p)
     p = add("monitor", cmd_monitor, "sample GPU memory (NVML, every 50 ms) and, on WSL2, the Windows Shared "
             "Usage counter (every second) for N seconds or until Ctrl-C, then print the summary")
     p.add_argument("--seconds", type=float, metavar="N", help="how long (default: until Ctrl-C)")
     p.add_argument("--interval", type=float, default=0.05, metavar="S", help="NVML sampling interval (default 0.05)")
     p.add_argument("--adapter", metavar="LUID", help="the WSL2 adapter to report (default: the one matching NVML)")
-    p = add("run", cmd_run, "image, up, smoke checks, down and a report for each profile; exit 0 only when every "
-            "check passed")
+    p = add("run", cmd_run, "image, up, smoke checks, down and a report for each profile, on one engine or on "
+            "several in parallel; exit 0 only when every check passed")
     p.add_argument("--target", metavar="NAME", help="cpu or cuda (default: cuda where the engine has an NVIDIA "
                    "runtime, else cpu)")
     p.add_argument("--profile", action="append", metavar="NAME", help="a profile (repeatable; default: the "
                    "target's first)")
     p.add_argument("--host", default="auto", metavar="KIND", help="native, wsl2 or auto (default: detect WSL2)")
+    where = p.add_mutually_exclusive_group()
+    add_engine(where)
+    where.add_argument("--engines", metavar="A,B,...", help="run on several engines in parallel (each as --engine "
+                       "takes it; `local` is this machine's): one report per engine and a summary table")
+    p.add_argument("--port", type=int, metavar="N", help="publish on this port (default: serve.port; with "
+                   "--engines, serve.port plus the engine's position)")
     p = add("smoke", cmd_smoke, "run a profile's smoke checks against a running server (local or --url)")
     p.add_argument("profile", metavar="PROFILE")
-    p.add_argument("--url", help="the server's base URL (default: the local deployment)")
+    p.add_argument("--url", help="the server's base URL (default: the profile's container on --engine)")
+    add_engine(p)
     p.add_argument("--api-key-file", metavar="F", help="file holding the API key (default: compose/secrets/api_key)")
     p.add_argument("--target", metavar="NAME", help="which target's sizes and model name to expect")
     p.add_argument("--host", default="auto", metavar="KIND", help=argparse.SUPPRESS)

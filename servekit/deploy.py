@@ -1,7 +1,8 @@
 """Deploy: compose/.env, the API key file, and Compose up/down (python-on-whales).
 
 compose/.env is what a plain `docker compose up alternative` in compose/ reads too, so the CLI
-and a person typing compose commands run the same thing.
+and a person typing compose commands run the same thing. Another engine (`--engine`) gets its own
+env file under .cache/engines/ and compose.remote.yaml, which bind-mounts nothing from this disk.
 """
 
 from __future__ import annotations
@@ -9,10 +10,11 @@ from __future__ import annotations
 import ipaddress
 import os
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import UserError
+from .remote import EngineRef, resolve
 
 PROJECT = "servekit"
 IMAGE_UID = 10001  # the image's non-root user
@@ -26,6 +28,8 @@ class Deployment:
     image: str
     bind: str
     port: int
+    engine: EngineRef = field(default_factory=lambda: resolve(None))
+    reached_at: str | None = None  # the URL through which this machine reaches it, when not the plain one
 
     @property
     def compose_dir(self) -> Path:
@@ -38,10 +42,20 @@ class Deployment:
             names.append("compose.cpu.yaml")
         if self.host == "wsl2":
             names.append("compose.wsl2.yaml")
+        if not self.engine.is_local:
+            names.append("compose.remote.yaml")
         return [self.compose_dir / n for n in names]
 
     @property
+    def env_file(self) -> Path:
+        if self.engine.is_local:
+            return self.compose_dir / ".env"
+        return self.root / ".cache" / "engines" / f"{self.engine.label}.env"
+
+    @property
     def url(self) -> str:
+        if self.reached_at:
+            return self.reached_at
         host = "127.0.0.1" if self.bind in ("0.0.0.0", "::") else self.bind
         return f"http://{host}:{self.port}"
 
@@ -68,24 +82,28 @@ def ensure_secrets(dep: Deployment) -> Path:
                 out.write(make())
         path.chmod(0o600)
         _owned_by_container(path)
+    if not dep.engine.is_local:  # compose.remote.yaml: Compose copies them into the container from its environment
+        os.environ["SERVEKIT_API_KEY"] = dep.api_key_file.read_text().strip()
+        os.environ["SERVEKIT_HF_TOKEN"] = (folder / "hf_token").read_text().strip()
     return dep.api_key_file
 
 
 def write_env(dep: Deployment) -> Path:
-    """compose/.env: the image, host, address and the compose files for this target and host."""
+    """The env file (compose/.env for the local engine): image, host, address and the compose files."""
     lines = [
-        "# Written by `python build.py image` / `up`; edit by hand if you like.",
+        "# Written by `python build.py image` / `up`; edit by hand if you like." if dep.engine.is_local else
+        f"# Written by `python build.py --engine {dep.engine.given}`; docker compose --env-file reads it.",
         f"SERVEKIT_IMAGE={dep.image}",
         f"SERVEKIT_HOST={dep.host}",
         f"SERVEKIT_BIND={dep.bind}",
         f"SERVEKIT_PORT={dep.port}",
         f"COMPOSE_FILE={os.pathsep.join(p.name for p in dep.compose_files)}",
     ]
-    if os.geteuid() != 0:  # run as you, so that your 0600 key file is readable inside
+    if os.geteuid() != 0 and dep.engine.is_local:  # run as you, so that your 0600 key file is readable inside
         lines += [f"SERVEKIT_UID={os.getuid()}", f"SERVEKIT_GID={os.getgid()}"]
-    path = dep.compose_dir / ".env"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    dep.env_file.parent.mkdir(parents=True, exist_ok=True)
+    dep.env_file.write_text("\n".join(lines) + "\n")
+    return dep.env_file
 
 
 def check_bind(bind: str, warn) -> None:
@@ -98,15 +116,18 @@ def check_bind(bind: str, warn) -> None:
              "guards it")
 
 
-def compose_client(dep: Deployment, profiles: list[str] | None = None):
+def compose_client(dep: Deployment, profiles: list[str] | None = None, knobs: dict[str, str] | None = None):
+    """Compose for this deployment's engine; `knobs` go into that one process's environment, where they win
+    over the shell's (so parallel boots with different knobs do not share them)."""
     from python_on_whales import DockerClient
+    call = ["env", *(f"{k}={v}" for k, v in knobs.items()), "docker"] if knobs else ["docker"]
     return DockerClient(compose_files=dep.compose_files, compose_project_name=PROJECT,
-                        compose_project_directory=dep.compose_dir, compose_env_files=[dep.compose_dir / ".env"],
-                        compose_profiles=profiles or [])
+                        compose_project_directory=dep.compose_dir, compose_env_files=[dep.env_file],
+                        compose_profiles=profiles or [], client_call=call, **dep.engine.cli_options())
 
 
-def up(dep: Deployment, profile: str) -> None:
-    compose_client(dep, [profile]).compose.up(services=[profile], detach=True, quiet=True)
+def up(dep: Deployment, profile: str, knobs: dict[str, str] | None = None) -> None:
+    compose_client(dep, [profile], knobs).compose.up(services=[profile], detach=True, quiet=True)
 
 
 def down(dep: Deployment, profile: str | None = None) -> None:
@@ -117,16 +138,22 @@ def down(dep: Deployment, profile: str | None = None) -> None:
         client.compose.down(remove_orphans=True, quiet=True)
 
 
-def find_container(profile: str):
-    import docker
-    client = docker.from_env()
+def find_container(profile: str, engine: EngineRef | None = None):
+    client = (engine or resolve(None)).sdk()
     found = client.containers.list(all=True, filters={"label": [f"com.docker.compose.project={PROJECT}",
                                                                 f"com.docker.compose.service={profile}"]})
     return found[0] if found else None
 
 
-def running_profiles() -> list[str]:
-    import docker
-    client = docker.from_env()
+def published_port(container) -> int | None:
+    """The host port the container's 8000 is published on (another engine may use another port)."""
+    bindings = (container.attrs.get("NetworkSettings") or {}).get("Ports") or {}
+    for binding in bindings.get("8000/tcp") or []:
+        return int(binding["HostPort"])
+    return None
+
+
+def running_profiles(engine: EngineRef | None = None) -> list[str]:
+    client = (engine or resolve(None)).sdk()
     return sorted({c.labels.get("com.docker.compose.service") for c in client.containers.list(
         all=True, filters={"label": f"com.docker.compose.project={PROJECT}"})})

@@ -151,6 +151,8 @@ def ensure_engine(local_bases: list[LocalBase], cache_dir: Path, say=print) -> N
             raise EnvironmentProblem(f"installed Compose into {PLUGIN_DIR}, but `docker compose version` fails")
     if not shutil.which("docker-registry") and _can_install():
         _apt_install(["docker-registry"], say)  # the release tests push to a registry on 127.0.0.1
+    if not (shutil.which("sshd") or Path("/usr/sbin/sshd").exists()) and _can_install():
+        _apt_install(["openssh-server"], say)  # the fleet tests reach an engine as ssh://root@127.0.0.1
     for base in local_bases:
         if not image_present(base.image):
             if not _can_install():

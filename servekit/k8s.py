@@ -8,25 +8,23 @@ The key itself is never written into a manifest: the Secret is created from the 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from .matrix import Matrix
+from .plan import TargetPlan
 from .profiles import resolve_knobs
+from .release import released
 
 PORT = 8000
 PROBE_PERIOD_S = 10
 
 
-def image_reference(matrix: Matrix, target: str, tag: str, root: Path) -> tuple[str, str]:
-    """(reference, how it was chosen): the released digest when releases/ has one, else the local tag."""
-    manifest = root / "releases" / f"v{matrix.vllm}.json"
-    if manifest.exists():
-        record = json.loads(manifest.read_text())["targets"].get(target)
-        if record:
-            return f"{record['repository']}@{record['registry_digest']}", "by digest, from " + str(
-                manifest.relative_to(root))
-    return tag, "by tag: no release of this target yet (run `python build.py release`), so not by digest"
+def image_reference(matrix: Matrix, plan: TargetPlan, root: Path) -> tuple[str, str]:
+    """(reference, how it was chosen): the released digest when this build was released, else the local tag."""
+    record = released(root, matrix, plan.target, plan.digest)
+    if record:
+        return f"{record['repository']}@{record['registry_digest']}", f"by digest, from releases/v{matrix.vllm}.json"
+    return plan.tag, ("by tag: this build is not released yet (run `python build.py release`), so not by digest")
 
 
 def render(matrix: Matrix, profile: str, target: str, host: str, image: str) -> list[dict]:

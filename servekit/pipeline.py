@@ -11,11 +11,12 @@ import re
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from python_on_whales.exceptions import DockerException
 from wsl2.shared_usage import SharedUsageSampler, SharedUsageUnavailable
 
-from . import deploy
+from . import deploy, remote, transfer
 from .gpu import NvmlSampler, NvmlUnavailable
 from .watch import BootFailed, BootRecord, watch_boot
 
@@ -65,6 +66,10 @@ class Boot:
             self.gpu.mark(phase)
 
     def start_samplers(self) -> None:
+        if not self.dep.engine.same_machine:  # NVML and Get-Counter read this machine, not the engine's
+            self.notes.append(f"GPU memory and Shared Usage not sampled: engine {self.dep.engine.given} is on "
+                              "another machine (the container's memory from docker stats is plotted)")
+            return
         try:
             self.gpu = NvmlSampler()
             self.gpu.start()
@@ -99,17 +104,24 @@ class Boot:
                 "notes": self.notes}
 
 
-def boot(dep: deploy.Deployment, profile: str, timeout_s: float, say=None) -> Boot:
-    """Start the samplers, then the profile, and watch it to healthy; on any failure take it down."""
+def boot(dep: deploy.Deployment, profile: str, timeout_s: float, say=None, knobs: dict | None = None,
+         note=None) -> Boot:
+    """Start the samplers, then the profile, and watch it to healthy; on any failure take it down.
+
+    `knobs` are set in the environment of this boot's compose only (it passes them to the launcher)."""
     b = Boot(dep, profile)
     b.start_samplers()
-    for note in b.notes:
-        print(f"note: {note}", file=sys.stderr)
+    for line in b.notes:
+        (note or (lambda text: print(text, file=sys.stderr)))(f"note: {line}")
     try:
         b.record.started = time.time()
         b.mark("load")
-        deploy.up(dep, profile)
-        b.container = deploy.find_container(profile)
+        try:
+            deploy.up(dep, profile, knobs)
+        except DockerException as exc:  # a port in use, a missing image, an engine that went away
+            said = (exc.stderr or str(exc)).strip().splitlines()
+            raise BootFailed(f"compose up failed: {said[-1] if said else exc}", "", said[-12:]) from None
+        b.container = deploy.find_container(profile, dep.engine)
         if b.container is None:
             raise BootFailed(f"compose started no container for {profile}", "", [])
         b.container_memory = ContainerMemory(b.container, b.record.started)
@@ -148,23 +160,19 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
                 only: list[str] | None = None) -> tuple[dict, dict]:
     """Boot, smoke, down: (the report, the series for its plot). Never raises for a failed boot or check.
 
-    `knobs` are set in the environment for this boot only (compose passes them to the launcher);
-    `only` limits the checks to those named."""
+    `knobs` apply to this boot only; `only` limits the checks to those named."""
     import datetime as dt
-    import os
     from smoke import Context, Result
     checks = matrix.profile_checks(profile, dep.target)
     if only:
         checks = {name: {**matrix.checks[name].params, **checks.get(name, {})} for name in only}
-    saved = {k: os.environ.get(k) for k in (knobs or {})}
-    os.environ.update(knobs or {})
     created = dt.datetime.now(dt.timezone.utc)
     report = {"kind": "run", "run_id": f"{created:%Y%m%d-%H%M%S}-{profile}-{dep.target}", "created": created.isoformat(timespec="seconds"),
-              "profile": profile, "target": dep.target, "host": dep.host, "url": dep.url,
+              "profile": profile, "target": dep.target, "host": dep.host, "engine": dep.engine.given, "url": dep.url,
               "image": {"tag": dep.image}, "pins": matrix.target_pins(dep.target), "notes": []}
     b = None
     try:
-        b = boot(dep, profile, matrix.serve.boot_timeout_s, say=None)
+        b = boot(dep, profile, matrix.serve.boot_timeout_s, knobs=knobs, note=say)
         say(f"  healthy in {b.record.time_to_healthy_s} s (KV pool {b.record.kv_pool_tokens} tokens)")
         b.mark("traffic")
         lines = lambda: list(b.record.lines)  # noqa: E731
@@ -177,11 +185,6 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
         results = [Result("boot", "failed", str(exc), {"last_lines": exc.last_lines[-12:]})]
         results += [Result(name, "skipped", "the server did not boot") for name in checks]
     finally:
-        for k, v in saved.items():  # the next boot starts from the environment the sweep was given
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         if b:
             b.stop_samplers()
             report["image"]["id"] = (b.container.image.id if b.container else None)
@@ -199,3 +202,22 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
     report["checks"] = [r.to_json() for r in results]
     report["passed"] = all(r.status != "failed" for r in results)
     return report, series
+
+
+def run_profiles(matrix, dep: deploy.Deployment, profiles: list[str], key_file, write, say=print,
+                 release: dict | None = None) -> list[tuple[dict, object]]:
+    """On dep's engine: the image put there if need be, then each profile booted, checked and written.
+
+    `write(report, series)` stores one report and returns where; the list pairs each report with that."""
+    arrived = transfer.ensure_image(dep.engine, dep.image, release, say=say)
+    if arrived != "already there":
+        say(f"image {arrived}")
+    written = []
+    with remote.reach(dep.engine, dep.bind, dep.port) as url:
+        dep = replace(dep, reached_at=url)
+        for profile in profiles:
+            say(f"run: {profile}")
+            report, series = run_profile(matrix, dep, profile, key_file, say=say)
+            report["image"]["arrived"] = arrived
+            written.append((report, write(report, series)))
+    return written

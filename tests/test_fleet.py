@@ -1,0 +1,281 @@
+"""Remote engines and fleets: --engine names, tunnels, image transfer, and runs on a second real engine.
+
+The second engine is a real dockerd on its own socket and data folder (tests/second_engine.py);
+to the orchestrator it is another machine's engine: nothing is bind-mounted from this disk there.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import second_engine
+from conftest import ROOT, run_build_py
+from servekit.errors import UserError
+from servekit.remote import address, parse_engines, reach, resolve, tunnel_command
+
+COMPOSE = ROOT / "compose"
+BASE = "servekit/bookworm-python:3.11"  # small, and built by `make engine`: what the transfer tests send
+
+
+# --- engine names, addresses and tunnels (no engine) -------------------------------------------
+
+def test_engine_names_give_labels_and_where_they_are():
+    socket = resolve("unix:///run/gpu-box/docker.sock")
+    assert socket.label == "unix-gpu-box" and socket.same_machine and not socket.is_local
+    ssh = resolve("ssh://me@gpu1:2222")
+    assert ssh.label == "ssh-gpu1-2222" and not ssh.same_machine and ssh.cli_options() == {"host": "ssh://me@gpu1:2222"}
+    assert resolve("tcp://127.0.0.1:2375").same_machine and not resolve("tcp://10.0.0.5:2376").same_machine
+    assert resolve(None).is_local and resolve("local").cli_options() == {}
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["run", "--engine", "ftp://gpu1"], "expected a unix://, tcp:// or ssh:// URL"),
+    (["up", "default", "--engine", "unix://"], "names a socket path"),
+    (["down", "--engine", "ssh://"], "no host in the URL"),
+    (["smoke", "default", "--engine", "not a name"], "or a Docker context name"),
+    (["run", "--engines", "local,local"], "named twice"),
+    (["run", "--engines", " , "], "name at least one engine"),
+    (["run", "--engine", "local", "--engines", "local"], "not allowed with argument"),
+])
+def test_bad_engines_are_refused_in_one_line(cli, argv, says):
+    code, _, err = cli(*argv)
+    assert code == 2 and says in err and "Traceback" not in err
+
+
+def test_an_ssh_engine_is_reached_through_a_tunnel_to_its_loopback():
+    engine = resolve("ssh://me@gpu1:2222")
+    assert tunnel_command(engine, 40001, 8001)[-4:] == ["2222", "-L", "127.0.0.1:40001:127.0.0.1:8001", "me@gpu1"]
+    assert "ssh -N" in address(engine, "127.0.0.1", 8001) and "me@gpu1" in address(engine, "127.0.0.1", 8001)
+
+
+def test_a_tcp_engine_elsewhere_needs_ssh_or_a_bind_it_can_reach():
+    engine = resolve("tcp://10.0.0.5:2376")
+    with pytest.raises(UserError, match="use ssh://user@10.0.0.5"):
+        with reach(engine, "127.0.0.1", 8000):
+            pass
+    with reach(engine, "0.0.0.0", 8000) as url:
+        assert url == "http://10.0.0.5:8000"
+    with reach(resolve("unix:///run/x/docker.sock"), "127.0.0.1", 8001) as url:
+        assert url == "http://127.0.0.1:8001"
+
+
+def test_another_engine_gets_its_own_env_file_and_no_bind_mounted_secrets(tmp_path):
+    from servekit.deploy import Deployment, write_env
+    (tmp_path / "compose").mkdir()
+    dep = Deployment(tmp_path, "cpu", "native", "vllm-serve:x", "127.0.0.1", 8001,
+                     engine=resolve("ssh://me@gpu1"))
+    path = write_env(dep)
+    assert path == tmp_path / ".cache/engines/ssh-gpu1.env" and not (tmp_path / "compose/.env").exists()
+    assert "SERVEKIT_PORT=8001" in path.read_text() and "SERVEKIT_UID" not in path.read_text()
+    assert [p.name for p in dep.compose_files] == ["compose.yaml", "compose.cpu.yaml", "compose.remote.yaml"]
+
+
+def test_the_summary_has_a_row_per_engine_and_fails_with_any(tmp_path):
+    from servekit.deploy import Deployment
+    from servekit.fleet import EngineRun, summary
+    report = {"profile": "default", "passed": True, "image": {"arrived": "sent (save+load) in 57 s"},
+              "boot": {"time_to_healthy_s": 26.7, "kv_pool_tokens": 4151936},
+              "checks": [{"name": "burst", "status": "passed", "figures": {"tokens_per_s": 888.1}}]}
+    good = EngineRun(Deployment(tmp_path, "cpu", "native", "x", "127.0.0.1", 8001, engine=resolve("ssh://gpu1")),
+                     reports=[(report, tmp_path / "ssh-gpu1-default")])
+    bad = EngineRun(Deployment(tmp_path, "cpu", "native", "x", "127.0.0.1", 8002, engine=resolve("ssh://gpu2")),
+                    error="engine ssh://gpu2 does not answer")
+    doc, markdown = summary([good, bad])
+    assert doc["passed"] is False and [e["passed"] for e in doc["engines"]] == [True, False]
+    assert "| ssh-gpu1 | default | passed | sent (save+load) in 57 s | 26.7 | 4,151,936 | 888.1 | 1/1 |" in markdown
+    assert "| ssh-gpu2 |  | error: engine ssh://gpu2 does not answer |" in markdown
+    assert markdown.startswith("# Fleet run: 1 of 2 engines passed")
+
+
+# --- with the engines -------------------------------------------------------------------------
+
+@pytest.mark.engine
+def test_the_remote_override_copies_secrets_in_from_the_environment(tmp_path):
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "SERVEKIT_IMAGE": "vllm-serve:test",
+           "SERVEKIT_API_KEY": "sk-never-printed", "SERVEKIT_HF_TOKEN": ""}
+    cmd = ["docker", "compose", "--project-directory", str(COMPOSE), "-f", str(COMPOSE / "compose.yaml"),
+           "-f", str(COMPOSE / "compose.cpu.yaml"), "-f", str(COMPOSE / "compose.remote.yaml"),
+           "--profile", "*", "config", "--format", "json"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    config = json.loads(done.stdout)
+    assert config["secrets"]["api_key"] == {"name": "servekit_api_key", "environment": "SERVEKIT_API_KEY"}
+    assert "file" not in config["secrets"]["hf_token"] and "sk-never-printed" not in done.stdout
+
+
+@pytest.mark.engine
+def test_a_context_name_resolves_to_its_endpoint():
+    name = "servekit-test-context"
+    subprocess.run(["docker", "context", "rm", "-f", name], capture_output=True)
+    made = subprocess.run(["docker", "context", "create", name, "--docker", f"host={second_engine.URL}"],
+                          capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    try:
+        engine = resolve(name)
+        assert engine.url == second_engine.URL and engine.cli_options() == {"context": name}
+        assert engine.label == name
+    finally:
+        subprocess.run(["docker", "context", "rm", "-f", name], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def second():
+    """The second engine's URL; stopped afterwards only if this module started it."""
+    running = subprocess.run(["docker", "--host", second_engine.URL, "version"], capture_output=True).returncode == 0
+    url = second_engine.start()
+    yield url
+    if not running:
+        second_engine.stop()
+
+
+def _on_second(url: str, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker", "--host", url, *argv], capture_output=True, text=True, timeout=600)
+
+
+def _running(url: str | None) -> list[str]:
+    argv = ["ps", "-aq", "--filter", "label=com.docker.compose.project=servekit"]
+    done = _on_second(url, *argv) if url else subprocess.run(["docker", *argv], capture_output=True, text=True)
+    return done.stdout.split()
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_an_image_reaches_another_engine_by_stream_then_by_registry(second, tmp_path):
+    from servekit.localregistry import start_registry
+    from servekit.release import push
+    from servekit.remote import free_port
+    from servekit.transfer import ensure_image
+    engine = resolve(second)
+    local_id = subprocess.run(["docker", "image", "inspect", BASE, "--format", "{{.Id}}"], capture_output=True,
+                              text=True).stdout.strip()
+    _on_second(second, "image", "rm", "-f", BASE)
+    said = []
+    assert ensure_image(engine, BASE, say=said.append).startswith("sent (save+load)")
+    assert _on_second(second, "image", "inspect", BASE, "--format", "{{.Id}}").stdout.strip() == local_id
+    assert ensure_image(engine, BASE) == "already there"
+
+    port = free_port()
+    registry = start_registry(tmp_path / "storage", port, tmp_path / "registry.log")
+    try:
+        import docker
+        repository = f"127.0.0.1:{port}/test/bookworm-python"
+        digest = push(docker.from_env(), docker.from_env().images.get(BASE), repository, "3.11", say=said.append)
+        _on_second(second, "image", "rm", "-f", BASE)
+        release = {"repository": repository, "registry_digest": digest, "image_id": local_id}
+        assert ensure_image(engine, BASE, release=release).startswith("pulled from the registry")
+        assert _on_second(second, "image", "inspect", BASE, "--format", "{{.Id}}").stdout.strip() == local_id
+    finally:
+        registry.kill()
+        _on_second(second, "image", "rm", f"{repository}@{digest}")
+        subprocess.run(["docker", "image", "rm", f"{repository}:3.11"], capture_output=True)
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_up_smoke_and_down_on_another_engine(second):
+    from servekit.remote import free_port
+    port = str(free_port())
+    try:
+        up = run_build_py("up", "default", "--target", "cpu", "--engine", second, "--port", port, "--json",
+                          timeout=1200)
+        assert up.returncode == 0, up.stderr[-3000:]
+        assert json.loads(up.stdout)["url"] == f"http://127.0.0.1:{port}" and _running(second) and not _running(None)
+        # smoke finds the container on that engine, and its port, by itself
+        smoke = run_build_py("smoke", "default", "--target", "cpu", "--engine", second, "--json", timeout=600)
+        assert smoke.returncode == 0, smoke.stdout[-3000:] + smoke.stderr[-2000:]
+        checks = {c["name"]: c["status"] for c in json.loads(smoke.stdout)["checks"]}
+        assert checks["health"] == checks["models"] == checks["logs"] == "passed"
+    finally:
+        down = run_build_py("down", "--engine", second)
+    assert down.returncode == 0 and "nothing left running" in down.stdout and not _running(second)
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_run_on_two_engines_and_one_that_is_not_there(second):
+    result = run_build_py("run", "--target", "cpu", "--profile", "default", "--engines",
+                          f"local,{second},unix:///nonexistent/docker.sock", "--json", timeout=3000)
+    assert result.returncode == 1, result.stderr[-3000:]  # the missing engine fails; the other two still run
+    out = json.loads(result.stdout)
+    engines = {e["engine"]: e for e in out["engines"]}
+    assert engines["local"]["passed"] and engines[second]["passed"], result.stderr[-3000:]
+    assert "no socket at /nonexistent/docker.sock" in engines["unix:///nonexistent/docker.sock"]["error"]
+    assert engines["local"]["port"] != engines[second]["port"]
+    for name in ("local", second):
+        [folder] = map(Path, engines[name]["reports"])
+        assert {"report.json", "report.md", "memory.png"} <= {p.name for p in folder.iterdir()}
+        report = json.loads((folder / "report.json").read_text())
+        assert report["engine"] == name and report["passed"]
+    summary = Path(out["summary"]).read_text()
+    assert summary.startswith("# Fleet run: 2 of 3 engines passed") and summary.count("| default | passed |") == 2
+    assert not _running(None) and not _running(second)
+
+
+@pytest.fixture(scope="module")
+def ssh_engine(second, tmp_path_factory):
+    """ssh://root@127.0.0.1:PORT, a real sshd whose sessions' docker is the second engine; and the environment
+    (PATH) whose `ssh` uses this fixture's own keys and config, as ~/.ssh/config would."""
+    import os
+    import shutil
+    import time
+    from servekit.remote import free_port
+    sshd = shutil.which("sshd") or "/usr/sbin/sshd"
+    assert Path(sshd).exists(), "no sshd: `make engine` installs openssh-server"
+    d = tmp_path_factory.mktemp("ssh")
+    for key in ("host_key", "id"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / key)], check=True)
+    (d / "authorized_keys").write_text((d / "id.pub").read_text())
+    port = free_port()
+    (d / "sshd_config").write_text(f"""Port {port}
+ListenAddress 127.0.0.1
+HostKey {d}/host_key
+AuthorizedKeysFile {d}/authorized_keys
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+StrictModes no
+PidFile {d}/sshd.pid
+AllowTcpForwarding yes
+SetEnv DOCKER_HOST={second}
+""")
+    (d / "ssh_config").write_text(f"""Host 127.0.0.1
+  IdentityFile {d}/id
+  StrictHostKeyChecking no
+  UserKnownHostsFile /dev/null
+  LogLevel ERROR
+""")
+    (d / "bin").mkdir()
+    (d / "bin" / "ssh").write_text(f'#!/bin/sh\nexec {shutil.which("ssh")} -F {d}/ssh_config "$@"\n')
+    (d / "bin" / "ssh").chmod(0o755)
+    Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation folder
+    daemon = subprocess.Popen([sshd, "-D", "-e", "-f", str(d / "sshd_config")], stderr=open(d / "sshd.log", "wb"))
+    env = dict(os.environ, PATH=f"{d / 'bin'}:{os.environ['PATH']}")
+    url = f"ssh://root@127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while subprocess.run(["docker", "--host", url, "version"], env=env, capture_output=True).returncode != 0:
+        assert daemon.poll() is None and time.monotonic() < deadline, (d / "sshd.log").read_text()
+        time.sleep(0.3)
+    yield url, env
+    daemon.terminate()
+    daemon.wait(timeout=10)
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_run_on_an_ssh_engine_goes_through_a_tunnel(ssh_engine, second):
+    url, env = ssh_engine
+    done = subprocess.run([sys.executable, str(ROOT / "build.py"), "run", "--target", "cpu", "--profile", "default",
+                           "--engine", url, "--port", "8031", "--json"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=3000)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [folder] = map(Path, json.loads(done.stdout)["reports"])
+    report = json.loads((folder / "report.json").read_text())
+    assert report["engine"] == url and report["passed"]
+    # the checks reached port 8031 on the engine's loopback through a tunnel from a port of this machine's
+    assert report["url"].startswith("http://127.0.0.1:") and not report["url"].endswith(":8031")
+    assert any("on another machine" in note for note in report["notes"])
+    assert not _running(second)
