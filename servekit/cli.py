@@ -512,7 +512,7 @@ def _run_fleet(args, matrix, target: str, tag: str, engines, profiles: list[str]
     if host not in matrix.hosts:
         raise UserError(f"--host {host}: expected one of auto, {', '.join(matrix.hosts)}")
     deps = fleet.deployments(_root(args), matrix, target, host, tag, engines, args.port or matrix.serve.port)
-    for dep in deps:  # before the threads: they share the key file and these env files
+    for dep in deps:  # here, not in the threads: the key file is one for all, and each env file is written once
         key_file = ensure_secrets(dep)
         write_env(dep)
     out = _root(args) / "reports" / f"{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}-fleet-{target}"

@@ -2,7 +2,8 @@
 
 compose/.env is what a plain `docker compose up alternative` in compose/ reads too, so the CLI
 and a person typing compose commands run the same thing. Another engine (`--engine`) gets its own
-env file under .cache/engines/ and compose.remote.yaml, which bind-mounts nothing from this disk.
+env file under .cache/engines/; one on another machine also gets compose.remote.yaml, which
+bind-mounts nothing from this disk.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import UserError
-from .remote import EngineRef, resolve
+from .remote import EngineRef, local_url, resolve
 
 PROJECT = "servekit"
 IMAGE_UID = 10001  # the image's non-root user
@@ -42,7 +43,7 @@ class Deployment:
             names.append("compose.cpu.yaml")
         if self.host == "wsl2":
             names.append("compose.wsl2.yaml")
-        if not self.engine.is_local:
+        if not self.engine.same_machine:  # this disk's files are not there to bind-mount
             names.append("compose.remote.yaml")
         return [self.compose_dir / n for n in names]
 
@@ -54,10 +55,7 @@ class Deployment:
 
     @property
     def url(self) -> str:
-        if self.reached_at:
-            return self.reached_at
-        host = "127.0.0.1" if self.bind in ("0.0.0.0", "::") else self.bind
-        return f"http://{host}:{self.port}"
+        return self.reached_at or local_url(self.bind, self.port)
 
     @property
     def api_key_file(self) -> Path:
@@ -82,7 +80,7 @@ def ensure_secrets(dep: Deployment) -> Path:
                 out.write(make())
         path.chmod(0o600)
         _owned_by_container(path)
-    if not dep.engine.is_local:  # compose.remote.yaml: Compose copies them into the container from its environment
+    if not dep.engine.same_machine:  # compose.remote.yaml: Compose copies them into the container from its environment
         os.environ["SERVEKIT_API_KEY"] = dep.api_key_file.read_text().strip()
         os.environ["SERVEKIT_HF_TOKEN"] = (folder / "hf_token").read_text().strip()
     return dep.api_key_file
@@ -99,7 +97,7 @@ def write_env(dep: Deployment) -> Path:
         f"SERVEKIT_PORT={dep.port}",
         f"COMPOSE_FILE={os.pathsep.join(p.name for p in dep.compose_files)}",
     ]
-    if os.geteuid() != 0 and dep.engine.is_local:  # run as you, so that your 0600 key file is readable inside
+    if os.geteuid() != 0 and dep.engine.same_machine:  # run as you, so that your 0600 key file is readable inside
         lines += [f"SERVEKIT_UID={os.getuid()}", f"SERVEKIT_GID={os.getgid()}"]
     dep.env_file.parent.mkdir(parents=True, exist_ok=True)
     dep.env_file.write_text("\n".join(lines) + "\n")

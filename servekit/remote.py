@@ -161,19 +161,23 @@ def tunnel_command(engine: EngineRef, local_port: int, remote_port: int) -> list
 def address(engine: EngineRef, bind: str, port: int) -> str:
     """Where the server is, in words a person can use after this command has ended."""
     if engine.same_machine:
-        return f"http://{'127.0.0.1' if bind in ('0.0.0.0', '::') else bind}:{port}"
+        return local_url(bind, port)
     if not _is_loopback(bind):
         return f"http://{engine.hostname}:{port}"
     tunnel = " ".join(tunnel_command(engine, port, port)[:2] + tunnel_command(engine, port, port)[-3:])
     return f"127.0.0.1:{port} on {engine.hostname} (from here: {tunnel}, then http://127.0.0.1:{port})"
 
 
+def local_url(bind: str, port: int) -> str:
+    """The URL of a port published on this machine at `bind`."""
+    return f"http://{'127.0.0.1' if bind in ('0.0.0.0', '::') else bind}:{port}"
+
+
 @contextmanager
 def reach(engine: EngineRef, bind: str, port: int, wait_s: float = 20):
     """Yield the base URL at which this machine reaches port `port` published on the engine's host."""
-    if engine.same_machine or engine.scheme not in ("ssh", "tcp"):
-        host = "127.0.0.1" if bind in ("0.0.0.0", "::") else bind
-        yield f"http://{host}:{port}"
+    if engine.same_machine:
+        yield local_url(bind, port)
         return
     if not _is_loopback(bind):  # published on the engine host's own addresses: go straight there
         yield f"http://{engine.hostname}:{port}"

@@ -71,11 +71,16 @@ def test_frames_are_dropped_from_the_quoted_tail():
 
 # --- the prepare step (no engine) ----------------------------------------------------------------
 
-def test_prepare_copies_the_generated_model_once_and_marks_it(tmp_path):
+def _generated(tmp_path, name: str, text: str) -> dict:
+    """A generated model baked into tmp_path/baked with one file, to be prepared into tmp_path/models/demo."""
     baked = tmp_path / "baked"
-    baked.mkdir()
-    (baked / "config.json").write_text("{}")
-    model = {"source": "generated", "path": str(tmp_path / "models/demo"), "baked": str(baked)}
+    baked.mkdir(exist_ok=True)
+    (baked / name).write_text(text)
+    return {"source": "generated", "path": str(tmp_path / "models/demo"), "baked": str(baked)}
+
+
+def test_prepare_copies_the_generated_model_once_and_marks_it(tmp_path):
+    model = _generated(tmp_path, "config.json", "{}")
     prepare(model, say=lambda s: None)
     assert (tmp_path / "models/demo/config.json").is_file() and (tmp_path / "models/demo" / COMPLETE).is_file()
     said = []
@@ -84,12 +89,9 @@ def test_prepare_copies_the_generated_model_once_and_marks_it(tmp_path):
 
 
 def test_a_volume_holding_an_older_model_gets_the_images_one(tmp_path):
-    baked = tmp_path / "baked"
-    baked.mkdir()
-    (baked / "model.safetensors").write_text("trained 400 steps")
-    model = {"source": "generated", "path": str(tmp_path / "models/demo"), "baked": str(baked)}
+    model = _generated(tmp_path, "model.safetensors", "trained 400 steps")
     prepare(model, say=lambda s: None)
-    (baked / "model.safetensors").write_text("trained 900 steps")  # a newer image bakes another model
+    _generated(tmp_path, "model.safetensors", "trained 900 steps")  # a newer image bakes another model
     assert not is_complete(model)
     said = []
     prepare(model, say=said.append)
