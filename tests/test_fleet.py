@@ -16,7 +16,7 @@ import pytest
 import second_engine
 from conftest import ROOT, run_build_py
 from servekit.errors import UserError
-from servekit.remote import address, parse_engines, reach, resolve, tunnel_command
+from servekit.remote import address, reach, resolve, tunnel_command
 
 COMPOSE = ROOT / "compose"
 BASE = "servekit/bookworm-python:3.11"  # small, and built by `make engine`: what the transfer tests send
