@@ -290,17 +290,27 @@ def _engine(args):
     return resolve(getattr(args, "engine", None))
 
 
+def _host(args, matrix, engine) -> str:
+    """--host, or for `auto` what the engine runs on (WSL2 or native; native when it does not answer,
+    which its own check then reports)."""
+    wanted = getattr(args, "host", "auto")
+    if wanted in (None, "auto"):
+        try:
+            return engine.host_kind()
+        except Exception:  # the SDK's many kinds of "cannot connect"
+            return "native"
+    if wanted not in matrix.hosts:
+        raise UserError(f"--host {wanted}: expected one of auto, {', '.join(matrix.hosts)}")
+    return wanted
+
+
 def _deployment(args, matrix, target: str, engine=None):
-    from wsl2.detect import is_wsl2
     from .deploy import Deployment
     from .plan import plan_targets
-    wanted = getattr(args, "host", "auto")
-    host = wanted if wanted not in (None, "auto") else ("wsl2" if is_wsl2() else "native")
-    if host not in matrix.hosts:
-        raise UserError(f"--host {host}: expected one of auto, {', '.join(matrix.hosts)}")
+    engine = engine or _engine(args)
     tag = plan_targets(matrix, _root(args), [target])[0].tag
-    return Deployment(_root(args), target, host, tag, matrix.serve.bind, getattr(args, "port", None) or
-                      matrix.serve.port, engine=engine or _engine(args))
+    return Deployment(_root(args), target, _host(args, matrix, engine), tag, matrix.serve.bind,
+                      getattr(args, "port", None) or matrix.serve.port, engine=engine)
 
 
 def _check_target(matrix, target: str) -> str:
@@ -505,19 +515,17 @@ def cmd_run(args) -> int:
 
 def _run_fleet(args, matrix, target: str, tag: str, engines, profiles: list[str], release) -> int:
     import datetime as dt
-    from wsl2.detect import is_wsl2
     from . import fleet
-    from .deploy import ensure_secrets, write_env
-    host = args.host if args.host not in (None, "auto") else ("wsl2" if is_wsl2() else "native")
-    if host not in matrix.hosts:
-        raise UserError(f"--host {host}: expected one of auto, {', '.join(matrix.hosts)}")
-    deps = fleet.deployments(_root(args), matrix, target, host, tag, engines, args.port or matrix.serve.port)
+    from .deploy import Deployment, ensure_secrets, write_env
+    base = args.port or matrix.serve.port  # each engine its own port: engines on one machine share its loopback
+    deps = [Deployment(_root(args), target, _host(args, matrix, e), tag, matrix.serve.bind, base + i, engine=e)
+            for i, e in enumerate(engines)]
     for dep in deps:  # here, not in the threads: the key file is one for all, and each env file is written once
         key_file = ensure_secrets(dep)
         write_env(dep)
     out = _root(args) / "reports" / f"{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}-fleet-{target}"
     print(f"run: {', '.join(profiles)} on {len(engines)} engines in parallel: "
-          f"{', '.join(f'{d.engine.given} (port {d.port})' for d in deps)}", file=sys.stderr)
+          f"{', '.join(f'{d.engine.given} ({d.host}, port {d.port})' for d in deps)}", file=sys.stderr)
     runs = fleet.run_fleet(matrix, deps, profiles, key_file, out, release=release,
                            say=lambda line: print(line, file=sys.stderr))
     doc, summary_md = fleet.write_summary(out, runs)

@@ -33,13 +33,6 @@ class EngineRun:
         return self.error is None and bool(self.reports) and all(r["passed"] for r, _ in self.reports)
 
 
-def deployments(root: Path, matrix, target: str, host: str, image: str, engines: list[EngineRef],
-                base_port: int) -> list:
-    """One Deployment per engine, each on its own port: engines on one machine share its 127.0.0.1."""
-    return [deploy.Deployment(root, target, host, image, matrix.serve.bind, base_port + i, engine=engine)
-            for i, engine in enumerate(engines)]
-
-
 def _run_one(run: EngineRun, matrix, profiles: list[str], key_file: Path, out: Path, release, say) -> None:
     label = run.engine.label
     tell = lambda line: say(f"[{label}] {line}")  # noqa: E731
@@ -77,16 +70,16 @@ def run_fleet(matrix, deps: list, profiles: list[str], key_file: Path, out: Path
 
 def summary(runs: list[EngineRun]) -> tuple[dict, str]:
     """(summary.json's document, summary.md): one row per engine and profile."""
-    header = ["engine", "profile", "result", "image", "healthy in (s)", "KV pool (tokens)", "tokens/s", "checks",
-              "report"]
+    header = ["engine", "host", "profile", "result", "image", "healthy in (s)", "KV pool (tokens)", "tokens/s",
+              "checks", "report"]
     rows = []
     for run in runs:
         if run.error:
-            rows.append([run.engine.label, "", f"error: {run.error}", "", "", "", "", "", ""])
+            rows.append([run.engine.label, run.dep.host, "", f"error: {run.error}", "", "", "", "", "", ""])
         for report, folder in run.reports:
             burst = next((c for c in report["checks"] if c["name"] == "burst"), None)
             passed = sum(1 for c in report["checks"] if c["status"] == "passed")
-            rows.append([run.engine.label, report["profile"], "passed" if report["passed"] else "FAILED",
+            rows.append([run.engine.label, run.dep.host, report["profile"], "passed" if report["passed"] else "FAILED",
                          report["image"].get("arrived", ""), report["boot"]["time_to_healthy_s"],
                          report["boot"]["kv_pool_tokens"],
                          burst["figures"].get("tokens_per_s") if burst and burst["status"] == "passed" else None,

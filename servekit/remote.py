@@ -80,6 +80,14 @@ class EngineRef:
             return {}
         return {"context": self.context} if self.context else {"host": self.url}
 
+    def host_kind(self) -> str:
+        """wsl2 or native, for `--host auto`: this machine's signs for the local engine, the engine's kernel
+        (Docker Desktop on WSL2 runs a `...-microsoft-standard-WSL2` one) for any other."""
+        if self.is_local:
+            from wsl2.detect import is_wsl2
+            return "wsl2" if is_wsl2() else "native"
+        return host_kind_of(self.sdk(timeout=15).info())
+
     def check(self) -> None:
         """Raise EnvironmentProblem, naming the engine, when it does not answer."""
         if self.scheme == "unix" and not Path(urlparse(self.url).path).exists():
@@ -90,6 +98,11 @@ class EngineRef:
         except Exception as exc:  # the SDK raises several kinds for an unreachable engine
             said = str(exc).replace("Error while fetching server API version: ", "").splitlines()
             raise EnvironmentProblem(f"engine {self.given} does not answer: {said[0][:200] if said else exc}") from None
+
+
+def host_kind_of(info: dict) -> str:
+    """wsl2 or native from an engine's `docker info` (GET /info)."""
+    return "wsl2" if "microsoft" in (info.get("KernelVersion") or "").lower() else "native"
 
 
 def _is_loopback(host: str) -> bool:

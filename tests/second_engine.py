@@ -68,12 +68,20 @@ def stop(wait_s: float = 60) -> None:
     except ProcessLookupError:
         return
     deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
+    while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.2)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.waitpid(pid, os.WNOHANG)  # started by this process, it stays a zombie until reaped
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 if __name__ == "__main__":

@@ -47,6 +47,14 @@ def test_bad_engines_are_refused_in_one_line(cli, argv, says):
     assert code == 2 and says in err and "Traceback" not in err
 
 
+def test_an_engine_on_docker_desktop_under_wsl2_gets_the_wsl2_defaults():
+    from servekit.remote import host_kind_of
+    # GET /info as Docker Desktop's WSL2 engine and a native Linux engine answer it (the fields used)
+    desktop = {"OperatingSystem": "Docker Desktop", "KernelVersion": "5.15.153.1-microsoft-standard-WSL2"}
+    native = {"OperatingSystem": "Ubuntu 24.04.1 LTS", "KernelVersion": "6.8.0-45-generic"}
+    assert host_kind_of(desktop) == "wsl2" and host_kind_of(native) == "native"
+
+
 def test_an_ssh_engine_is_reached_through_a_tunnel_to_its_loopback():
     engine = resolve("ssh://me@gpu1:2222")
     assert tunnel_command(engine, 40001, 8001)[-4:] == ["2222", "-L", "127.0.0.1:40001:127.0.0.1:8001", "me@gpu1"]
@@ -87,8 +95,9 @@ def test_the_summary_has_a_row_per_engine_and_fails_with_any(tmp_path):
                     error="engine ssh://gpu2 does not answer")
     doc, markdown = summary([good, bad])
     assert doc["passed"] is False and [e["passed"] for e in doc["engines"]] == [True, False]
-    assert "| ssh-gpu1 | default | passed | sent (save+load) in 57 s | 26.7 | 4,151,936 | 888.1 | 1/1 |" in markdown
-    assert "| ssh-gpu2 |  | error: engine ssh://gpu2 does not answer |" in markdown
+    assert ("| ssh-gpu1 | native | default | passed | sent (save+load) in 57 s | 26.7 | 4,151,936 | 888.1 | 1/1 |"
+            in markdown)
+    assert "| ssh-gpu2 | native |  | error: engine ssh://gpu2 does not answer |" in markdown
     assert markdown.startswith("# Fleet run: 1 of 2 engines passed")
 
 
