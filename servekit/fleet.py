@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from . import deploy
 from .pipeline import run_profiles
 from .remote import EngineRef
 from .report import write_report
+
+STOP_WAIT_S = 60  # after Ctrl-C, how long the engines' threads get to take their boots down
 
 
 @dataclass
@@ -33,12 +36,12 @@ class EngineRun:
         return self.error is None and bool(self.reports) and all(r["passed"] for r, _ in self.reports)
 
 
-def _run_one(run: EngineRun, matrix, profiles: list[str], key_file: Path, out: Path, release, say) -> None:
+def _run_one(run: EngineRun, matrix, profiles: list[str], key_file: Path, out: Path, release, say, stop) -> None:
     label = run.engine.label
     tell = lambda line: say(f"[{label}] {line}")  # noqa: E731
     try:
         run.engine.check()
-        run.reports = run_profiles(matrix, run.dep, profiles, key_file, release=release, say=tell,
+        run.reports = run_profiles(matrix, run.dep, profiles, key_file, release=release, say=tell, stop=stop,
                                    write=lambda report, series: write_report(out / f"{label}-{report['profile']}",
                                                                              report, series, latest=False))
     except Exception as exc:  # one engine's failure is its row in the summary, never the others' end
@@ -50,7 +53,8 @@ def run_fleet(matrix, deps: list, profiles: list[str], key_file: Path, out: Path
               say=print) -> list[EngineRun]:
     """Run `profiles` on every deployment's engine in parallel; Ctrl-C takes every engine's profile down."""
     runs = [EngineRun(dep) for dep in deps]
-    threads = [threading.Thread(target=_run_one, args=(run, matrix, profiles, key_file, out, release, say),
+    stop = threading.Event()
+    threads = [threading.Thread(target=_run_one, args=(run, matrix, profiles, key_file, out, release, say, stop),
                                 name=f"engine-{run.engine.label}", daemon=True) for run in runs]
     for t in threads:
         t.start()
@@ -59,13 +63,22 @@ def run_fleet(matrix, deps: list, profiles: list[str], key_file: Path, out: Path
             while t.is_alive():
                 t.join(0.5)
     except KeyboardInterrupt:
-        for run in runs:  # the boots in the threads then fail at once and their threads end
-            try:
-                deploy.down(run.dep, None)
-            except Exception:  # an engine that went away has nothing left to take down
-                pass
+        stop.set()
+        _down_everywhere(runs)  # a compose up waiting on prepare fails at once; a boot then stops at its next poll
+        deadline = time.monotonic() + STOP_WAIT_S
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        _down_everywhere(runs)  # whatever a compose up in flight created after the first round
         raise
     return runs
+
+
+def _down_everywhere(runs: list[EngineRun]) -> None:
+    for run in runs:
+        try:
+            deploy.down(run.dep, None)
+        except Exception:  # an engine that went away has nothing left to take down
+            pass
 
 
 def summary(runs: list[EngineRun]) -> tuple[dict, str]:

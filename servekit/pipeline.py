@@ -43,6 +43,10 @@ class ContainerMemory(threading.Thread):
             return
 
 
+class Stopped(Exception):
+    """The run was told to stop (Ctrl-C on a fleet run): the boot in this thread takes its profile down."""
+
+
 WEIGHTS_LOADED = re.compile(r"Model loading took|Loading weights took|Loading model weights took")
 
 
@@ -105,10 +109,11 @@ class Boot:
 
 
 def boot(dep: deploy.Deployment, profile: str, timeout_s: float, say=None, knobs: dict | None = None,
-         note=None) -> Boot:
+         note=None, stop: threading.Event | None = None) -> Boot:
     """Start the samplers, then the profile, and watch it to healthy; on any failure take it down.
 
-    `knobs` are set in the environment of this boot's compose only (it passes them to the launcher)."""
+    `knobs` are set in the environment of this boot's compose only (it passes them to the launcher);
+    `stop`, when set, ends the wait with Stopped (a Ctrl-C reaches only the main thread)."""
     b = Boot(dep, profile)
     b.start_samplers()
     for line in b.notes:
@@ -128,6 +133,8 @@ def boot(dep: deploy.Deployment, profile: str, timeout_s: float, say=None, knobs
         b.container_memory.start()
 
         def progress(elapsed, rec):
+            if stop and stop.is_set():
+                raise Stopped(f"stopped while {profile} was booting")
             if any(WEIGHTS_LOADED.search(line) for line in list(rec.lines)[-50:]):
                 b.mark("warm-up")
             if say:
@@ -157,7 +164,7 @@ def smoke(ctx, checks: dict[str, dict], say=None) -> list:
 
 
 def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=print, knobs: dict | None = None,
-                only: list[str] | None = None) -> tuple[dict, dict]:
+                only: list[str] | None = None, stop: threading.Event | None = None) -> tuple[dict, dict]:
     """Boot, smoke, down: (the report, the series for its plot). Never raises for a failed boot or check.
 
     `knobs` apply to this boot only; `only` limits the checks to those named."""
@@ -172,7 +179,7 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
               "image": {"tag": dep.image}, "pins": matrix.target_pins(dep.target), "notes": []}
     b = None
     try:
-        b = boot(dep, profile, matrix.serve.boot_timeout_s, knobs=knobs, note=say)
+        b = boot(dep, profile, matrix.serve.boot_timeout_s, knobs=knobs, note=say, stop=stop)
         say(f"  healthy in {b.record.time_to_healthy_s} s (KV pool {b.record.kv_pool_tokens} tokens)")
         b.mark("traffic")
         lines = lambda: list(b.record.lines)  # noqa: E731
@@ -205,10 +212,11 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
 
 
 def run_profiles(matrix, dep: deploy.Deployment, profiles: list[str], key_file, write, say=print,
-                 release: dict | None = None) -> list[tuple[dict, object]]:
+                 release: dict | None = None, stop: threading.Event | None = None) -> list[tuple[dict, object]]:
     """On dep's engine: the image put there if need be, then each profile booted, checked and written.
 
-    `write(report, series)` stores one report and returns where; the list pairs each report with that."""
+    `write(report, series)` stores one report and returns where; the list pairs each report with that.
+    `stop`, when set, ends the work at the next boot or profile with Stopped."""
     arrived = transfer.ensure_image(dep.engine, dep.image, release, say=say)
     if arrived != "already there":
         say(f"image {arrived}")
@@ -216,8 +224,10 @@ def run_profiles(matrix, dep: deploy.Deployment, profiles: list[str], key_file, 
     with remote.reach(dep.engine, dep.bind, dep.port) as url:
         dep = replace(dep, reached_at=url)
         for profile in profiles:
+            if stop and stop.is_set():
+                raise Stopped("stopped")
             say(f"run: {profile}")
-            report, series = run_profile(matrix, dep, profile, key_file, say=say)
+            report, series = run_profile(matrix, dep, profile, key_file, say=say, stop=stop)
             report["image"]["arrived"] = arrived
             written.append((report, write(report, series)))
     return written

@@ -288,3 +288,27 @@ def test_run_on_an_ssh_engine_goes_through_a_tunnel(ssh_engine, second):
     assert report["url"].startswith("http://127.0.0.1:") and not report["url"].endswith(":8031")
     assert any("on another machine" in note for note in report["notes"])
     assert not _running(second)
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_sigterm_during_a_fleet_run_leaves_nothing_running_on_any_engine(second):
+    import signal
+    import time
+    proc = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "run", "--target", "cpu", "--profile", "default",
+                             "--engines", f"local,{second}"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300  # both servers created (and booting) before the signal
+    while time.monotonic() < deadline and not (_serving(None) and _serving(second)):
+        time.sleep(0.5)
+    assert _serving(None) and _serving(second), "the fleet run did not start both servers within 300 s"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 130, err[-2000:]
+    assert not _running(None) and not _running(second)
+
+
+def _serving(url: str | None) -> bool:
+    argv = ["ps", "-q", "--filter", "label=com.docker.compose.service=default"]
+    done = _on_second(url, *argv) if url else subprocess.run(["docker", *argv], capture_output=True, text=True)
+    return bool(done.stdout.strip())
