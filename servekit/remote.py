@@ -35,7 +35,7 @@ class EngineRef:
 
     @property
     def is_local(self) -> bool:
-        """This machine's default engine: compose/.env and the key file's bind mount serve it."""
+        """This machine's default engine, the one compose/.env is written for."""
         return self.given == LOCAL
 
     @property
