@@ -42,6 +42,10 @@ def start(wait_s: float = 60) -> str:
     if _answers():
         return URL
     _ensure_bridge()
+    # Started again over a store that holds its default bridge network, a dockerd with address pools set
+    # deletes the interface named docker0 (moby's initNetworkController): the first engine's bridge. An
+    # empty network store avoids that; images and volumes stay.
+    (DATA / "data" / "network" / "files" / "local-kv.db").unlink(missing_ok=True)
     DATA.mkdir(parents=True, exist_ok=True)
     RUN.mkdir(parents=True, exist_ok=True)
     log = open(DATA / "dockerd.log", "ab")

@@ -142,6 +142,16 @@ def second():
         second_engine.stop()
 
 
+@pytest.mark.engine
+def test_restarting_the_second_engine_leaves_the_first_engines_bridge_alone(second):
+    for _ in range(2):  # dockerd deletes docker0 on a restart over a stale default bridge, unless prevented
+        second_engine.stop()
+        second_engine.start()
+    assert subprocess.run(["ip", "link", "show", "docker0"], capture_output=True).returncode == 0
+    ran = subprocess.run(["docker", "run", "--rm", BASE, "true"], capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+
+
 def _on_second(url: str, *argv: str) -> subprocess.CompletedProcess:
     return subprocess.run(["docker", "--host", url, *argv], capture_output=True, text=True, timeout=600)
 
