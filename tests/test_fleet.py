@@ -118,7 +118,7 @@ def test_the_remote_override_copies_secrets_in_from_the_environment(tmp_path):
 
 
 @pytest.mark.engine
-def test_a_context_name_resolves_to_its_endpoint():
+def test_a_context_name_resolves_to_its_endpoint(second):
     name = "servekit-test-context"
     subprocess.run(["docker", "context", "rm", "-f", name], capture_output=True)
     made = subprocess.run(["docker", "context", "create", name, "--docker", f"host={second_engine.URL}"],
@@ -128,6 +128,7 @@ def test_a_context_name_resolves_to_its_endpoint():
         engine = resolve(name)
         assert engine.url == second_engine.URL and engine.cli_options() == {"context": name}
         assert engine.label == name
+        assert engine.sdk().info()["DockerRootDir"] == str(second_engine.DATA / "data")
     finally:
         subprocess.run(["docker", "context", "rm", "-f", name], capture_output=True)
 
