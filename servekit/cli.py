@@ -332,7 +332,6 @@ def _profile_target(matrix, profile: str, wanted: str | None, engine=None) -> st
 
 def cmd_up(args) -> int:
     from dataclasses import replace
-    from .builder import image_exists
     from .deploy import check_bind, ensure_secrets, write_env
     from .pipeline import boot
     from .remote import address, reach
@@ -343,8 +342,6 @@ def cmd_up(args) -> int:
     engine.check()
     target = _profile_target(matrix, args.profile, args.target, engine)
     dep = _deployment(args, matrix, target, engine)
-    if not image_exists(dep.image):
-        raise UserError(f"image {dep.image} is not built: run `python build.py image --target {target}`")
     arrived = ensure_image(engine, dep.image, say=lambda line: print(f"up: {line}", file=sys.stderr))
     check_bind(dep.bind, warn=lambda w: print(f"warning: {w}", file=sys.stderr))
     key_file = ensure_secrets(dep)

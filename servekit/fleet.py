@@ -98,8 +98,8 @@ def summary(runs: list[EngineRun]) -> tuple[dict, str]:
                          burst["figures"].get("tokens_per_s") if burst and burst["status"] == "passed" else None,
                          f"{passed}/{len(report['checks'])}", f"{folder.name}/report.md"])
     doc = {"kind": "fleet", "passed": all(r.passed for r in runs),
-           "engines": [{"engine": r.engine.given, "label": r.engine.label, "url": r.engine.url, "port": r.dep.port, "passed": r.passed,
-                        "error": r.error, "reports": [str(folder) for _, folder in r.reports]} for r in runs],
+           "engines": [{"engine": r.engine.given, "label": r.engine.label, "url": r.engine.url, "port": r.dep.port,
+                        "passed": r.passed, "error": r.error, "reports": [str(folder) for _, folder in r.reports]} for r in runs],
            "table": {"header": header, "rows": rows}}
     cell = lambda v: "" if v is None else (f"{v:,}" if isinstance(v, int) else str(v))  # noqa: E731
     lines = [f"# Fleet run: {sum(r.passed for r in runs)} of {len(runs)} engines passed", "",

@@ -174,8 +174,9 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
     if only:
         checks = {name: {**matrix.checks[name].params, **checks.get(name, {})} for name in only}
     created = dt.datetime.now(dt.timezone.utc)
-    report = {"kind": "run", "run_id": f"{created:%Y%m%d-%H%M%S}-{profile}-{dep.target}", "created": created.isoformat(timespec="seconds"),
-              "profile": profile, "target": dep.target, "host": dep.host, "engine": dep.engine.given, "url": dep.url,
+    report = {"kind": "run", "run_id": f"{created:%Y%m%d-%H%M%S}-{profile}-{dep.target}",
+              "created": created.isoformat(timespec="seconds"), "profile": profile, "target": dep.target,
+              "host": dep.host, "engine": dep.engine.given, "url": dep.url,
               "image": {"tag": dep.image}, "pins": matrix.target_pins(dep.target), "notes": []}
     b = None
     try:
@@ -183,7 +184,8 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
         say(f"  healthy in {b.record.time_to_healthy_s} s (KV pool {b.record.kv_pool_tokens} tokens)")
         b.mark("traffic")
         lines = lambda: list(b.record.lines)  # noqa: E731
-        ctx = Context(dep.url, key_file.read_text().strip(), matrix.models[matrix.targets[dep.target].model].served_name,
+        served_name = matrix.models[matrix.targets[dep.target].model].served_name
+        ctx = Context(dep.url, key_file.read_text().strip(), served_name,
                       gpu=matrix.targets[dep.target].gpu, logs=lines, healthy_line=len(b.record.lines))
         results = smoke(ctx, checks, say=lambda r: say(f"  {r.status:7} {r.name} ({r.seconds} s) {r.reason[:120]}"))
         b.mark("end")

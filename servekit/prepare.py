@@ -3,8 +3,8 @@
 A model folder counts as complete only when it holds the marker this step writes last, naming the
 very model the image asks for (the generated model's hash, or repo@revision): a newer image's model
 replaces a volume's older copy. A download that stopped half way has no marker: the next run
-resumes it (huggingface_hub keeps what it fetched) and only then writes the marker. Runs inside the image; standard library plus
-huggingface_hub, which the image has.
+resumes it (huggingface_hub keeps what it fetched) and only then writes the marker. Runs inside
+the image; standard library plus huggingface_hub, which the image has.
 """
 
 from __future__ import annotations

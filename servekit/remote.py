@@ -177,7 +177,8 @@ def address(engine: EngineRef, bind: str, port: int) -> str:
         return local_url(bind, port)
     if not _is_loopback(bind):
         return f"http://{engine.hostname}:{port}"
-    tunnel = " ".join(tunnel_command(engine, port, port)[:2] + tunnel_command(engine, port, port)[-3:])
+    command = tunnel_command(engine, port, port)
+    tunnel = " ".join(command[:2] + command[-3:])  # ssh -N [-p P] -L ... host, without the batch options
     return f"127.0.0.1:{port} on {engine.hostname} (from here: {tunnel}, then http://127.0.0.1:{port})"
 
 
@@ -208,8 +209,9 @@ def reach(engine: EngineRef, bind: str, port: int, wait_s: float = 20):
         deadline = time.monotonic() + wait_s
         while not _accepts(local):
             if proc.poll() is not None or time.monotonic() > deadline:
+                why = proc.stderr.read().strip()[:300] if proc.poll() is not None else "timed out"
                 raise EnvironmentProblem(f"engine {engine.given}: the SSH tunnel to its port {port} did not open: "
-                                         f"{(proc.stderr.read() if proc.poll() is not None else 'timed out').strip()[:300]}")
+                                         f"{why}")
             time.sleep(0.1)
         yield f"http://127.0.0.1:{local}"
     finally:

@@ -52,13 +52,16 @@ def ensure_image(engine: EngineRef, tag: str, release: dict | None = None, say=p
     `release` is this build's record in releases/v<vllm>.json, when it was released: the engine then
     pulls it from the registry by digest (falling back to a stream if the registry is out of its reach)."""
     import docker
-    here = resolve(None).sdk(timeout=3600)
+    this_machine = resolve(None)
+    here = this_machine.sdk(timeout=3600)
     try:
         local = here.images.get(tag)
     except docker.errors.ImageNotFound:
-        raise UserError(f"image {tag} is not built here: run `python build.py image` first") from None
+        raise UserError(f"image {tag} is not built here: run `python build.py image` for its target first") from None
+    if engine.url == this_machine.url:
+        return "already there"
     remote = engine.sdk(timeout=3600)
-    if engine.url == resolve(None).url or _remote_id(remote, tag) == local.id:
+    if _remote_id(remote, tag) == local.id:
         return "already there"
     started = time.monotonic()
     if release and release.get("image_id") == local.id:

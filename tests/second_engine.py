@@ -50,7 +50,8 @@ def start(wait_s: float = 60) -> str:
     RUN.mkdir(parents=True, exist_ok=True)
     log = open(DATA / "dockerd.log", "ab")
     subprocess.Popen(["dockerd", "--host", URL, "--data-root", str(DATA / "data"), "--exec-root", str(RUN / "exec"),
-                      "--pidfile", str(RUN / "dockerd.pid"), "--iptables=false", "--ip-masq=false", f"--bridge={BRIDGE}",
+                      "--pidfile", str(RUN / "dockerd.pid"), "--iptables=false", "--ip-masq=false",
+                      f"--bridge={BRIDGE}",
                       "--default-address-pool", "base=10.213.0.0/16,size=24"],
                      stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + wait_s

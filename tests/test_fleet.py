@@ -157,8 +157,10 @@ def _on_second(url: str, *argv: str) -> subprocess.CompletedProcess:
     return subprocess.run(["docker", "--host", url, *argv], capture_output=True, text=True, timeout=600)
 
 
-def _running(url: str | None) -> list[str]:
-    argv = ["ps", "-aq", "--filter", "label=com.docker.compose.project=servekit"]
+def _running(url: str | None, service: str | None = None) -> list[str]:
+    """The project's containers (or one service's, running only) on the second engine, or this machine's."""
+    label = f"com.docker.compose.service={service}" if service else "com.docker.compose.project=servekit"
+    argv = ["ps", "-q" if service else "-aq", "--filter", f"label={label}"]
     done = _on_second(url, *argv) if url else subprocess.run(["docker", *argv], capture_output=True, text=True)
     return done.stdout.split()
 
@@ -204,7 +206,9 @@ def test_up_smoke_and_down_on_another_engine(second):
         up = run_build_py("up", "default", "--target", "cpu", "--engine", second, "--port", port, "--json",
                           timeout=1200)
         assert up.returncode == 0, up.stderr[-3000:]
-        assert json.loads(up.stdout)["url"] == f"http://127.0.0.1:{port}" and _running(second) and not _running(None)
+        assert json.loads(up.stdout)["url"] == f"http://127.0.0.1:{port}"
+        assert _running(second), "nothing runs on the second engine"
+        assert not _running(None), f"containers on this machine's engine: {_running(None)}"
         # smoke finds the container on that engine, and its port, by itself
         smoke = run_build_py("smoke", "default", "--target", "cpu", "--engine", second, "--json", timeout=600)
         assert smoke.returncode == 0, smoke.stdout[-3000:] + smoke.stderr[-2000:]
@@ -310,16 +314,10 @@ def test_sigterm_during_a_fleet_run_leaves_nothing_running_on_any_engine(second)
                              "--engines", f"local,{second}"], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300  # both servers created (and booting) before the signal
-    while time.monotonic() < deadline and not (_serving(None) and _serving(second)):
+    while time.monotonic() < deadline and not (_running(None, "default") and _running(second, "default")):
         time.sleep(0.5)
-    assert _serving(None) and _serving(second), "the fleet run did not start both servers within 300 s"
+    assert _running(None, "default") and _running(second, "default"), "both servers were not started within 300 s"
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=180)
     assert proc.returncode == 130, err[-2000:]
     assert not _running(None) and not _running(second)
-
-
-def _serving(url: str | None) -> bool:
-    argv = ["ps", "-q", "--filter", "label=com.docker.compose.service=default"]
-    done = _on_second(url, *argv) if url else subprocess.run(["docker", *argv], capture_output=True, text=True)
-    return bool(done.stdout.strip())
