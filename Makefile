@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 TARGET ?=
+BASE ?=
 STAMP := $(VENV)/.installed
 
 .PHONY: venv engine image demo up down smoke release test test-fast schema clean help
@@ -19,12 +20,13 @@ $(STAMP): requirements.lock
 
 venv: $(STAMP)
 
-# A Docker engine, Compose v2 and the local base image; idempotent, about a second when all is there.
+# A Docker engine and Compose v2; idempotent, about a second when all is there. Base images are made
+# by the build that needs them.
 engine: $(STAMP)
 	$(PY) build.py engine
 
 image: engine
-	$(PY) build.py image $(if $(TARGET),--target $(TARGET),)
+	$(PY) build.py $(if $(BASE),--base $(BASE),) image $(if $(TARGET),--target $(TARGET),)
 
 # The main job on the embedded default: the cpu image, the generated model, the default profile,
 # its smoke checks and a report under reports/latest/.
@@ -46,7 +48,8 @@ release: $(STAMP)
 schema: $(STAMP)
 	$(PY) build.py schema > images.schema.json
 
-test: engine
+test: $(STAMP)
+	$(PY) build.py engine --test-tools
 	$(PY) -m pytest
 
 test-fast: $(STAMP)

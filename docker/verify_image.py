@@ -1,21 +1,54 @@
 """The in-image verify step: the image is what the matrix says, or the build fails before a tag.
 
-Checks: installed versions equal the pins; every patch of the series is applied; every flag the
-launcher can emit is accepted by the pinned `vllm serve`; on the cuda target, the toolchain
-FlashInfer's JIT needs (nvcc at the CUDA runtime's version, curand headers). Standard library only.
+Checks: installed versions equal the pins; every patch of the series is applied; components;
+`import vllm` (and flashinfer where pinned) works without a GPU; every flag the launcher can
+emit is accepted by the pinned `vllm serve`; on a GPU target, the toolchain FlashInfer's JIT
+needs: nvcc where FlashInfer looks for it, at torch's CUDA major, the curand headers beside it,
+and FlashInfer's JIT compiling and linking a small curand kernel for every host's card. A build
+has no GPU: vLLM's argument parser is asked on its CPU platform, and nothing is loaded on a device.
+Standard library only (the packages it checks are imported in child processes).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
+import tempfile
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+# vLLM picks its platform at import; a build has no GPU, and the CPU platform prints the same parser.
+NO_GPU_ENV = {"VLLM_TARGET_DEVICE": "cpu"}
+# A small kernel through FlashInfer's own JIT: its include paths, nvcc, the curand headers, and the
+# link against libcudart and the driver stub, as a real first request would compile one.
+JIT_PROBE = r"""
+#include <curand_kernel.h>
+#include <flashinfer/vec_dtypes.cuh>
+
+__global__ void servekit_probe_kernel(float* out, unsigned long long seed) {
+  curandStatePhilox4_32_10_t state;
+  curand_init(seed, threadIdx.x, 0, &state);
+  flashinfer::vec_t<float, 4> v;
+  v.fill(curand_uniform(&state));
+  out[threadIdx.x] = v[0];
+}
+
+void servekit_probe(float* out) { servekit_probe_kernel<<<1, 32>>>(out, 0); }
+"""
+JIT_DRIVER = """
+import sys
+from pathlib import Path
+from flashinfer.jit import gen_jit_spec
+spec = gen_jit_spec("servekit_verify_probe", [Path(sys.argv[1])])
+spec.build()
+print(spec.jit_library_path)
+print(spec.ninja_path)
+"""
 
 
 def check_versions(pins: dict[str, str]) -> list[str]:
@@ -44,9 +77,20 @@ def check_components() -> list[str]:
     return [line.removeprefix("error: ") for line in done.stderr.splitlines() if line.strip()]
 
 
+def check_imports(modules: list[str]) -> list[str]:
+    problems = []
+    for module in modules:
+        done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True,
+                              timeout=600, env={**os.environ, **NO_GPU_ENV})
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            problems.append(f"`import {module}` fails without a GPU: {last[-300:]}")
+    return problems
+
+
 def serve_flags() -> set[str]:
     done = subprocess.run([sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", "--help=all"],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, env={**os.environ, **NO_GPU_ENV})
     if done.returncode != 0:
         raise SystemExit(f"verify: `vllm serve --help=all` failed: {done.stderr.strip()[-500:]}")
     return set(re.findall(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*)", done.stdout))
@@ -67,19 +111,63 @@ def check_flags(accepted: set[str], profiles_file: Path) -> list[str]:
     return problems
 
 
-def check_cuda_toolchain() -> list[str]:
+def _flashinfer_cuda_home() -> Path:
+    """Where FlashInfer's JIT looks for the toolkit: CUDA_HOME, else nvcc on PATH, else /usr/local/cuda."""
+    done = subprocess.run([sys.executable, "-c", "from flashinfer.jit.cpp_ext import get_cuda_path; "
+                           "print(get_cuda_path())"], capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError((done.stderr.strip().splitlines() or ["no output"])[-1])
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def check_cuda_toolchain(archs: list[str]) -> list[str]:
+    try:
+        home = _flashinfer_cuda_home()
+    except RuntimeError as exc:
+        return [f"FlashInfer cannot find a CUDA toolkit: {exc}"]
+    nvcc = home / "bin" / "nvcc"
+    try:
+        done = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True, timeout=60)
+    except OSError:
+        return [f"nvcc is missing at {nvcc}, where FlashInfer looks: its JIT cannot compile kernels"]
+    release = re.search(r"release (\d+)\.(\d+)", done.stdout)
+    torch_cuda = subprocess.run([sys.executable, "-c", "import torch; print(torch.version.cuda)"],
+                                capture_output=True, text=True, timeout=600).stdout.strip()
     problems = []
-    nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True)
-    if nvcc.returncode != 0:
-        return ["nvcc is missing: FlashInfer's JIT cannot compile kernels"]
-    release = re.search(r"release (\d+\.\d+)", nvcc.stdout)
-    import torch
-    if release and torch.version.cuda and not torch.version.cuda.startswith(release[1]):
-        problems.append(f"nvcc is CUDA {release[1]}, torch was built for CUDA {torch.version.cuda}")
-    if not list(Path("/usr/local/cuda/include").glob("curand*.h")):
-        problems.append("curand headers are missing (/usr/local/cuda/include/curand.h): FlashInfer's sampling "
+    if not release:
+        problems.append(f"{nvcc} --version does not say its release: {done.stdout.strip()[-200:]}")
+    elif torch_cuda.split(".")[0] != release[1]:
+        problems.append(f"nvcc is CUDA {release[1]}.{release[2]}, torch was built for CUDA {torch_cuda}")
+    missing = [h for h in ("curand.h", "curand_kernel.h") if not (home / "include" / h).is_file()]
+    if missing:
+        problems.append(f"{', '.join(missing)} missing from {home / 'include'}, where FlashInfer looks: its sampling "
                         "kernels fall back and run about 5% slower, silently")
-    return problems
+    if problems:
+        return problems
+    return check_jit_compiles(archs)
+
+
+def check_jit_compiles(archs: list[str]) -> list[str]:
+    """FlashInfer's JIT builds the probe for each arch (sm_86 for a 3090, sm_89 for a 4090)."""
+    with tempfile.TemporaryDirectory(prefix="servekit-jit-") as tmp:
+        source = Path(tmp) / "servekit_probe.cu"
+        source.write_text(JIT_PROBE)
+        env = {**os.environ, "FLASHINFER_WORKSPACE_BASE": tmp, "FLASHINFER_CUDA_ARCH_LIST": " ".join(archs),
+               "MAX_JOBS": str(os.cpu_count() or 1), "FLASHINFER_NVCC_THREADS": str(len(archs))}
+        done = subprocess.run([sys.executable, "-c", JIT_DRIVER, str(source)], capture_output=True, text=True,
+                              timeout=1800, env=env)
+        if done.returncode != 0:
+            errors = [line for line in (done.stdout + done.stderr).splitlines() if "error" in line.lower()]
+            return [f"FlashInfer's JIT could not build a kernel for sm {', '.join(archs)}: "
+                    f"{(errors or (done.stdout + done.stderr).strip().splitlines() or ['no output'])[-1][-400:]}"]
+        library, ninja = (Path(p) for p in done.stdout.strip().splitlines()[-2:])
+        flags = ninja.read_text() if ninja.is_file() else ""
+        absent = [a for a in archs if f"code=sm_{a.replace('.', '')}" not in flags]
+        if not library.is_file() or absent:
+            return [f"FlashInfer's JIT built no library for sm {', '.join(absent or archs)}"]
+        print(f"verify: FlashInfer's JIT compiled and linked a curand kernel for sm {', '.join(archs)} "
+              f"({library.stat().st_size} bytes)")
+    return []
 
 
 def main() -> int:
@@ -92,9 +180,12 @@ def main() -> int:
     problems = check_versions(info["pins"])
     problems += check_series(args.series_dir, info["target"])
     problems += check_components()
+    problems += check_imports(["vllm"] + (["flashinfer"] if "flashinfer-python" in info["pins"] else []))
     problems += check_flags(serve_flags(), args.profiles)
-    if info["target"] == "cuda":
-        problems += check_cuda_toolchain()
+    if info["gpu"]:
+        problems += check_cuda_toolchain(info["cuda_archs"])
+    for name, what in info["omitted"].items():
+        print(f"verify: note: {name} is left out of this image: {what}")
     for problem in problems:
         print(f"verify: {problem}", file=sys.stderr)
     if problems:

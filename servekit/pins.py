@@ -59,12 +59,15 @@ def copin_problems(matrix: Matrix, cache_dir: Path, vllm_version: str | None = N
         except NotOnIndex as exc:
             out.problems.append(f"{dist}=={vllm_version}: {exc}")
             continue
+        python = matrix.bases[target.bases[0]].python
         env = default_environment()
-        env.update(python_version=target.python, python_full_version=f"{target.python}.0",
+        env.update(python_version=python, python_full_version=f"{python}.0",
                    platform_machine="x86_64", sys_platform="linux", platform_system="Linux")
-        if meta.requires_python and not _python_ok(meta.requires_python, target.python):
-            out.problems.append(f"target {tname}: Python {target.python} is outside {dist} {vllm_version}'s "
-                                f"Requires-Python {meta.requires_python}")
+        for base in target.bases:  # every base's Python must be one vLLM installs on
+            other = matrix.bases[base].python
+            if meta.requires_python and not _python_ok(meta.requires_python, other):
+                out.problems.append(f"target {tname} on base {base}: Python {other} is outside {dist} "
+                                    f"{vllm_version}'s Requires-Python {meta.requires_python}")
         pinned = {normalize(k): (k, v) for k, v in pins.items()}
         for line in meta.requires_dist:
             try:
@@ -206,7 +209,7 @@ MANYLINUX = [f"manylinux_2_{minor}_x86_64" for minor in range(39, 4, -1)] + ["ma
                                                                           "manylinux2010_x86_64", "manylinux1_x86_64"]
 
 
-def resolve_dry_run(matrix: Matrix, target: str, say=print) -> Findings:
+def resolve_dry_run(matrix: Matrix, target: str, wheel_dirs: list[Path], say=print) -> Findings:
     """pip's resolver, dry run, for the target's pins on its Python and manylinux x86_64 (every tag:
     some wheels carry only older ones). A package whose index cannot be reached is named, and the
     rest is still resolved."""
@@ -220,12 +223,13 @@ def resolve_dry_run(matrix: Matrix, target: str, say=print) -> Findings:
 
     out = Findings()
     spec = matrix.targets[target]
+    python = matrix.bases[spec.bases[0]].python
     wanted, index_urls = [], {matrix.indexes["pypi"].url}
     for dist, version in matrix.target_pins(target).items():
         pin_name = "vllm" if dist == spec.vllm_distribution else dist
-        index = matrix.indexes[matrix.package_index.get(pin_name, "pypi")].url
-        if "+" in version and spec.find_links:
-            wanted.append(f"{dist}=={version}")  # from the wheelhouse below
+        index = matrix.index_of(target, pin_name).url
+        if "+" in version and wheel_dirs:
+            wanted.append(f"{dist}=={version}")  # from the folders of wheels below
             continue
         try:
             release_exists(dist, version, index)
@@ -235,14 +239,14 @@ def resolve_dry_run(matrix: Matrix, target: str, say=print) -> Findings:
         index_urls.add(index)
         wanted.append(f"{dist}=={version}")
     cmd = [sys.executable, "-m", "pip", "--isolated", "install", "--dry-run", "--ignore-installed", "--quiet",
-           "--report", "-", "--only-binary=:all:", "--implementation", "cp", "--python-version", spec.python,
+           "--report", "-", "--only-binary=:all:", "--implementation", "cp", "--python-version", python,
            "--index-url", matrix.indexes["pypi"].url]
     for url in sorted(index_urls - {matrix.indexes["pypi"].url}):
         cmd += ["--extra-index-url", url]
     for tag in MANYLINUX:
         cmd += ["--platform", tag]
-    if spec.find_links:
-        cmd += ["--find-links", spec.find_links]
+    for folder in wheel_dirs:
+        cmd += ["--find-links", str(folder)]
     bundle = ca_bundle()
     if bundle:
         cmd += ["--cert", str(bundle)]
@@ -254,5 +258,5 @@ def resolve_dry_run(matrix: Matrix, target: str, say=print) -> Findings:
         out.problems.append(f"target {target}: the pins do not resolve: {' '.join(reason) or done.stderr[-400:]}")
         return out
     installs = _json.loads(done.stdout)["install"]
-    out.notes.append(f"target {target}: the pins resolve to {len(installs)} packages for Python {spec.python}")
+    out.notes.append(f"target {target}: the pins resolve to {len(installs)} packages for Python {python}")
     return out

@@ -125,7 +125,10 @@ def boot(dep: deploy.Deployment, profile: str, timeout_s: float, say=None, knobs
             deploy.up(dep, profile, knobs)
         except DockerException as exc:  # a port in use, a missing image, an engine that went away
             said = (exc.stderr or str(exc)).strip().splitlines()
-            raise BootFailed(f"compose up failed: {said[-1] if said else exc}", "", said[-12:]) from None
+            last = said[-1] if said else str(exc)
+            if "could not select device driver" in last:  # the engine has no way to give it a GPU
+                last = f"no GPU: the engine has no NVIDIA runtime ({last.strip()})"
+            raise BootFailed(f"compose up failed: {last}", "", said[-12:]) from None
         b.container = deploy.find_container(profile, dep.engine)
         if b.container is None:
             raise BootFailed(f"compose started no container for {profile}", "", [])

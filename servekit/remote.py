@@ -88,6 +88,9 @@ class EngineRef:
             return "wsl2" if is_wsl2() else "native"
         return host_kind_of(self.sdk(timeout=15).info())
 
+    def gpu_problem(self) -> str | None:
+        return gpu_problem_of(self.sdk(timeout=15).info())
+
     def check(self) -> None:
         """Raise EnvironmentProblem, naming the engine, when it does not answer."""
         if self.scheme == "unix" and not Path(urlparse(self.url).path).exists():
@@ -98,6 +101,19 @@ class EngineRef:
         except Exception as exc:  # the SDK raises several kinds for an unreachable engine
             said = str(exc).replace("Error while fetching server API version: ", "").splitlines()
             raise EnvironmentProblem(f"engine {self.given} does not answer: {said[0][:200] if said else exc}") from None
+
+
+def gpu_problem_of(info: dict) -> str | None:
+    """Why an engine (its `docker info`) cannot give a container an NVIDIA GPU, or None when it can: an
+    `nvidia` runtime, NVIDIA CDI devices, or Docker Desktop on WSL2 (GPUs reach its containers through
+    WSL's own driver path, with no runtime listed)."""
+    runtimes = sorted(info.get("Runtimes") or {})
+    devices = [d.get("ID", "") for d in info.get("DiscoveredDevices") or []]
+    desktop_wsl2 = "docker desktop" in (info.get("OperatingSystem") or "").lower() and host_kind_of(info) == "wsl2"
+    if "nvidia" in runtimes or any(d.startswith("nvidia.com/gpu") for d in devices) or desktop_wsl2:
+        return None
+    return (f"it has no NVIDIA runtime (runtimes: {', '.join(runtimes) or 'none'}) and no NVIDIA CDI device, so "
+            "no container there can have a GPU; install the NVIDIA Container Toolkit on that host")
 
 
 def host_kind_of(info: dict) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -46,3 +47,18 @@ def cli(capsys):
 def run_build_py(*argv: str, cwd: Path = ROOT, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "build.py"), *argv], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout)
+
+
+def tracked_copy(dst: Path) -> Path:
+    """A copy of the repository as git tracks it (new files included), plus the caches `verify` keeps."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout.split()
+    for rel in files:
+        if (ROOT / rel).is_file():
+            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, dst / rel)
+    for cache in ("metadata", "pristine"):
+        if (ROOT / ".cache" / cache).is_dir():
+            (dst / ".cache").mkdir(exist_ok=True)
+            os.symlink(ROOT / ".cache" / cache, dst / ".cache" / cache)
+    return dst

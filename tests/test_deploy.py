@@ -175,7 +175,7 @@ def test_wsl2_env_file_selects_the_wsl2_overrides(tmp_path, monkeypatch):
     text = write_env(dep).read_text()
     assert "COMPOSE_FILE=compose.yaml:compose.wsl2.yaml" in text and "SERVEKIT_HOST=wsl2" in text
     assert "COMPOSE_FILE=compose.yaml:compose.cpu.yaml\n" in write_env(
-        Deployment(tmp_path, "cpu", "native", "x", "127.0.0.1", 8000)).read_text()
+        Deployment(tmp_path, "cpu", "native", "x", "127.0.0.1", 8000, overrides=("compose.cpu.yaml",))).read_text()
 
 
 def test_a_non_loopback_bind_warns():

@@ -35,7 +35,8 @@ def test_doctor_reports_engine_compose_builder_and_no_gpu():
     assert findings["compose"]["status"] == "ok"
     assert findings["builder"]["status"] == "ok"
     assert findings["gpus"]["status"] == "warn" and findings["gpus"]["fix"]
-    assert findings["base servekit/bookworm-python:3.11"]["status"] == "ok"
+    assert findings["base bookworm-local"]["status"] == "ok"
+    assert findings["base cuda-devel"]["status"] == "warn" and "--base" in findings["base cuda-devel"]["fix"]
 
 
 def test_plan_knows_whether_an_image_exists():

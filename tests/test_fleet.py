@@ -76,7 +76,7 @@ def test_another_engine_gets_its_own_env_file_and_no_bind_mounted_secrets(tmp_pa
     from servekit.deploy import Deployment, write_env
     (tmp_path / "compose").mkdir()
     dep = Deployment(tmp_path, "cpu", "native", "vllm-serve:x", "127.0.0.1", 8001,
-                     engine=resolve("ssh://me@gpu1"))
+                     engine=resolve("ssh://me@gpu1"), overrides=("compose.cpu.yaml",))
     path = write_env(dep)
     assert path == tmp_path / ".cache/engines/ssh-gpu1.env" and not (tmp_path / "compose/.env").exists()
     assert "SERVEKIT_PORT=8001" in path.read_text() and "SERVEKIT_UID" not in path.read_text()

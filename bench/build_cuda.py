@@ -1,0 +1,85 @@
+"""Build benchmark for the cuda target, the product; prints its figures (not a timed test).
+
+1. cold build: the image, the base made here (debootstrap and the CUDA toolchain wheels, downloaded
+   anew) and the builder cache (pip's cache mount included) all removed first; every stage, the
+   in-image verify with its FlashInfer JIT compile included;
+2. a no-op `build.py image --target cuda` (no build started);
+3. image size, and the venv inside it;
+beside the source repository's figures: about 20 min to build its image and about 9.5 GB to pull.
+
+Here neither nvidia/cuda's registry nor FlashInfer's index can be reached, so it builds on the base
+made here with flashinfer-cubin left out (`--base cuda-local --without flashinfer-cubin`, or other
+settings given as arguments). Removing the builder cache costs the cpu image's build cache too.
+Run: .venv/bin/python bench/build_cuda.py [--skip-cold] [SETTINGS...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE_BUILD_S, SOURCE_PULL_GB = 20 * 60, 9.5
+DEFAULT_SETTINGS = ["--base", "cuda-local", "--without", "flashinfer-cubin"]
+
+
+def image_json(settings: list[str]) -> dict:
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "build.py", *settings, "image", "--target", "cuda", "--json"], cwd=ROOT,
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"build failed: {done.stderr[-2000:]}")
+    return {**json.loads(done.stdout)["images"][0], "wall": time.perf_counter() - start}
+
+
+def base_image(settings: list[str]) -> str:
+    plan = subprocess.run([sys.executable, "build.py", *settings, "plan", "--json", "--target", "cuda"], cwd=ROOT,
+                          capture_output=True, text=True, check=True)
+    return json.loads(plan.stdout)["targets"][0]["base"]
+
+
+def make_cold(settings: list[str]) -> None:
+    tag = image_json(settings)["tag"]
+    subprocess.run(["docker", "image", "rm", "-f", tag, base_image(settings)], capture_output=True)
+    subprocess.run(["docker", "builder", "prune", "-af"], capture_output=True, check=True)
+    shutil.rmtree(ROOT / ".cache" / "bases", ignore_errors=True)
+
+
+def sizes(tag: str) -> dict:
+    image = int(subprocess.run(["docker", "image", "inspect", "-f", "{{.Size}}", tag], capture_output=True, text=True,
+                               check=True).stdout)
+    venv = subprocess.run(["docker", "run", "--rm", "--entrypoint", "du", tag, "-sb", "/opt/venv"],
+                          capture_output=True, text=True, check=True).stdout.split()[0]
+    return {"image_bytes": image, "venv_bytes": int(venv)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--skip-cold", action="store_true", help="only the no-op build and the sizes")
+    parser.add_argument("settings", nargs="*", help=f"build.py settings (default: {' '.join(DEFAULT_SETTINGS)})")
+    args = parser.parse_args()
+    settings = args.settings or DEFAULT_SETTINGS
+    figures = {}
+    if not args.skip_cold:
+        make_cold(settings)
+        cold = image_json(settings)
+        figures["cold_build_s"] = round(cold["wall"], 1)
+    noop = image_json(settings)
+    figures.update(noop_s=round(noop["wall"], 2), noop_started_build=noop["built"], **sizes(noop["tag"]))
+    print(f"settings: {' '.join(settings)}; image {noop['tag']}")
+    if "cold_build_s" in figures:
+        print(f"cold cuda build (base made, wheels, series, verify with the JIT compile): "
+              f"{figures['cold_build_s']:7.1f} s = {figures['cold_build_s'] / SOURCE_BUILD_S:.2f} of the source's "
+              f"~{SOURCE_BUILD_S // 60} min")
+    print(f"no-op image: {figures['noop_s']:.2f} s; build started: {figures['noop_started_build']}")
+    print(f"image size: {figures['image_bytes'] / 1e9:.2f} GB (unpacked; the source's pull is ~{SOURCE_PULL_GB} GB); "
+          f"venv {figures['venv_bytes'] / 1e9:.2f} GB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""The plan: every input an image bakes moves its tag; targets and bases are data; per-machine settings."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT, tracked_copy
+
+from servekit.builder import offered_wheels
+from servekit.errors import UserError
+from servekit.matrix import load_matrix
+from servekit.plan import plan_targets
+from servekit.remote import gpu_problem_of
+from servekit.settings import BuildSettings, _pip_find_links
+
+
+def _tag(root: Path, target: str, settings: BuildSettings | None = None) -> str:
+    return plan_targets(load_matrix(root / "images.yaml"), root, [target], settings=settings)[0].tag
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, old
+    path.write_text(text.replace(old, new, 1))
+
+
+# Each kind of input the image bakes, changed once: (what, target, change).
+CHANGES = [
+    ("a profile knob in images.yaml", "cuda",
+     lambda r: _edit(r / "images.yaml", "        GPU_UTIL: 0.94", "        GPU_UTIL: 0.93")),
+    ("a host's environment", "cuda",
+     lambda r: _edit(r / "images.yaml", '"expandable_segments:False"', '"expandable_segments:True"')),
+    ("a host's card (the arch verify compiles for)", "cuda",
+     lambda r: _edit(r / "images.yaml", 'cuda_arch: "8.9"', 'cuda_arch: "8.0"')),
+    ("a target's environment", "cpu",
+     lambda r: _edit(r / "images.yaml", 'TORCHDYNAMO_DISABLE: "1"', 'TORCHDYNAMO_DISABLE: "0"')),
+    ("a pin", "cuda", lambda r: _edit(r / "images.yaml", 'transformers: "5.15.0"', 'transformers: "5.16.0"')),
+    ("the launcher", "cuda", lambda r: _edit(r / "servekit/launcher.py", '"""The launcher', '"""The  launcher')),
+    ("the verify step", "cuda", lambda r: _edit(r / "docker/verify_image.py", '"""The in-image', '"""The  in-image')),
+    ("a patch of the series", "cpu",
+     lambda r: (r / "docker/patches/cpu-cli-version.patch").write_text(
+         (r / "docker/patches/cpu-cli-version.patch").read_text() + "\n")),
+    ("a component's source appearing", "cuda",
+     lambda r: (r / "kvarn/files/vllm").mkdir(parents=True) or (r / "kvarn/files/vllm/x.py").write_text("X = 1\n")),
+    ("the base's definition", "cuda",
+     lambda r: _edit(r / "images.yaml", "apt: [python3, python3-venv, python3-pip, patch, g++]",
+                     "apt: [python3, python3-venv, python3-pip, patch, g++, curl]")),
+    ("the requirement file", "cuda",
+     lambda r: _edit(r / "docker/requirements/cuda.txt", "vllm==0.31.0", "vllm==0.31.0  # same pin")),
+]
+
+
+@pytest.mark.parametrize("what,target,change", CHANGES, ids=[c[0] for c in CHANGES])
+def test_every_baked_input_moves_the_tag(tmp_path, what, target, change):
+    root = tracked_copy(tmp_path)
+    before = _tag(root, target)
+    change(root)
+    assert _tag(root, target) != before, f"changing {what} kept the tag {before}"
+
+
+def test_what_the_image_does_not_bake_keeps_the_tag(tmp_path):
+    root = tracked_copy(tmp_path)
+    before = {t: _tag(root, t) for t in ("cpu", "cuda")}
+    _edit(root / "README.md", "# servekit", "# servekit (edited)")
+    _edit(root / "images.yaml", "  boot_timeout_s: 900", "  boot_timeout_s: 901")  # how long `up` waits
+    assert {t: _tag(root, t) for t in ("cpu", "cuda")} == before
+
+
+def test_the_base_and_the_pins_left_out_move_the_tag_and_say_so():
+    matrix = load_matrix(ROOT / "images.yaml")
+    default = plan_targets(matrix, ROOT, ["cuda"])[0]
+    local = plan_targets(matrix, ROOT, ["cuda"], settings=BuildSettings(base="cuda-local"))[0]
+    jit = plan_targets(matrix, ROOT, ["cuda"], settings=BuildSettings(base="cuda-local",
+                                                                      without=("flashinfer-cubin",)))[0]
+    assert len({default.tag, local.tag, jit.tag}) == 3
+    assert (default.base_name, local.base_name) == ("cuda-devel", "cuda-local")
+    assert default.python == "3.12" and local.python == "3.11"
+    assert "flashinfer-cubin" in local.pins and "flashinfer-cubin" not in jit.pins
+    assert jit.build_info["omitted"] == {"flashinfer-cubin": matrix.may_omit["flashinfer-cubin"]}
+    assert any("compiles its kernels at first use" in note for note in jit.notes)
+    assert jit.build_info["cuda_archs"] == ["8.6", "8.9"]
+    # --base names a base the cpu target does not list: the cpu target keeps its own.
+    assert plan_targets(matrix, ROOT, ["cpu"], settings=BuildSettings(base="cuda-local"))[0].base_name == \
+        "bookworm-local"
+
+
+def test_the_plan_command_shows_base_and_what_is_left_out(cli):
+    code, out, _ = cli("--matrix", str(ROOT / "images.yaml"), "--base", "cuda-local", "--without", "flashinfer-cubin",
+                       "plan", "--target", "cuda")
+    assert code == 0
+    assert "cuda-local" in out and "made here" in out
+    assert "flashinfer-cubin left out: FlashInfer compiles its kernels at first use" in " ".join(out.split())
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--base", "ubuntu"], ["--base ubuntu", "no such base", "cuda-devel"]),
+    (["--without", "torch"], ["--without torch", "may_omit", "flashinfer-cubin"]),
+    (["--wheels", "/nonexistent/wheels"], ["--wheels /nonexistent/wheels", "not a folder"]),
+])
+def test_bad_settings_are_one_line(cli, argv, words):
+    code, out, err = cli("--matrix", str(ROOT / "images.yaml"), *argv, "plan")
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and all(w in lines[0] for w in words), err
+    assert "Traceback" not in err
+
+
+def test_settings_come_from_the_environment(monkeypatch):
+    matrix = load_matrix(ROOT / "images.yaml")
+    monkeypatch.setenv("SERVEKIT_BASE", "cuda-local")
+    monkeypatch.setenv("SERVEKIT_WITHOUT", "flashinfer-cubin")
+    settings = BuildSettings.from_args(object(), matrix)
+    assert settings.base_for(matrix, "cuda") == "cuda-local" and settings.omitted(matrix, "cuda") == ["flashinfer-cubin"]
+    monkeypatch.setenv("SERVEKIT_BASE", "nope")
+    with pytest.raises(UserError):
+        BuildSettings.from_args(object(), matrix)
+
+
+def test_a_folder_of_wheels_offers_only_exact_pinned_versions(tmp_path):
+    for name in ("torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl",
+                 "xgrammar-0.2.6-cp311-cp311-manylinux_2_28_x86_64.whl",
+                 "transformers-5.15.0-py3-none-any.whl"):
+        (tmp_path / name).write_bytes(b"")
+    matrix = load_matrix(ROOT / "images.yaml")
+    settings = BuildSettings(wheels=(str(tmp_path),))
+    cpu, cuda = plan_targets(matrix, ROOT, ["cpu", "cuda"], settings=settings)
+    assert sorted(offered_wheels(cpu, settings)) == ["torch", "transformers"]
+    # torch 2.13.0+cpu satisfies `torch==2.13.0` to pip; it must never reach the cuda image.
+    assert sorted(offered_wheels(cuda, settings)) == ["transformers"]
+
+
+def test_pips_own_find_links_are_the_default_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))
+    assert tmp_path in _pip_find_links()
+    assert tmp_path in BuildSettings().wheel_dirs
+
+
+def test_nothing_of_this_machine_is_named_in_the_repository():
+    """No absolute path that exists here outside the repository in images.yaml; no wheel folder of this
+    machine's pip anywhere in the tracked files."""
+    def strings(node):
+        if isinstance(node, dict):
+            for value in node.values():
+                yield from strings(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from strings(value)
+        elif isinstance(node, str):
+            yield node
+    data = yaml.safe_load((ROOT / "images.yaml").read_text())
+    here = [s for s in strings(data) if s.startswith("/") and Path(s).exists() and ROOT not in Path(s).resolve().parents]
+    assert here == []
+    folders = [str(p) for p in _pip_find_links()]
+    if folders:
+        hits = subprocess.run(["git", "grep", "-lF", *[x for f in folders for x in ("-e", f)], "--", ".",
+                               ":!tests/test_plan.py"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+        assert hits == [], f"{folders} named in {hits}"
+
+
+def _python_sources() -> list[Path]:
+    return [*sorted((ROOT / "servekit").glob("*.py")), *sorted((ROOT / "smoke").glob("*.py")),
+            *sorted((ROOT / "wsl2").glob("*.py")), ROOT / "build.py", ROOT / "docker" / "verify_image.py"]
+
+
+def test_targets_are_data_no_target_name_in_the_code():
+    """No code decides by a target's name: no comparison with one, no lookup by one. (The word "cpu" as a
+    Kubernetes resource or vLLM's device name is not a target.)"""
+    targets = set(yaml.safe_load((ROOT / "images.yaml").read_text())["targets"])
+    found = []
+    for path in _python_sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            operands = ([node.left, *node.comparators] if isinstance(node, ast.Compare) else
+                        [node.slice] if isinstance(node, ast.Subscript) else [])
+            found += [f"{path.relative_to(ROOT)}:{node.lineno}: {o.value!r}" for o in operands
+                      if isinstance(o, ast.Constant) and o.value in targets]
+    assert found == []
+
+
+def test_the_dockerfile_takes_one_base_argument():
+    text = (ROOT / "docker/Dockerfile").read_text()
+    stages = set(re.findall(r"^FROM \S+ AS (\S+)", text, re.M))
+    starts = re.findall(r"^FROM (\S+)", text, re.M)
+    external = [s for s in starts if s not in stages and not s.startswith("model-")]
+    assert external == ["${BASE}"]
+
+
+@pytest.mark.parametrize("info,ok", [
+    ({"Runtimes": {"runc": {}, "nvidia": {}}}, True),
+    ({"Runtimes": {"runc": {}}, "DiscoveredDevices": [{"Source": "cdi", "ID": "nvidia.com/gpu=0"}]}, True),
+    ({"Runtimes": {"runc": {}}, "OperatingSystem": "Docker Desktop",
+      "KernelVersion": "6.6.87.2-microsoft-standard-WSL2"}, True),
+    ({"Runtimes": {"runc": {}, "io.containerd.runc.v2": {}}, "OperatingSystem": "Debian GNU/Linux 12 (bookworm)"},
+     False),
+])
+def test_which_engines_can_give_a_container_a_gpu(info, ok):
+    problem = gpu_problem_of(info)
+    assert (problem is None) == ok
+    if not ok:
+        assert "no NVIDIA runtime (runtimes: io.containerd.runc.v2, runc)" in problem
