@@ -32,7 +32,7 @@ http:
 def start_registry(storage: Path, port: int, log: Path) -> subprocess.Popen:
     binary = shutil.which("docker-registry") or shutil.which("registry")
     if not binary:
-        raise EnvironmentProblem("no docker-registry binary: `make engine` installs Debian's docker-registry")
+        raise EnvironmentProblem("no docker-registry binary: `python build.py engine --test-tools` installs Debian's docker-registry")
     storage.mkdir(parents=True, exist_ok=True)
     config = storage.parent / f"registry-{port}.yml"
     config.write_text(CONFIG.format(storage=storage, port=port))

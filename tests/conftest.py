@@ -62,3 +62,14 @@ def tracked_copy(dst: Path) -> Path:
             (dst / ".cache").mkdir(exist_ok=True)
             os.symlink(ROOT / ".cache" / cache, dst / ".cache" / cache)
     return dst
+
+
+@pytest.fixture(scope="session")
+def cpu_base() -> str:
+    """The cpu target's base image, made here as a build would make it (a no-op once it is there)."""
+    from servekit.bases import ensure_made_base
+    from servekit.matrix import load_matrix
+    matrix = load_matrix(ROOT / "images.yaml")
+    name = next(t.bases[0] for t in matrix.targets.values() if not t.gpu)
+    ensure_made_base(name, matrix.bases[name], ROOT / ".cache" / "bases", say=lambda line: None)
+    return matrix.bases[name].image

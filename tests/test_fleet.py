@@ -19,7 +19,6 @@ from servekit.errors import UserError
 from servekit.remote import address, reach, resolve, tunnel_command
 
 COMPOSE = ROOT / "compose"
-BASE = "servekit/bookworm-python:3.11"  # small, and built by `make engine`: what the transfer tests send
 
 
 # --- engine names, addresses and tunnels (no engine) -------------------------------------------
@@ -144,12 +143,12 @@ def second():
 
 
 @pytest.mark.engine
-def test_restarting_the_second_engine_leaves_the_first_engines_bridge_alone(second):
+def test_restarting_the_second_engine_leaves_the_first_engines_bridge_alone(second, cpu_base):
     for _ in range(2):  # dockerd deletes docker0 on a restart over a stale default bridge, unless prevented
         second_engine.stop()
         second_engine.start()
     assert subprocess.run(["ip", "link", "show", "docker0"], capture_output=True).returncode == 0
-    ran = subprocess.run(["docker", "run", "--rm", BASE, "true"], capture_output=True, text=True, timeout=120)
+    ran = subprocess.run(["docker", "run", "--rm", cpu_base, "true"], capture_output=True, text=True, timeout=120)
     assert ran.returncode == 0, ran.stderr
 
 
@@ -167,30 +166,30 @@ def _running(url: str | None, service: str | None = None) -> list[str]:
 
 @pytest.mark.engine
 @pytest.mark.slow
-def test_an_image_reaches_another_engine_by_stream_then_by_registry(second, tmp_path):
+def test_an_image_reaches_another_engine_by_stream_then_by_registry(second, tmp_path, cpu_base):
     from servekit.localregistry import start_registry
     from servekit.release import push
     from servekit.remote import free_port
     from servekit.transfer import ensure_image
     engine = resolve(second)
-    local_id = subprocess.run(["docker", "image", "inspect", BASE, "--format", "{{.Id}}"], capture_output=True,
+    local_id = subprocess.run(["docker", "image", "inspect", cpu_base, "--format", "{{.Id}}"], capture_output=True,
                               text=True).stdout.strip()
-    _on_second(second, "image", "rm", "-f", BASE)
+    _on_second(second, "image", "rm", "-f", cpu_base)
     said = []
-    assert ensure_image(engine, BASE, say=said.append).startswith("sent (save+load)")
-    assert _on_second(second, "image", "inspect", BASE, "--format", "{{.Id}}").stdout.strip() == local_id
-    assert ensure_image(engine, BASE) == "already there"
+    assert ensure_image(engine, cpu_base, say=said.append).startswith("sent (save+load)")
+    assert _on_second(second, "image", "inspect", cpu_base, "--format", "{{.Id}}").stdout.strip() == local_id
+    assert ensure_image(engine, cpu_base) == "already there"
 
     port = free_port()
     registry = start_registry(tmp_path / "storage", port, tmp_path / "registry.log")
     try:
         import docker
         repository = f"127.0.0.1:{port}/test/bookworm-python"
-        digest = push(docker.from_env(), docker.from_env().images.get(BASE), repository, "3.11", say=said.append)
-        _on_second(second, "image", "rm", "-f", BASE)
+        digest = push(docker.from_env(), docker.from_env().images.get(cpu_base), repository, "3.11", say=said.append)
+        _on_second(second, "image", "rm", "-f", cpu_base)
         release = {"repository": repository, "registry_digest": digest, "image_id": local_id}
-        assert ensure_image(engine, BASE, release=release).startswith("pulled from the registry")
-        assert _on_second(second, "image", "inspect", BASE, "--format", "{{.Id}}").stdout.strip() == local_id
+        assert ensure_image(engine, cpu_base, release=release).startswith("pulled from the registry")
+        assert _on_second(second, "image", "inspect", cpu_base, "--format", "{{.Id}}").stdout.strip() == local_id
     finally:
         registry.kill()
         _on_second(second, "image", "rm", f"{repository}@{digest}")
