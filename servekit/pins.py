@@ -251,7 +251,7 @@ def resolve_dry_run(matrix: Matrix, target: str, wheel_dirs: list[Path], say=pri
     if bundle:
         cmd += ["--cert", str(bundle)]
     with tempfile.TemporaryDirectory() as tmp:
-        say(f"resolving {len(wanted)} pins of the {target} target for Python {spec.python} (pip, dry run)")
+        say(f"resolving {len(wanted)} pins of the {target} target for Python {python} (pip, dry run)")
         done = subprocess.run([*cmd, "--target", tmp, *wanted], capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
         reason = [line for line in done.stderr.splitlines() if "ERROR" in line or "error" in line][-3:]

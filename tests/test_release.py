@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from conftest import ROOT, run_build_py
+from conftest import ROOT, run_build_py, tracked_copy
 from servekit.localregistry import start_registry
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -100,8 +100,7 @@ def test_a_second_release_duplicates_nothing(checked_image, registry):
 
 
 def _copy_with_git(dst: Path) -> Path:
-    from test_build import _tracked_copy
-    root = _tracked_copy(dst)
+    root = tracked_copy(dst)
     for cmd in (["init", "-q"], ["add", "-A"], ["-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "x"]):
         subprocess.run(["git", *cmd], cwd=root, check=True, capture_output=True)
     return root

@@ -9,19 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_build_py
+from conftest import ROOT, run_build_py, tracked_copy
 
 pytestmark = pytest.mark.engine
 
 
-def _tracked_copy(dst: Path) -> Path:
-    from test_build import _tracked_copy as copy
-    return copy(dst)
-
-
 @pytest.mark.slow
 def test_a_profile_expecting_another_model_name_fails_naming_the_check(tmp_path):
-    root = _tracked_copy(tmp_path)
+    root = tracked_copy(tmp_path)
     matrix = root / "images.yaml"
     text = matrix.read_text()
     matrix.write_text(text.replace("          api: {long_prompt_words: 500}",
