@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
+from smoke import param_problems
+
 from .errors import UserError
 from .knobs import KNOBS
 from .yamlload import LoadedYaml, load_yaml
@@ -257,6 +259,15 @@ def _cross_references(m: Matrix) -> list[tuple[tuple, str]]:
             elif problem := knob.check(value):
                 problems.append(((*loc, name), f"{name}={value!r}: {problem}"))
 
+    def params_fit(check: str, params: dict | None, loc: tuple) -> None:
+        """Each parameter against the check's implementation; `loc` is where the parameters are written."""
+        if not params:
+            problems.extend((loc[:-1] if loc[-1] == "params" else loc, p) for p in param_problems(check, {}))
+        for key, value in (params or {}).items():
+            problems.extend(((*loc, key), p) for p in param_problems(check, {key: value}))
+
+    for name, c in m.checks.items():
+        params_fit(name, c.params, ("checks", name, "params"))
     for pkg in m.may_omit:
         need(pkg, m.pins, "pinned package", ("may_omit", pkg))
     for name, b in m.bases.items():
@@ -295,12 +306,16 @@ def _cross_references(m: Matrix) -> list[tuple[tuple, str]]:
             problems.append((("profiles", name, "targets"), "a profile needs at least one target"))
         for target, override in p.targets.items():
             need(target, m.targets, "target", ("profiles", name, "targets", target))
-            for check in (override.checks if override else {}):
+            for check, params in (override.checks if override else {}).items():
                 need(check, m.checks, "check", ("profiles", name, "targets", target, "checks", check))
+                if check in m.checks:
+                    params_fit(check, params, ("profiles", name, "targets", target, "checks", check))
         for host in p.hosts:
             need(host, m.hosts, "host", ("profiles", name, "hosts", host))
-        for check in p.checks:
+        for check, params in p.checks.items():
             need(check, m.checks, "check", ("profiles", name, "checks", check))
+            if check in m.checks:
+                params_fit(check, params, ("profiles", name, "checks", check))
         for i, comp in enumerate(p.components):
             need(comp, m.components, "component", ("profiles", name, "components", i))
     return problems

@@ -79,6 +79,28 @@ def check(name: str, gpu_only: bool = False):
     return register
 
 
+def param_problems(name: str, params: dict) -> list[str]:
+    """Why `params` do not fit check `name`'s implementation: an unknown parameter, or a value of
+    another type than the parameter's default (an int where a float is expected is fine)."""
+    import inspect
+    if name not in CHECKS:
+        return [f"no check named {name!r} is implemented; expected one of {', '.join(sorted(CHECKS))}"]
+    signature = inspect.signature(CHECKS[name][0])
+    accepted = {p.name: p.default for p in list(signature.parameters.values())[1:]}
+    problems = []
+    for key, value in params.items():
+        if key not in accepted:
+            problems.append(f"check {name} takes no parameter {key!r}; it takes {', '.join(accepted) or 'none'}")
+            continue
+        default = accepted[key]
+        fits = (isinstance(value, type(default)) and not (isinstance(value, bool) and not isinstance(default, bool))
+                or (isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool)))
+        if not fits:
+            problems.append(f"check {name}: {key}={value!r} should be {type(default).__name__}, like its default "
+                            f"{default!r}")
+    return problems
+
+
 def run_check(name: str, ctx: Context, params: dict) -> Result:
     func, gpu_only = CHECKS[name]
     started = time.monotonic()
