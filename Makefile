@@ -7,15 +7,16 @@ TARGET ?=
 BASE ?=
 STAMP := $(VENV)/.installed
 
-.PHONY: venv engine image demo up down smoke release test test-fast schema clean help
+.PHONY: venv engine image demo up down smoke release test test-fast lint schema derived clean help
 
 help:
 	@$(PY) build.py --help 2>/dev/null || echo "run 'make venv' first"
 
 # The orchestrator's dependencies, exactly as pinned in requirements.lock.
-$(STAMP): requirements.lock
+$(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -48,12 +49,20 @@ release: $(STAMP)
 schema: $(STAMP)
 	$(PY) build.py schema > images.schema.json
 
-test: $(STAMP)
+# What docs/profiles.md and compose/ derive from images.yaml and the knob table (a test keeps them current).
+derived: $(STAMP)
+	$(PY) build.py derive
+
+test: lint
 	$(PY) build.py engine --test-tools
 	$(PY) -m pytest
 
-test-fast: $(STAMP)
+test-fast: lint
 	$(PY) -m pytest -m "not slow"
+
+# The whole tree through ruff (pyproject.toml says which rules); the Dockerfile through hadolint in the tests.
+lint: $(STAMP)
+	$(PY) -m ruff check .
 
 clean:
 	rm -rf .cache logs reports

@@ -131,8 +131,10 @@ def cmd_plan(args) -> int:
 def cmd_verify(args) -> int:
     from .pins import Findings, copin_problems, mirror_problems
     matrix = _matrix(args)
+    from .derived import stale
     findings = Findings()
     findings.extend(mirror_problems(matrix, _root(args)))
+    findings.problems += stale(matrix, _root(args))
     if args.offline:
         findings.notes.append("--offline: co-pins checked only from the metadata cache")
     findings.extend(copin_problems(matrix, _cache(args) / "metadata"))
@@ -730,6 +732,24 @@ def cmd_sweep(args) -> int:
     return 130 if interrupted else 0
 
 
+def cmd_derive(args) -> int:
+    from .derived import derive
+    root = _root(args)
+    try:
+        files = derive(_matrix(args), root)
+    except (OSError, ValueError) as exc:
+        raise UserError(str(exc)) from None
+    changed = [rel for rel, (now, wanted) in files.items() if now != wanted]
+    if not args.check:
+        from .atomic import write_text
+        for rel in changed:
+            write_text(root / rel, files[rel][1])
+    for rel in changed:
+        print(f"{'stale' if args.check else 'rewrote'}: {rel}")
+    print(f"derive: {len(files)} files, {len(changed)} {'stale' if args.check else 'rewritten'}")
+    return 1 if args.check and changed else 0
+
+
 def cmd_schema(args) -> int:
     from .matrix import render_json_schema
     sys.stdout.write(render_json_schema())
@@ -740,18 +760,23 @@ def cmd_schema(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="build.py", description="Build, deploy, check and release patched vLLM serving images "
-                     "from one pinned matrix.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--matrix", default="images.yaml", metavar="PATH", help="the image matrix (default: "
-                        "%(default)s)")
-    machine = parser.add_argument_group("this machine's build settings (each also read from the environment; "
+    # Options every command takes, before or after its name; defined once, defaults set once below.
+    shared = _Parser(add_help=False)
+    shared.add_argument("--matrix", default=argparse.SUPPRESS, metavar="PATH", help="the image matrix (default: "
+                        "images.yaml)")
+    machine = shared.add_argument_group("this machine's build settings (each also read from the environment; "
                                         "--base and --without change the image's tag, so give them to every command)")
-    machine.add_argument("--base", metavar="NAME", help="build on this base where the target lists it, e.g. "
-                         "cuda-local when nvidia/cuda cannot be pulled (SERVEKIT_BASE)")
-    machine.add_argument("--without", action="append", metavar="PIN", help="leave out a pin listed under may_omit, "
-                         "e.g. flashinfer-cubin where its index cannot be reached (SERVEKIT_WITHOUT; repeatable)")
-    machine.add_argument("--wheels", metavar="DIR[:DIR]", help="folders of wheels offered to the build, exact "
-                         "pinned versions only (SERVEKIT_WHEELS; default: the find-links your pip is configured with)")
+    machine.add_argument("--base", default=argparse.SUPPRESS, metavar="NAME", help="build on this base where the "
+                         "target lists it, e.g. cuda-local when nvidia/cuda cannot be pulled (SERVEKIT_BASE)")
+    machine.add_argument("--without", action="append", default=argparse.SUPPRESS, metavar="PIN", help="leave out a "
+                         "pin listed under may_omit, e.g. flashinfer-cubin where its index cannot be reached "
+                         "(SERVEKIT_WITHOUT; repeatable)")
+    machine.add_argument("--wheels", default=argparse.SUPPRESS, metavar="DIR[:DIR]", help="folders of wheels offered "
+                         "to the build, exact pinned versions only (SERVEKIT_WHEELS; default: the find-links your pip "
+                         "is configured with)")
+    parser = _Parser(prog="build.py", description="Build, deploy, check and release patched vLLM serving images "
+                     "from one pinned matrix.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+                     parents=[shared])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     def add_engine(p) -> None:
@@ -759,7 +784,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "ssh://user@host) or a context name (default: this machine's, `local`)")
 
     def add(name: str, func, help: str, json_out: bool = True) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, description=help)
+        p = sub.add_parser(name, help=help, description=help, parents=[shared])
         if json_out:
             p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
         p.set_defaults(func=func)
@@ -768,7 +793,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("plan", cmd_plan, "show what each target would build: base, pins, content digest, tag, already built")
     p.add_argument("--target", action="append", metavar="NAME", help="only this target (repeatable)")
     p = add("verify", cmd_verify, "check pins against every file that repeats them and against vLLM's own "
-            "declared requirements (no image needed)")
+            "declared requirements, and the Compose files against the profiles and knobs (no image needed)")
     p.add_argument("--offline", action="store_true", help="do not ask the index; use cached metadata and wheels")
     p.add_argument("--no-series", action="store_true", help="skip applying the series to pristine vLLM trees")
     p.add_argument("--resolve", action="store_true", help="also run pip's resolver (dry run) on each target's pins "
@@ -852,7 +877,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "and an SSH server (Debian packages)")
     add("schema", cmd_schema, "print the JSON Schema of images.yaml (images.schema.json is this output)",
         json_out=False)
+    p = add("derive", cmd_derive, "rewrite what docs/profiles.md and the Compose files derive from images.yaml and "
+            "the knob table (one service per profile, the knob pass-through, the tables)", json_out=False)
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 naming each file that is stale")
     return parser
+
+
+SHARED_DEFAULTS = {"matrix": "images.yaml", "base": None, "without": None, "wheels": None}
 
 
 def _terminated(signum, frame):
@@ -866,6 +897,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        for name, default in SHARED_DEFAULTS.items():  # not set_defaults: the shared actions are one object
+            if not hasattr(args, name):
+                setattr(args, name, default)
         if not getattr(args, "func", None):
             parser.print_help()
             return 2
@@ -879,3 +913,22 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `build.py plan --json | head`: the reader left; not an error of ours
         sys.stderr.close()
         return 0
+    except Exception as exc:  # a bug or an exception a stage did not turn into ours: one line, the rest in a log
+        print(f"error: {_unexpected(exc, argv)}", file=sys.stderr)
+        return 1
+
+
+def _unexpected(exc: Exception, argv: list[str] | None) -> str:
+    """One line for the terminal; the traceback goes to logs/error-<time>.log (or says why it could not)."""
+    import time
+    import traceback
+    what = f"{type(exc).__module__.split('.')[0]}.{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}" \
+        if str(exc).strip() else type(exc).__name__
+    log = Path("logs") / f"error-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    try:
+        log.parent.mkdir(exist_ok=True)
+        log.write_text(f"$ build.py {' '.join(argv if argv is not None else sys.argv[1:])}\n"
+                       + "".join(traceback.format_exception(exc)))
+        return f"unexpected {what} (traceback in {log}; please report it)"
+    except OSError:
+        return f"unexpected {what}"

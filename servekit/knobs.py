@@ -20,6 +20,7 @@ class Knob:
     choices: tuple[str, ...] = ()
     minimum: float | None = None
     maximum: float | None = None
+    passthrough: bool = True  # Compose passes it from the shell to the container (compose.yaml lists it)
 
     def check(self, raw: str) -> str | None:
         """Return why `raw` is not a valid value of this knob, or None when it is."""
@@ -51,7 +52,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("MAX_SEQS", "int", "--max-num-seqs", minimum=1),
     Knob("MAX_LEN", "int", "--max-model-len", minimum=1),
     Knob("GPU_UTIL", "float", "--gpu-memory-utilization", minimum=0.05, maximum=1.0),
-    Knob("TOOL_STRICT", "enum", "--tool-strict-level; auto restores upstream's default",
+    Knob("TOOL_STRICT", "enum", "--tool-strict-level; parameter by default, since auto (upstream's default) let "
+         "0.31.0 invent arguments for a tool with none",
          choices=("parameter", "auto")),
     Knob("TOOLS", "bool", "--enable-auto-tool-choice"),
     Knob("TOOL_PARSER", "str", "--tool-call-parser (qwen3_coder; hermes returns no tool_calls for it)"),
@@ -60,7 +62,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("ENABLE_THINKING", "bool", "the chat template's enable_thinking default"),
     Knob("ASYNC_SCHED", "bool", "--async-scheduling"),
     Knob("API_SERVERS", "int", "--api-server-count", minimum=1),
-    Knob("PORT", "int", "the port vLLM listens on inside the container", minimum=1, maximum=65535),
+    Knob("PORT", "int", "the port vLLM listens on inside the container (Compose maps 8000; not passed through)",
+         minimum=1, maximum=65535, passthrough=False),
     Knob("ENFORCE_EAGER", "bool", "--enforce-eager (no compiled graphs; the cpu image has no C++ compiler)"),
     Knob("DTYPE", "enum", "--dtype", choices=("auto", "bfloat16", "float16", "float32")),
     Knob("EXTRA_ARGS", "str", "extra vllm serve flags, last; a flag here wins over the same flag from a knob"),

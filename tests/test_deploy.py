@@ -272,3 +272,4 @@ def test_ctrl_c_or_sigterm_during_up_leaves_nothing_running(cpu_built, sig):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]
     assert _containers() == []
+

@@ -102,6 +102,12 @@ BAD = [
      ["bases.cuda-devel.cuda_wheels", "go with debootstrap"], "cuda_wheels:"),
     ("may-omit-unpinned", _sub("  flashinfer-cubin: FlashInfer compiles", "  flashinfer-cubn: FlashInfer compiles"),
      ["may_omit.flashinfer-cubn", "pinned package 'flashinfer-cubn' is not defined"], "flashinfer-cubn:"),
+    ("unimplemented-check", _sub("  greedy:\n    description:", "  greedier:\n    description:"),
+     ["checks.greedier", "no check named 'greedier' is implemented"], "greedier:"),
+    ("check-param-name", _sub("tool_required: {seeds: 4,", "tool_required: {seed: 4,"),
+     ["profiles.default.targets.cpu.checks.tool_required", "takes no parameter 'seed'", "seeds"], "seed: 4"),
+    ("check-param-type", _sub("params: {prompts: 64}", "params: {prompts: many}"),
+     ["checks.forced_prefill", "prompts='many' should be int"], "prompts: many"),
     ("missing-model", _sub("    model: demo", "    model: tiny"), ["targets.cpu.model", "model 'tiny'"], "model: tiny"),
     ("missing-component", _sub("    components: [kvarn]\n    knobs:\n      SPEC: dflash2\n      CTX: huge",
                                "    components: [kvarn2]\n    knobs:\n      SPEC: dflash2\n      CTX: huge"),
@@ -167,3 +173,51 @@ def test_usage_error_is_exit_2(cli):
     code, _, err = cli("frobnicate")
     assert code == 2
     assert "invalid choice" in err
+
+
+
+def test_what_docs_and_compose_derive_from_the_matrix_is_current():
+    from servekit.derived import stale
+    assert stale(load_matrix(ROOT / "images.yaml"), ROOT) == []
+
+
+def test_adding_a_profile_is_one_edit_to_the_matrix(tmp_path):
+    """A new profile in a copy of images.yaml: `derive` gives it a Compose service (with every knob passed
+    through) and a docs row, and the Kubernetes manifests render and validate for it."""
+    import shutil
+
+    import yaml
+    (tmp_path / "docs").mkdir()
+    for rel in ("images.yaml", "compose", "docs/profiles.md"):
+        (shutil.copytree if (ROOT / rel).is_dir() else shutil.copy2)(ROOT / rel, tmp_path / rel)
+    with open(tmp_path / "images.yaml", "a") as matrix_file:
+        matrix_file.write("  solo:\n    description: one user, short context\n    targets:\n      cuda:\n"
+                          "    knobs:\n      MAX_LEN: 8192\n    checks:\n      health:\n")
+    result = run_build_py("--matrix", str(tmp_path / "images.yaml"), "derive")
+    assert result.returncode == 0, result.stderr
+    compose = yaml.safe_load((tmp_path / "compose/compose.yaml").read_text())["services"]
+    assert compose["solo"]["command"] == ["serve", "solo"] and "DTYPE" in compose["solo"]["environment"]
+    assert "solo" in yaml.safe_load((tmp_path / "compose/compose.wsl2.yaml").read_text())["services"]
+    assert "| `solo` | cuda | `MAX_LEN=8192` |" in (tmp_path / "docs/profiles.md").read_text()
+    rendered = run_build_py("--matrix", str(tmp_path / "images.yaml"), "render", "k8s", "--profile", "solo",
+                            "--target", "cuda", "--out", str(tmp_path / "k8s"))
+    assert rendered.returncode == 0, rendered.stderr
+    deployment = next((tmp_path / "k8s").glob("deployment-*solo*.yaml")).read_text()
+    assert "MAX_LEN" in deployment and "8192" in deployment
+    check = run_build_py("--matrix", str(tmp_path / "images.yaml"), "derive", "--check")
+    assert check.returncode == 0 and "0 stale" in check.stdout
+
+
+def test_an_unexpected_exception_is_one_line_and_a_log(tmp_path, monkeypatch, capsys):
+    from servekit import cli
+    monkeypatch.chdir(tmp_path)
+
+    def boom(args):
+        raise KeyError("no such thing")
+    monkeypatch.setattr(cli, "cmd_schema", boom)
+    code = cli.main(["schema"])
+    err = capsys.readouterr().err
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert "unexpected builtins.KeyError: 'no such thing'" in err
+    logs = list((tmp_path / "logs").glob("error-*.log"))
+    assert len(logs) == 1 and "Traceback" in logs[0].read_text() and "KeyError" in logs[0].read_text()

@@ -203,3 +203,12 @@ def test_which_engines_can_give_a_container_a_gpu(info, ok):
     assert (problem is None) == ok
     if not ok:
         assert "no NVIDIA runtime (runtimes: io.containerd.runc.v2, runc)" in problem
+
+
+@pytest.mark.parametrize("argv", [
+    ["--matrix", str(ROOT / "images.yaml"), "--base", "cuda-local", "plan", "--json", "--target", "cuda"],
+    ["plan", "--json", "--target", "cuda", "--matrix", str(ROOT / "images.yaml"), "--base", "cuda-local"],
+])
+def test_shared_options_go_before_or_after_the_command(cli, argv):
+    code, out, _ = cli(*argv)
+    assert code == 0 and '"base_name": "cuda-local"' in out
