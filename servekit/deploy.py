@@ -10,14 +10,21 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .atomic import write_text
 from .errors import UserError
 from .remote import EngineRef, local_url, resolve
 
-PROJECT = "servekit"
+# The Compose project every command acts on; another name (the tests use their own) keeps two sets of
+# servers, volumes and `down`s apart on one engine.
+PROJECT = os.environ.get("SERVEKIT_PROJECT") or "servekit"
+if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", PROJECT):
+    raise SystemExit(f"error: SERVEKIT_PROJECT={PROJECT!r}: a Compose project name is lowercase letters, digits, "
+                     "'-' and '_'")
 IMAGE_UID = 10001  # the image's non-root user
 
 
@@ -94,12 +101,12 @@ def write_env(dep: Deployment) -> Path:
         f"SERVEKIT_HOST={dep.host}",
         f"SERVEKIT_BIND={dep.bind}",
         f"SERVEKIT_PORT={dep.port}",
+        f"COMPOSE_PROJECT_NAME={PROJECT}",
         f"COMPOSE_FILE={os.pathsep.join(p.name for p in dep.compose_files)}",
     ]
     if os.geteuid() != 0 and dep.engine.same_machine:  # run as you, so that your 0600 key file is readable inside
         lines += [f"SERVEKIT_UID={os.getuid()}", f"SERVEKIT_GID={os.getgid()}"]
-    dep.env_file.parent.mkdir(parents=True, exist_ok=True)
-    dep.env_file.write_text("\n".join(lines) + "\n")
+    write_text(dep.env_file, "\n".join(lines) + "\n")
     return dep.env_file
 
 

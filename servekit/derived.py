@@ -114,5 +114,12 @@ def derive(matrix: Matrix, root: Path) -> dict[str, tuple[str, str]]:
 
 
 def stale(matrix: Matrix, root: Path) -> list[str]:
+    missing = [rel for rel in PARTS if not (root / rel).is_file()]
+    if missing:
+        return [f"{rel} is missing" for rel in missing]
+    try:
+        files = derive(matrix, root)
+    except ValueError as exc:
+        return [str(exc)]
     return [f"{rel} is not what images.yaml and the knob table give: run `make derived`"
-            for rel, (now, wanted) in derive(matrix, root).items() if now != wanted]
+            for rel, (now, wanted) in files.items() if now != wanted]

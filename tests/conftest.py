@@ -1,4 +1,10 @@
-"""Shared fixtures: a throwaway copy of the repository's matrix and the files that repeat its pins."""
+"""Shared fixtures: throwaway copies of the repository, and the tests' own Compose project and port.
+
+Every command the tests run works in WORK, a copy of the repository made for this session, under
+the Compose project TEST_PROJECT and on TEST_PORT: a developer's reports, releases, compose/.env,
+key and running servers are left as they were. The image tags are the same as the checkout's
+(content-addressed), so the engine's images and build cache serve both.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,7 +20,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-COPIED = ("images.yaml", "images.schema.json", "docker/requirements", "docker/patches", "docs/install.md")
+COPIED = ("images.yaml", "images.schema.json", "docker/requirements", "docker/patches", "docs/install.md",
+          "docs/profiles.md", "compose")
 
 
 @pytest.fixture
@@ -44,7 +52,8 @@ def cli(capsys):
     return run
 
 
-def run_build_py(*argv: str, cwd: Path = ROOT, timeout: float = 600) -> subprocess.CompletedProcess:
+def run_build_py(*argv: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    cwd = cwd or WORK
     return subprocess.run([sys.executable, str(ROOT / "build.py"), *argv], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout)
 
@@ -73,3 +82,30 @@ def cpu_base() -> str:
     name = next(t.bases[0] for t in matrix.targets.values() if not t.gpu)
     ensure_made_base(name, matrix.bases[name], ROOT / ".cache" / "bases", say=lambda line: None)
     return matrix.bases[name].image
+
+
+TEST_PROJECT = "servekit-test"
+TEST_PORT = 18000
+os.environ["SERVEKIT_PROJECT"] = TEST_PROJECT  # for the commands run in-process and in subprocesses alike
+
+
+def _work_copy() -> Path:
+    work = tracked_copy(Path(tempfile.mkdtemp(prefix="servekit-tests-")))
+    matrix = work / "images.yaml"
+    text = matrix.read_text()
+    assert "\n  port: 8000\n" in text
+    matrix.write_text(text.replace("\n  port: 8000\n", f"\n  port: {TEST_PORT}\n"))  # not part of any image
+    return work
+
+
+WORK = _work_copy()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(WORK, ignore_errors=True)
+
+
+def project_containers() -> list[str]:
+    """The tests' Compose project's containers, running or not."""
+    return subprocess.run(["docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project={TEST_PROJECT}"],
+                          capture_output=True, text=True).stdout.split()

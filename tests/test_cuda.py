@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, run_build_py, tracked_copy
+from conftest import ROOT, project_containers, run_build_py, tracked_copy
 
 pytestmark = pytest.mark.engine
 
@@ -113,14 +113,9 @@ def test_an_unreachable_cuda_base_names_the_base_made_here():
     assert "component kvarn is absent" in result.stderr  # said, never skipped silently
 
 
-def _servekit_containers() -> list[str]:
-    return _docker("ps", "-a", "--filter", "label=com.docker.compose.project=servekit", "--format",
-                   "{{.Names}}").stdout.split()
-
-
 def test_up_of_a_gpu_profile_without_a_gpu_fails_fast_and_starts_nothing(tmp_path):
     root = tracked_copy(tmp_path)
-    before = _servekit_containers()
+    before = project_containers()
     started = time.monotonic()
     result = run_build_py(*LOCAL, "up", "default", "--target", "cuda", cwd=root, timeout=120)
     elapsed = time.monotonic() - started
@@ -130,7 +125,7 @@ def test_up_of_a_gpu_profile_without_a_gpu_fails_fast_and_starts_nothing(tmp_pat
     assert "needs a GPU (target cuda)" in lines[0] and "no NVIDIA runtime" in lines[0]
     assert "--target cpu" in lines[0]
     assert elapsed < 60, elapsed
-    assert _servekit_containers() == before
+    assert project_containers() == before
     assert not (root / "compose" / ".env").exists()  # it stopped before writing anything
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from conftest import ROOT, run_build_py
+from conftest import ROOT, TEST_PORT, WORK, project_containers, run_build_py
 from servekit.prepare import COMPLETE, is_complete, prepare
 from servekit.watch import LogFollower, BootRecord, classify, without_frames
 
@@ -189,11 +189,6 @@ def test_a_non_loopback_bind_warns():
 
 # --- real boots of the cpu image ------------------------------------------------------------------
 
-def _containers() -> list[str]:
-    return subprocess.run(["docker", "ps", "-aq", "--filter", "label=com.docker.compose.project=servekit"],
-                          capture_output=True, text=True).stdout.split()
-
-
 @pytest.fixture(scope="module")
 def cpu_built():
     built = run_build_py("image", "--target", "cpu", timeout=3000)
@@ -208,7 +203,7 @@ def test_up_brings_the_real_server_to_healthy_and_down_removes_it(cpu_built):
     up = run_build_py("up", "default", "--target", "cpu", "--json", timeout=600)
     assert up.returncode == 0, up.stderr[-3000:]
     result = json.loads(up.stdout)
-    assert result["url"] == "http://127.0.0.1:8000"
+    assert result["url"] == f"http://127.0.0.1:{TEST_PORT}"
     assert result["time_to_healthy_s"] > 0 and result["kv_pool_tokens"] > 0
     assert result["detection_lag_s"] is not None and result["detection_lag_s"] >= 0
     key_file = Path(result["api_key_file"])
@@ -224,20 +219,20 @@ def test_up_brings_the_real_server_to_healthy_and_down_removes_it(cpu_built):
     assert user.stdout.strip() == "10001"
     down = run_build_py("down")
     assert down.returncode == 0 and "nothing left running" in down.stdout
-    assert _containers() == []
+    assert project_containers() == []
 
 
 @pytest.mark.slow
 @pytest.mark.engine
 def test_plain_compose_works_without_build_py(cpu_built):
     up = subprocess.run(["docker", "compose", "-f", "compose/compose.yaml", "-f", "compose/compose.cpu.yaml", "up",
-                         "-d", "--wait", "default"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                         "-d", "--wait", "default"], cwd=WORK, capture_output=True, text=True, timeout=600)
     try:
         assert up.returncode == 0, up.stderr[-2000:]
-        assert requests.get("http://127.0.0.1:8000/health", timeout=5).status_code == 200
+        assert requests.get(f"http://127.0.0.1:{TEST_PORT}/health", timeout=5).status_code == 200
     finally:
         run_build_py("down")
-    assert _containers() == []
+    assert project_containers() == []
 
 
 @pytest.mark.slow
@@ -249,12 +244,12 @@ def test_plain_compose_works_without_build_py(cpu_built):
 def test_a_bad_setting_fails_fast_naming_it(cpu_built, env, within_s, says):
     started = time.monotonic()
     result = subprocess.run([sys.executable, str(ROOT / "build.py"), "up", "default", "--target", "cpu",
-                             "--timeout", "300"], cwd=ROOT, env=dict(os.environ, **env), capture_output=True,
+                             "--timeout", "300"], cwd=WORK, env=dict(os.environ, **env), capture_output=True,
                             text=True, timeout=400)
     assert result.returncode == 1
     assert time.monotonic() - started < within_s
     assert says in result.stderr
-    assert _containers() == []
+    assert project_containers() == []
 
 
 @pytest.mark.slow
@@ -271,5 +266,5 @@ def test_ctrl_c_or_sigterm_during_up_leaves_nothing_running(cpu_built, sig):
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]
-    assert _containers() == []
+    assert project_containers() == []
 

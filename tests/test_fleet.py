@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import second_engine
-from conftest import ROOT, run_build_py
+from conftest import ROOT, TEST_PROJECT, WORK, run_build_py
 from servekit.errors import UserError
 from servekit.remote import address, reach, resolve, tunnel_command
 
@@ -158,7 +158,7 @@ def _on_second(url: str, *argv: str) -> subprocess.CompletedProcess:
 
 def _running(url: str | None, service: str | None = None) -> list[str]:
     """The project's containers (or one service's, running only) on the second engine, or this machine's."""
-    label = f"com.docker.compose.service={service}" if service else "com.docker.compose.project=servekit"
+    label = f"com.docker.compose.service={service}" if service else f"com.docker.compose.project={TEST_PROJECT}"
     argv = ["ps", "-q" if service else "-aq", "--filter", f"label={label}"]
     done = _on_second(url, *argv) if url else subprocess.run(["docker", *argv], capture_output=True, text=True)
     return done.stdout.split()
@@ -292,7 +292,7 @@ SetEnv DOCKER_HOST={second}
 def test_run_on_an_ssh_engine_goes_through_a_tunnel(ssh_engine, second):
     url, env = ssh_engine
     done = subprocess.run([sys.executable, str(ROOT / "build.py"), "run", "--target", "cpu", "--profile", "default",
-                           "--engine", url, "--port", "8031", "--json"], cwd=ROOT, env=env, capture_output=True,
+                           "--engine", url, "--port", "8031", "--json"], cwd=WORK, env=env, capture_output=True,
                           text=True, timeout=3000)
     assert done.returncode == 0, done.stderr[-3000:]
     [folder] = map(Path, json.loads(done.stdout)["reports"])
@@ -310,7 +310,7 @@ def test_sigterm_during_a_fleet_run_leaves_nothing_running_on_any_engine(second)
     import signal
     import time
     proc = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "run", "--target", "cpu", "--profile", "default",
-                             "--engines", f"local,{second}"], cwd=ROOT, stdout=subprocess.PIPE,
+                             "--engines", f"local,{second}"], cwd=WORK, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300  # both servers created (and booting) before the signal
     while time.monotonic() < deadline and not (_running(None, "default") and _running(second, "default")):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from conftest import ROOT, run_build_py, tracked_copy
+from conftest import ROOT, WORK, run_build_py, tracked_copy
 from servekit.localregistry import start_registry
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -50,7 +50,7 @@ def registry(tmp_path_factory):
         subprocess.run(["docker", "rmi", *mine], capture_output=True)
 
 
-def _release(*args: str, env: dict | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+def _release(*args: str, env: dict | None = None, cwd: Path = WORK) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "build.py"), "release", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=1800, env={**os.environ, **(env or {})})
 
@@ -61,10 +61,10 @@ def _tags(port: int) -> list[str]:
 
 
 def test_a_registry_that_dies_mid_release_leaves_no_manifest_and_a_rerun_completes(checked_image, registry):
-    port, manifest = registry["port"], ROOT / "releases" / "v0.31.0.json"
+    port, manifest = registry["port"], WORK / "releases" / "v0.31.0.json"
     manifest.unlink(missing_ok=True)
     proc = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "release", "--registry",
-                             f"127.0.0.1:{port}/serve", "--target", "cpu"], cwd=ROOT, stdout=subprocess.PIPE,
+                             f"127.0.0.1:{port}/serve", "--target", "cpu"], cwd=WORK, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "SERVEKIT_PUSH_ATTEMPTS": "2"})
     uploads = registry["folder"] / "storage" / "docker" / "registry" / "v2" / "repositories"
     deadline = time.monotonic() + 120
@@ -116,7 +116,7 @@ def test_no_passing_report_for_this_image_is_refused(checked_image, registry, tm
 
 def test_a_report_of_another_image_is_refused(checked_image, registry, tmp_path):
     root = _copy_with_git(tmp_path)
-    source = (ROOT / "reports" / "latest").resolve()
+    source = (WORK / "reports" / "latest").resolve()
     report = json.loads((source / "report.json").read_text())
     report["image"]["id"] = "sha256:" + "0" * 64
     (root / "reports" / "old-run").mkdir(parents=True)
@@ -127,7 +127,7 @@ def test_a_report_of_another_image_is_refused(checked_image, registry, tmp_path)
 
 def test_git_tag_with_uncommitted_changes_is_refused(checked_image, registry, tmp_path):
     root = _copy_with_git(tmp_path)
-    shutil.copytree(ROOT / "reports" / "latest", root / "reports" / "run", symlinks=False)
+    shutil.copytree(WORK / "reports" / "latest", root / "reports" / "run", symlinks=False)
     (root / "README.md").write_text("changed\n")
     done = _release("--registry", f"127.0.0.1:{registry['port']}/other", "--target", "cpu", "--git-tag", cwd=root)
     assert done.returncode == 1 and "uncommitted changes" in done.stderr

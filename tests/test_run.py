@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_build_py, tracked_copy
+from conftest import ROOT, WORK, run_build_py, tracked_copy
 
 pytestmark = pytest.mark.engine
 
@@ -40,7 +40,7 @@ def test_run_writes_the_three_files_and_compare_reads_two(tmp_path):
     for run in runs:
         assert {"report.json", "report.md", "memory.png"} <= {p.name for p in run.iterdir()}
         assert (run / "memory.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert (ROOT / "reports" / "latest").resolve() == runs[-1].resolve()
+    assert (WORK / "reports" / "latest").resolve() == runs[-1].resolve()
     table = run_build_py("compare", str(runs[0]), str(runs[1]))
     assert table.returncode == 0
     assert "time to healthy" in table.stdout and "burst: tokens_per_s" in table.stdout

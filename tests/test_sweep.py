@@ -3,24 +3,18 @@
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 
-from conftest import ROOT, run_build_py
+from conftest import WORK, project_containers, run_build_py
 from servekit.sweep import Cell, sizing_advice, spread_versus_gap
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 
 def _latest_sweep() -> dict:
-    folders = sorted((ROOT / "reports").glob("*-sweep-*"))
+    folders = sorted((WORK / "reports").glob("*-sweep-*"))
     return json.loads((folders[-1] / "report.json").read_text()), folders[-1]
-
-
-def _containers() -> list[str]:
-    return subprocess.run(["docker", "ps", "-aq", "--filter", "label=com.docker.compose.project=servekit"],
-                          capture_output=True, text=True).stdout.split()
 
 
 def test_two_values_two_boots_each_give_the_table_with_the_spread_column():
@@ -38,7 +32,7 @@ def test_two_values_two_boots_each_give_the_table_with_the_spread_column():
     assert rows[0][8] == "no speculation in this profile or target"
     assert {"report.json", "report.md", "sweep.png"} <= {p.name for p in folder.iterdir()}
     assert "MAX_SEQS=4" in result.stdout and "2/2 survive" in result.stdout
-    assert _containers() == []
+    assert project_containers() == []
 
 
 def test_a_value_vllm_refuses_is_a_failed_cell_and_the_rest_completes():
@@ -51,7 +45,7 @@ def test_a_value_vllm_refuses_is_a_failed_cell_and_the_rest_completes():
     assert not refused["boots"][0]["survived"]
     assert "max_model_len (100000)" in refused["boots"][0]["reason"]
     assert doc["table"]["rows"][1][1] == "failed, 1/1"
-    assert _containers() == []
+    assert project_containers() == []
 
 
 def _cell(value: str, tps: list[float], margins: list[int] | None = None) -> Cell:
