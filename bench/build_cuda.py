@@ -38,15 +38,15 @@ def image_json(settings: list[str]) -> dict:
     return {**json.loads(done.stdout)["images"][0], "wall": time.perf_counter() - start}
 
 
-def base_image(settings: list[str]) -> str:
+def planned(settings: list[str]) -> dict:
     plan = subprocess.run([sys.executable, "build.py", *settings, "plan", "--json", "--target", "cuda"], cwd=ROOT,
                           capture_output=True, text=True, check=True)
-    return json.loads(plan.stdout)["targets"][0]["base"]
+    return json.loads(plan.stdout)["targets"][0]
 
 
 def make_cold(settings: list[str]) -> None:
-    tag = image_json(settings)["tag"]
-    subprocess.run(["docker", "image", "rm", "-f", tag, base_image(settings)], capture_output=True)
+    plan = planned(settings)
+    subprocess.run(["docker", "image", "rm", "-f", plan["tag"], plan["base"]], capture_output=True)
     subprocess.run(["docker", "builder", "prune", "-af"], capture_output=True, check=True)
     shutil.rmtree(ROOT / ".cache" / "bases", ignore_errors=True)
 
