@@ -611,15 +611,8 @@ def cmd_smoke(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from .report import compare
-    reports = []
-    for path in (args.report_a, args.report_b):
-        p = Path(path)
-        p = p / "report.json" if p.is_dir() else p
-        try:
-            reports.append(json.loads(p.read_text()))
-        except (OSError, ValueError) as exc:
-            raise UserError(f"{path}: not a readable report.json ({exc})") from None
+    from .report import compare, load_report
+    reports = [load_report(Path(path)) for path in (args.report_a, args.report_b)]
     rows = compare(*reports, threshold=args.threshold)
     if args.json:
         _emit_json([{"metric": m, "a": a, "b": b, "differs": d} for m, a, b, d in rows])

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import deploy
+from .atomic import write_text
 from .pipeline import run_profiles
 from .remote import EngineRef
 from .report import write_report
@@ -112,6 +113,6 @@ def summary(runs: list[EngineRun]) -> tuple[dict, str]:
 def write_summary(out: Path, runs: list[EngineRun]) -> tuple[dict, Path]:
     doc, markdown = summary(runs)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps(doc, indent=2) + "\n")
-    (out / "summary.md").write_text(markdown)
+    write_text(out / "summary.json", json.dumps(doc, indent=2) + "\n")
+    write_text(out / "summary.md", markdown)
     return doc, out / "summary.md"

@@ -18,9 +18,11 @@ import requests
 from packaging.version import InvalidVersion, Version
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from .errors import CheckFailed, EnvironmentProblem
+from .atomic import write_text
+from .errors import CheckFailed, EnvironmentProblem, UserError
 from .matrix import Matrix
 from .plan import TargetPlan
+from .report import load_report
 
 MANIFEST_ACCEPT = ", ".join(["application/vnd.docker.distribution.manifest.v2+json",
                              "application/vnd.oci.image.manifest.v1+json"])
@@ -41,10 +43,10 @@ def _reports(root: Path) -> list[tuple[Path, dict]]:
         if path.parent.is_symlink():  # reports/latest points at a run that is listed by its own name
             continue
         try:
-            doc = json.loads(path.read_text())
-        except (OSError, ValueError):
+            doc = load_report(path)
+        except UserError:  # a sweep's table, another version, a broken file: none of them gates a release
             continue
-        if doc.get("kind", "run") == "run" and isinstance(doc.get("image"), dict):  # not a sweep's table
+        if isinstance(doc.get("image"), dict):
             out.append((path, doc))
     return out
 
@@ -180,7 +182,7 @@ def write_manifest(root: Path, matrix: Matrix, releases: list[dict]) -> Path:
     for r in releases:
         doc["targets"][r["target"]] = r
     doc["updated"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    path.write_text(json.dumps(doc, indent=2) + "\n")
+    write_text(path, json.dumps(doc, indent=2) + "\n")  # later trusted by `up` and `k8s`: never half-written
     return path
 
 

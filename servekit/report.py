@@ -6,6 +6,9 @@ import json
 import os
 from pathlib import Path
 
+from .atomic import write_text
+from .errors import UserError
+
 REPORT_SCHEMA = 1
 GiB = 2**30
 
@@ -13,15 +16,33 @@ GiB = 2**30
 def write_report(run_dir: Path, report: dict, series: dict, latest: bool = True) -> Path:
     """Write the three files into run_dir and (unless told not to) point reports/latest at it."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "report.json").write_text(json.dumps({"schema_version": REPORT_SCHEMA, **report}, indent=2) + "\n")
-    (run_dir / "report.md").write_text(render_markdown(report))
+    write_text(run_dir / "report.json", json.dumps({"schema_version": REPORT_SCHEMA, **report}, indent=2) + "\n")
+    write_text(run_dir / "report.md", render_markdown(report))
     plot_memory(run_dir / "memory.png", report, series)
-    if latest:
-        link = run_dir.parent / "latest"
-        if link.is_symlink() or link.exists():
-            link.unlink()
-        link.symlink_to(run_dir.name)
+    if latest:  # a new link renamed over the old: a reader never finds reports/latest missing
+        link, fresh = run_dir.parent / "latest", run_dir.parent / f".latest-{os.getpid()}"
+        fresh.unlink(missing_ok=True)
+        fresh.symlink_to(run_dir.name)
+        os.replace(fresh, link)
     return run_dir
+
+
+def load_report(path: Path, kind: str = "run") -> dict:
+    """A report.json (or its folder) of this kind and schema version, or one line saying what it is instead."""
+    path = path / "report.json" if path.is_dir() else path
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path}: not a readable report.json ({type(exc).__name__}: {exc})") from None
+    if not isinstance(doc, dict):
+        raise UserError(f"{path}: not a report (a JSON object with kind and schema_version)")
+    found = doc.get("kind", "run")
+    if found != kind:
+        raise UserError(f"{path}: a {found} report; this reads {kind} reports (reports/<time>-<profile>-<target>/)")
+    if doc.get("schema_version") != REPORT_SCHEMA:
+        raise UserError(f"{path}: report schema_version {doc.get('schema_version')!r}; this servekit reads "
+                        f"{REPORT_SCHEMA}")
+    return doc
 
 
 def _gib(value) -> str:

@@ -10,6 +10,8 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .atomic import write_text
+
 GiB = 2**30
 
 
@@ -177,8 +179,8 @@ def plot(path: Path, cells: list[Cell], knob: str) -> None:
 
 def write(out: Path, doc: dict, markdown: str, cells: list[Cell], knob: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(doc, indent=2) + "\n")
-    (out / "report.md").write_text(markdown)
+    write_text(out / "report.json", json.dumps(doc, indent=2) + "\n")
+    write_text(out / "report.md", markdown)
     plot(out / "sweep.png", cells, knob)
 
 

@@ -221,3 +221,14 @@ def test_an_unexpected_exception_is_one_line_and_a_log(tmp_path, monkeypatch, ca
     assert "unexpected builtins.KeyError: 'no such thing'" in err
     logs = list((tmp_path / "logs").glob("error-*.log"))
     assert len(logs) == 1 and "Traceback" in logs[0].read_text() and "KeyError" in logs[0].read_text()
+
+
+def test_compare_refuses_a_report_of_another_kind_or_version_in_one_line(tmp_path, cli):
+    sweep, old = tmp_path / "sweep", tmp_path / "old"
+    for folder, doc in ((sweep, {"schema_version": 1, "kind": "sweep"}), (old, {"schema_version": 0, "kind": "run"})):
+        folder.mkdir()
+        (folder / "report.json").write_text(json.dumps(doc))
+    code, _, err = cli("compare", str(sweep), str(old))
+    assert code == 2 and "a sweep report; this reads run reports" in err and "Traceback" not in err
+    code, _, err = cli("compare", str(old), str(old))
+    assert code == 2 and "report schema_version 0" in err
