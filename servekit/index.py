@@ -14,6 +14,7 @@ import zipfile
 from dataclasses import dataclass
 from email.parser import HeaderParser
 from pathlib import Path
+from urllib.parse import unquote
 
 import requests
 
@@ -147,11 +148,20 @@ def release_exists(name: str, version: str, index_url: str) -> bool:
         return False
     listing.raise_for_status()
     if "json" in listing.headers.get("Content-Type", ""):
-        return version in listing.json().get("versions", [])
-    # An HTML-only index (PEP 503): look for a file of that release among the links.
+        data = listing.json()
+        if "versions" in data:  # PEP 700
+            return version in data["versions"]
+        return _names_release((f.get("filename", "") for f in data.get("files", [])), name, version)
+    # An HTML-only index (PEP 503): look for a file of that release among the links' texts and targets.
+    return _names_release(re.findall(r"[^\s\"'<>/=]+\.(?:whl|tar\.gz|zip)", unquote(listing.text)), name, version)
+
+
+def _names_release(filenames, name: str, version: str) -> bool:
+    """Whether a file name is of `name` at exactly `version` (a local label such as +cpu included)."""
     # File names spell the project with `_` or `-`; with every `-` made `_`, one pattern finds both.
     stem = re.escape(normalize(name).replace("-", "_"))
-    return re.search(rf"(?i){stem}_{re.escape(version)}[_.]", listing.text.replace("-", "_")) is not None
+    wanted = re.compile(rf"(?i){stem}_{re.escape(version)}[_.]")
+    return any(wanted.match(f.replace("-", "_")) for f in filenames)
 
 
 def download_wheel(name: str, version: str, index_url: str, dest: Path, platform: str = "x86_64") -> Path:

@@ -212,3 +212,13 @@ def test_which_engines_can_give_a_container_a_gpu(info, ok):
 def test_shared_options_go_before_or_after_the_command(cli, argv):
     code, out, _ = cli(*argv)
     assert code == 0 and '"base_name": "cuda-local"' in out
+
+
+def test_an_index_listing_names_a_release_with_its_local_label():
+    """PyTorch's CPU index lists torch 2.13.0+cpu (its links encode + as %2B); a JSON listing may lack
+    `versions`. Either way the exact release is found, and 2.13.0+cpu is not 2.13.0."""
+    from servekit.index import _names_release
+    files = ["torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl", "torch-2.12.1-cp311-none-macosx_11_0_arm64.whl"]
+    assert _names_release(files, "torch", "2.13.0+cpu")
+    assert not _names_release(files, "torch", "2.13.0") and not _names_release(files, "torch", "2.12.0")
+    assert _names_release(["flashinfer_cubin-0.7.0.post1-py3-none-any.whl"], "flashinfer-cubin", "0.7.0.post1")
