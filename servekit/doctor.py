@@ -54,8 +54,8 @@ def diagnose() -> list[Finding]:
     engine_info = _docker("info", "--format", "{{json .}}")
     problem = gpu_problem_of(json.loads(engine_info.stdout)) if engine_info.returncode == 0 else "`docker info` failed"
     out.append(Finding("nvidia runtime", "ok", "containers can have a GPU") if problem is None else
-               Finding("nvidia runtime", "warn", f"no GPU for containers: {problem}; `up` of a GPU target stops "
-                       "here at once", "install the NVIDIA Container Toolkit, or serve a target without a GPU"))
+               Finding("nvidia runtime", "warn", f"no GPU for containers: {problem}", "`up` of a GPU target "
+                       "stops here at once; serve a target without a GPU, or install the toolkit"))
     signs = wsl2_signs()
     out.append(Finding("wsl2", "ok", "WSL2: " + "; ".join(signs)) if signs else
                Finding("wsl2", "ok", "not WSL2 (native host defaults apply)"))
