@@ -99,10 +99,13 @@ def _work_copy() -> Path:
 
 
 WORK = _work_copy()
+# The Compose files as committed, in a folder no command writes to (no compose/.env appears there).
+COMPOSE = Path(shutil.copytree(WORK / "compose", Path(tempfile.mkdtemp(prefix="servekit-compose-")) / "compose"))
 
 
 def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(WORK, ignore_errors=True)
+    shutil.rmtree(COMPOSE.parent, ignore_errors=True)
 
 
 def project_containers() -> list[str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_build_py, tracked_copy
+from conftest import ROOT, WORK, run_build_py, tracked_copy
 
 pytestmark = pytest.mark.engine
 
@@ -135,7 +135,7 @@ def test_an_unreachable_index_is_named(tmp_path):
 
 def test_no_engine_is_one_clear_line():
     env = dict(os.environ, DOCKER_HOST="unix:///nonexistent/docker.sock")
-    result = subprocess.run(["python", str(ROOT / "build.py"), "image", "--target", "cpu", "--force"], cwd=ROOT,
+    result = subprocess.run(["python", str(ROOT / "build.py"), "image", "--target", "cpu", "--force"], cwd=WORK,
                             env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1
     assert "no Docker engine answers at unix:///nonexistent/docker.sock" in result.stderr

@@ -13,11 +13,10 @@ from pathlib import Path
 import pytest
 import requests
 
-from conftest import ROOT, TEST_PORT, WORK, project_containers, run_build_py
+from conftest import COMPOSE, ROOT, TEST_PORT, WORK, project_containers, run_build_py
 from servekit.prepare import COMPLETE, is_complete, prepare
 from servekit.watch import LogFollower, BootRecord, classify, without_frames
 
-COMPOSE = ROOT / "compose"
 PROFILES = ["default", "batch", "alternative", "mtp", "mtp-long", "dflash2", "dflash2-k15", "huge"]
 
 
@@ -256,7 +255,7 @@ def test_a_bad_setting_fails_fast_naming_it(cpu_built, env, within_s, says):
 @pytest.mark.engine
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_ctrl_c_or_sigterm_during_up_leaves_nothing_running(cpu_built, sig):
-    proc = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "up", "default", "--target", "cpu"], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "up", "default", "--target", "cpu"], cwd=WORK,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not subprocess.run(

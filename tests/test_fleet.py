@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 
 import second_engine
-from conftest import ROOT, TEST_PROJECT, WORK, run_build_py
+from conftest import COMPOSE, ROOT, TEST_PROJECT, WORK, run_build_py
 from servekit.errors import UserError
 from servekit.remote import address, reach, resolve, tunnel_command
 
-COMPOSE = ROOT / "compose"
 
 
 # --- engine names, addresses and tunnels (no engine) -------------------------------------------

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import yaml
 
-from conftest import ROOT, run_build_py
+from conftest import COMPOSE, ROOT, run_build_py
 from servekit import k8s
 from servekit.matrix import load_matrix
 from servekit.profiles import resolve_knobs
@@ -50,7 +50,7 @@ def test_manifests_match_the_compose_service(tmp_path):
     (tmp_path / "k").write_text("k")
     (tmp_path / "t").write_text("")
     compose = json.loads(subprocess.run(
-        ["docker", "compose", "--project-directory", str(ROOT / "compose"), "-f", str(ROOT / "compose/compose.yaml"),
+        ["docker", "compose", "--project-directory", str(COMPOSE), "-f", str(COMPOSE / "compose.yaml"),
          "--profile", "*", "config", "--format", "json"], env=env, capture_output=True, text=True, check=True).stdout)
     for profile in ("default", "batch", "alternative"):
         service = compose["services"][profile]
