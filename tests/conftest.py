@@ -84,6 +84,23 @@ def cpu_base() -> str:
     return matrix.bases[name].image
 
 
+def checkout_state() -> dict:
+    """What the tests must leave as they found it: the checkout's files and the developer's servers."""
+    def listing(rel: str) -> list[str]:
+        folder = ROOT / rel
+        return sorted(p.relative_to(ROOT).as_posix() for p in folder.rglob("*")) if folder.is_dir() else []
+    env = ROOT / "compose" / ".env"
+    return {
+        "git status": subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True,
+                                     text=True).stdout,
+        "files": listing("reports") + listing("releases") + listing("compose/secrets") + listing("logs"),
+        "compose/.env": env.read_text() if env.is_file() else None,
+        "servers": subprocess.run(["docker", "ps", "-aq", "--filter", "label=com.docker.compose.project=servekit"],
+                                  capture_output=True, text=True).stdout.split() if shutil.which("docker") else [],
+    }
+
+
+STATE_AT_START = checkout_state()
 TEST_PROJECT = "servekit-test"
 TEST_PORT = 18000
 os.environ["SERVEKIT_PROJECT"] = TEST_PROJECT  # for the commands run in-process and in subprocesses alike
