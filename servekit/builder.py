@@ -106,9 +106,10 @@ def _ensure_base(matrix: Matrix, plan: TargetPlan, root: Path, say) -> None:
                                  f"({_registry_url(base.image)}) cannot be reached; {way_out}")
 
 
-def preflight(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSettings, say) -> list[str]:
+def preflight(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSettings,
+              say) -> tuple[list[str], dict[str, Path]]:
     """Fail early, in one line, on what would fail twenty minutes into a build. Returns the extra
-    indexes the build must ask (those of pins no folder of wheels holds)."""
+    indexes the build must ask (those of pins no folder of wheels holds) and the wheels offered."""
     if not engine_answers():
         where = os.environ.get("DOCKER_HOST", "the default socket")
         raise EnvironmentProblem(f"no Docker engine answers at {where}: run `make engine`, or start Docker")
@@ -149,7 +150,7 @@ def preflight(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSetti
             raise UserError(f"series: {exc}") from None
         if problems:
             raise UserError(f"series: {problems[0]}")
-    return sorted(extra)
+    return sorted(extra), wheels
 
 
 def _requirements(root: Path, plan: TargetPlan) -> str:
@@ -310,8 +311,8 @@ def build_image(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSet
     say = say or show
     if image_exists(plan.tag) and not force:
         return BuildResult(plan.tag, False, 0.0, None)
-    extra_indexes = preflight(matrix, plan, root, settings, say)
-    workdir = _prepare_context(matrix, plan, root, offered_wheels(plan, settings))
+    extra_indexes, wheels = preflight(matrix, plan, root, settings, say)
+    workdir = _prepare_context(matrix, plan, root, wheels)
     logs = root / "logs"
     logs.mkdir(exist_ok=True)
     log_path = logs / f"build-{plan.target}-{time.strftime('%Y%m%d-%H%M%S')}.log"
