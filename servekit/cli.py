@@ -776,6 +776,17 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--engine", metavar="ENGINE", help="the Docker engine: a DOCKER_HOST URL (unix://, tcp://, "
                        "ssh://user@host) or a context name (default: this machine's, `local`)")
 
+    def add_target(p, many: bool = False, help: str | None = None) -> None:
+        """--target, the same words everywhere; the default follows the engine (a GPU target where it can
+        give containers a GPU)."""
+        p.add_argument("--target", action="append" if many else "store", metavar="NAME",
+                       help=help or "a target of images.yaml (default: the first GPU target where the engine can give "
+                       "containers a GPU, else the first without one)" + ("; repeatable" if many else ""))
+
+    def add_host(p, default: str = "auto") -> None:
+        p.add_argument("--host", default=default, metavar="KIND", help="a host of images.yaml whose defaults apply, "
+                       f"or auto: WSL2 or native, asked of the engine (default: {default})")
+
     def add(name: str, func, help: str, json_out: bool = True) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help, description=help, parents=[shared])
         if json_out:
@@ -784,7 +795,7 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     p = add("plan", cmd_plan, "show what each target would build: base, pins, content digest, tag, already built")
-    p.add_argument("--target", action="append", metavar="NAME", help="only this target (repeatable)")
+    add_target(p, many=True, help="only this target (repeatable)")
     p = add("verify", cmd_verify, "check pins against every file that repeats them and against vLLM's own "
             "declared requirements, and the Compose files against the profiles and knobs (no image needed)")
     p.add_argument("--offline", action="store_true", help="do not ask the index; use cached metadata and wheels")
@@ -796,14 +807,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="report only; write nothing")
     p = add("image", cmd_image, "build the image of a target (content-addressed: an image already built for "
             "its digest is not rebuilt)")
-    p.add_argument("--target", action="append", metavar="NAME", help="cpu or cuda (default: cuda where the "
-                   "engine has an NVIDIA runtime, else cpu); repeatable")
+    add_target(p, many=True)
     p.add_argument("--force", action="store_true", help="rebuild even if the image exists")
     p = add("up", cmd_up, "start a profile through Compose and watch it until it is healthy or has failed")
     p.add_argument("profile", metavar="PROFILE", help="a profile of images.yaml (default, batch, alternative, ...)")
-    p.add_argument("--target", metavar="NAME", help="cpu or cuda (default: cuda where the engine has an NVIDIA "
-                   "runtime, else cpu)")
-    p.add_argument("--host", default="auto", metavar="KIND", help="native, wsl2 or auto (default: detect WSL2)")
+    add_target(p)
+    add_host(p)
     p.add_argument("--timeout", type=float, metavar="S", help="seconds to wait (default: serve.boot_timeout_s)")
     add_engine(p)
     p.add_argument("--port", type=int, metavar="N", help="publish on this port (default: serve.port)")
@@ -818,11 +827,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--adapter", metavar="LUID", help="the WSL2 adapter to report (default: the one matching NVML)")
     p = add("run", cmd_run, "image, up, smoke checks, down and a report for each profile, on one engine or on "
             "several in parallel; exit 0 only when every check passed")
-    p.add_argument("--target", metavar="NAME", help="cpu or cuda (default: cuda where the engine has an NVIDIA "
-                   "runtime, else cpu)")
+    add_target(p)
     p.add_argument("--profile", action="append", metavar="NAME", help="a profile (repeatable; default: the "
                    "target's first)")
-    p.add_argument("--host", default="auto", metavar="KIND", help="native, wsl2 or auto (default: detect WSL2)")
+    add_host(p)
     where = p.add_mutually_exclusive_group()
     add_engine(where)
     where.add_argument("--engines", metavar="A,B,...", help="run on several engines in parallel (each as --engine "
@@ -834,8 +842,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--url", help="the server's base URL (default: the profile's container on --engine)")
     add_engine(p)
     p.add_argument("--api-key-file", metavar="F", help="file holding the API key (default: compose/secrets/api_key)")
-    p.add_argument("--target", metavar="NAME", help="which target's sizes and model name to expect")
-    p.add_argument("--host", default="auto", metavar="KIND", help=argparse.SUPPRESS)
+    add_target(p, help="which target's sizes and model name to expect")
     p = add("compare", cmd_compare, "one table with two reports side by side, marking differences")
     p.add_argument("report_a", metavar="REPORT_A", help="a report.json or its folder")
     p.add_argument("report_b", metavar="REPORT_B")
@@ -843,15 +850,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("release", cmd_release, "push each target's checked image: immutable and moving tags, digests read "
             "back, then releases/v<vllm>.json")
     p.add_argument("--registry", metavar="HOST[:PORT]/NAMESPACE", help="default: release.registry in images.yaml")
-    p.add_argument("--target", action="append", metavar="NAME", help="only this target (repeatable)")
+    add_target(p, many=True, help="only this target (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="check and report; push nothing")
     p.add_argument("--git-tag", action="store_true", help="also create an annotated git tag v<vllm> with the summary")
     p = add("render", cmd_render, "render deployment manifests for one profile (Kubernetes), validated offline "
             "against the Kubernetes schemas", json_out=False)
     p.add_argument("kind", choices=["k8s"], help="what to render")
     p.add_argument("--profile", required=True, metavar="NAME")
-    p.add_argument("--target", metavar="NAME", help="cpu or cuda (default: by the engine's NVIDIA runtime)")
-    p.add_argument("--host", default="native", metavar="KIND", help="native or wsl2 defaults (default: native)")
+    add_target(p)
+    add_host(p, default="native")
     p.add_argument("--out", default="k8s", metavar="DIR", help="folder to write into (default: k8s/)")
     p.add_argument("--kube-version", default="1.31", metavar="X.Y", help="schema version to validate against")
     p = add("sweep", cmd_sweep, "boot a profile across knob values, several boots a cell, and print the table "
@@ -860,8 +867,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--knob", action="append", required=True, metavar="NAME=V1,V2", help="a knob and its values "
                    "(repeatable: every combination is booted)")
     p.add_argument("--boots", type=int, default=2, metavar="N", help="boots per cell (default 2)")
-    p.add_argument("--target", metavar="NAME")
-    p.add_argument("--host", default="auto", metavar="KIND")
+    add_target(p)
+    add_host(p)
     p.add_argument("--checks", metavar="C1,C2", help="checks to run per boot (default: the profile's own)")
     add("doctor", cmd_doctor, "check the engine, Compose, the builder, the NVIDIA runtime, WSL2 and GPUs")
     p = add("engine", cmd_engine, "make a Docker engine answer: install and start one on Debian/Ubuntu as root "
