@@ -24,7 +24,7 @@ import yaml
 from . import components as components_mod
 from . import series as series_mod
 from .bases import ensure_made_base
-from .engine import engine_answers
+from .engine import engine_answers, image_present
 from .errors import EnvironmentProblem, UserError
 from .index import IndexUnreachable, normalize, release_exists
 from .matrix import Matrix, substitute
@@ -47,10 +47,6 @@ class BuildResult:
 
 def _docker(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
-
-
-def image_exists(tag: str) -> bool:
-    return _docker("image", "inspect", tag).returncode == 0
 
 
 def has_buildx() -> bool:
@@ -96,7 +92,7 @@ def _ensure_base(matrix: Matrix, plan: TargetPlan, root: Path, say) -> None:
     if base.debootstrap:
         ensure_made_base(plan.base_name, base, root / ".cache" / "bases", say=say)
         return
-    if image_exists(base.image):
+    if image_present(base.image):
         return
     if not _reachable(_registry_url(base.image)):
         others = [b for b in matrix.targets[plan.target].bases if matrix.bases[b].debootstrap]
@@ -309,7 +305,7 @@ def build_image(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSet
                 show=None, say=None) -> BuildResult:
     show = show or (lambda line: print(line, file=sys.stderr))
     say = say or show
-    if image_exists(plan.tag) and not force:
+    if image_present(plan.tag) and not force:
         return BuildResult(plan.tag, False, 0.0, None)
     extra_indexes, wheels = preflight(matrix, plan, root, settings, say)
     workdir = _prepare_context(matrix, plan, root, wheels)

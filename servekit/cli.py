@@ -83,20 +83,8 @@ def cmd_engine(args) -> int:
 
 def _image_exists_probe():
     """A function tag -> True/False, or None when no engine answers (then `exists` is unknown)."""
-    try:
-        import docker
-        client = docker.from_env(timeout=10)
-        client.ping()
-    except Exception:
-        return None
-
-    def exists(tag: str) -> bool:
-        try:
-            client.images.get(tag)
-            return True
-        except docker.errors.ImageNotFound:
-            return False
-    return exists
+    from .engine import engine_answers, image_present
+    return image_present if engine_answers() else None
 
 
 def cmd_plan(args) -> int:
