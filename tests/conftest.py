@@ -20,6 +20,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+TEST_PROJECT = "servekit-test"
+TEST_PORT = 18000  # the tests' servers publish here, never on a developer's 8000
+
 COPIED = ("images.yaml", "images.schema.json", "docker/requirements", "docker/patches", "docs/install.md",
           "docs/profiles.md", "compose")
 
@@ -59,7 +62,8 @@ def run_build_py(*argv: str, cwd: Path | None = None, timeout: float = 600) -> s
 
 
 def tracked_copy(dst: Path) -> Path:
-    """A copy of the repository as git tracks it (new files included), plus the caches `verify` keeps."""
+    """A copy of the repository as git tracks it (new files included), plus the caches `verify` keeps, serving
+    on the tests' own port (not part of any image, so the tags stay the checkout's)."""
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
                            text=True, check=True).stdout.split()
     for rel in files:
@@ -70,18 +74,11 @@ def tracked_copy(dst: Path) -> Path:
         if (ROOT / ".cache" / cache).is_dir():
             (dst / ".cache").mkdir(exist_ok=True)
             os.symlink(ROOT / ".cache" / cache, dst / ".cache" / cache)
+    matrix = dst / "images.yaml"
+    text = matrix.read_text()
+    assert "\n  port: 8000\n" in text
+    matrix.write_text(text.replace("\n  port: 8000\n", f"\n  port: {TEST_PORT}\n"))
     return dst
-
-
-@pytest.fixture(scope="session")
-def cpu_base() -> str:
-    """The cpu target's base image, made here as a build would make it (a no-op once it is there)."""
-    from servekit.bases import ensure_made_base
-    from servekit.matrix import load_matrix
-    matrix = load_matrix(ROOT / "images.yaml")
-    name = next(t.bases[0] for t in matrix.targets.values() if not t.gpu)
-    ensure_made_base(name, matrix.bases[name], ROOT / ".cache" / "bases", say=lambda line: None)
-    return matrix.bases[name].image
 
 
 def checkout_state() -> dict:
@@ -101,21 +98,10 @@ def checkout_state() -> dict:
 
 
 STATE_AT_START = checkout_state()
-TEST_PROJECT = "servekit-test"
-TEST_PORT = 18000
 os.environ["SERVEKIT_PROJECT"] = TEST_PROJECT  # for the commands run in-process and in subprocesses alike
 
 
-def _work_copy() -> Path:
-    work = tracked_copy(Path(tempfile.mkdtemp(prefix="servekit-tests-")))
-    matrix = work / "images.yaml"
-    text = matrix.read_text()
-    assert "\n  port: 8000\n" in text
-    matrix.write_text(text.replace("\n  port: 8000\n", f"\n  port: {TEST_PORT}\n"))  # not part of any image
-    return work
-
-
-WORK = _work_copy()
+WORK = tracked_copy(Path(tempfile.mkdtemp(prefix="servekit-tests-")))
 # The Compose files as committed, in a folder no command writes to (no compose/.env appears there).
 COMPOSE = Path(shutil.copytree(WORK / "compose", Path(tempfile.mkdtemp(prefix="servekit-compose-")) / "compose"))
 

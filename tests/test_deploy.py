@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from conftest import COMPOSE, ROOT, TEST_PORT, WORK, project_containers, run_build_py
+from conftest import COMPOSE, ROOT, TEST_PORT, TEST_PROJECT, WORK, project_containers, run_build_py
 from servekit.prepare import COMPLETE, is_complete, prepare
 from servekit.watch import LogFollower, BootRecord, classify, without_frames
 
@@ -259,7 +259,8 @@ def test_ctrl_c_or_sigterm_during_up_leaves_nothing_running(cpu_built, sig):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not subprocess.run(
-            ["docker", "ps", "-q", "--filter", "label=com.docker.compose.service=default"],
+            ["docker", "ps", "-q", "--filter", f"label=com.docker.compose.project={TEST_PROJECT}",
+             "--filter", "label=com.docker.compose.service=default"],
             capture_output=True, text=True).stdout.strip():
         time.sleep(0.5)
     proc.send_signal(sig)

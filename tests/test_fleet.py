@@ -157,8 +157,9 @@ def _on_second(url: str, *argv: str) -> subprocess.CompletedProcess:
 
 def _running(url: str | None, service: str | None = None) -> list[str]:
     """The project's containers (or one service's, running only) on the second engine, or this machine's."""
-    label = f"com.docker.compose.service={service}" if service else f"com.docker.compose.project={TEST_PROJECT}"
-    argv = ["ps", "-q" if service else "-aq", "--filter", f"label={label}"]
+    argv = ["ps", "-q" if service else "-aq", "--filter", f"label=com.docker.compose.project={TEST_PROJECT}"]
+    if service:
+        argv += ["--filter", f"label=com.docker.compose.service={service}"]
     done = _on_second(url, *argv) if url else subprocess.run(["docker", *argv], capture_output=True, text=True)
     return done.stdout.split()
 
