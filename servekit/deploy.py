@@ -131,7 +131,11 @@ def compose_client(dep: Deployment, profiles: list[str] | None = None, knobs: di
 
 
 def up(dep: Deployment, profile: str, knobs: dict[str, str] | None = None) -> None:
-    compose_client(dep, [profile], knobs).compose.up(services=[profile], detach=True, quiet=True)
+    client = compose_client(dep, [profile], knobs)
+    # A stopped container left by a run that was killed keeps its old mounts (a secret file that is gone),
+    # and Compose would start it as it is: remove stopped ones first. A running server stays.
+    client.compose.rm(stop=False)
+    client.compose.up(services=[profile], detach=True, quiet=True)
 
 
 def down(dep: Deployment, profile: str | None = None) -> None:

@@ -81,6 +81,17 @@ def tracked_copy(dst: Path) -> Path:
     return dst
 
 
+@pytest.fixture(scope="session")
+def cpu_base() -> str:
+    """The cpu target's base image, made here as a build would make it (a no-op once it is there)."""
+    from servekit.bases import ensure_made_base
+    from servekit.matrix import load_matrix
+    matrix = load_matrix(ROOT / "images.yaml")
+    name = next(t.bases[0] for t in matrix.targets.values() if not t.gpu)
+    ensure_made_base(name, matrix.bases[name], ROOT / ".cache" / "bases", say=lambda line: None)
+    return matrix.bases[name].image
+
+
 def checkout_state() -> dict:
     """What the tests must leave as they found it: the checkout's files and the developer's servers."""
     def listing(rel: str) -> list[str]:
