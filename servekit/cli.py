@@ -902,8 +902,20 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except Exception as exc:  # a bug or an exception a stage did not turn into ours: one line, the rest in a log
-        print(f"error: {_unexpected(exc, argv)}", file=sys.stderr)
+        print(f"error: {_engine_said(exc) or _unexpected(exc, argv)}", file=sys.stderr)
         return 1
+
+
+def _engine_said(exc: Exception) -> str | None:
+    """What the Docker engine or Compose answered, for an error of one of the Docker clients; None otherwise."""
+    client = type(exc).__module__.split(".")[0]
+    if client == "python_on_whales":  # the CLI's own last words are the reason (Compose's "Error response ...")
+        said = getattr(exc, "stderr", None) or str(exc)
+        lines = (said.decode(errors="replace") if isinstance(said, bytes) else said).strip().splitlines()
+        return f"docker: {lines[-1].strip()[:400] if lines else type(exc).__name__}"
+    if client == "docker":  # the SDK: an APIError carries the engine's explanation
+        return f"docker: {str(getattr(exc, 'explanation', None) or exc).strip()[:400]}"
+    return None
 
 
 def _unexpected(exc: Exception, argv: list[str] | None) -> str:

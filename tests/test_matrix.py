@@ -232,3 +232,19 @@ def test_compare_refuses_a_report_of_another_kind_or_version_in_one_line(tmp_pat
     assert code == 2 and "a sweep report; this reads run reports" in err and "Traceback" not in err
     code, _, err = cli("compare", str(old), str(old))
     assert code == 2 and "report schema_version 0" in err
+
+
+def test_an_error_of_a_docker_client_is_what_the_engine_said(tmp_path, monkeypatch, capsys):
+    from python_on_whales.exceptions import DockerException
+
+    from servekit import cli
+    monkeypatch.chdir(tmp_path)
+
+    def compose_fails(args):
+        raise DockerException(["docker", "compose", "down"], 1, stdout=b"",
+                              stderr=b" Network servekit_default  Removing\nError response from daemon: network has active endpoints")
+    monkeypatch.setattr(cli, "cmd_schema", compose_fails)
+    code = cli.main(["schema"])
+    err = capsys.readouterr().err
+    assert code == 1 and err.strip() == "error: docker: Error response from daemon: network has active endpoints"
+    assert not (tmp_path / "logs").exists()  # the engine's answer is not a bug of ours
