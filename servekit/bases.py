@@ -19,7 +19,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from .engine import apt_install, can_install
+from .engine import apt_install, can_install, run
 from .errors import EnvironmentProblem
 from .matrix import Base
 from .trust import ca_bundle
@@ -33,12 +33,8 @@ def definition_digest(base: Base) -> str:
     return hashlib.sha256(json.dumps(base.model_dump(), sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _docker(*args: str, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, **kw)
-
-
 def made_base_current(base: Base) -> bool:
-    done = _docker("image", "inspect", "--format", f'{{{{ index .Config.Labels "{LABEL}" }}}}', base.image)
+    done = run(["docker", "image", "inspect", "--format", f'{{{{ index .Config.Labels "{LABEL}" }}}}', base.image])
     return done.returncode == 0 and done.stdout.strip() == definition_digest(base)
 
 
@@ -126,11 +122,9 @@ def _link_like_devel_image(home: Path) -> None:
         plain = lib / (versioned.name.split(".so.")[0] + ".so")
         if not plain.exists():
             plain.symlink_to(versioned.name)
-    for tool in (home / "bin").glob("*"):
-        if tool.is_file() and tool.suffix not in (".profile", ".stub"):
+    for tool in [*(home / "bin").glob("*"), *(home / "nvvm" / "bin").glob("*")]:
+        if tool.is_file() and tool.suffix != ".profile":  # nvcc, ptxas, cicc, ...: executable whatever the zip said
             tool.chmod(tool.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    for tool in (home / "nvvm" / "bin").glob("*"):
-        tool.chmod(tool.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 
 def _make_driver_stub(rootfs: Path, name: str) -> None:

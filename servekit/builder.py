@@ -29,7 +29,6 @@ from .errors import EnvironmentProblem, UserError
 from .index import IndexUnreachable, normalize, release_exists
 from .matrix import Matrix, substitute
 from .plan import TargetPlan, pin_name, requirement_file
-from .profiles import render_profiles
 from .settings import ENV_BASE, ENV_WHEELS, ENV_WITHOUT, BuildSettings
 from .trust import ca_bundle, requests_verify
 
@@ -179,7 +178,7 @@ def _prepare_context(matrix: Matrix, plan: TargetPlan, root: Path, wheels: dict[
             shutil.copy2(wheel, wheelhouse / wheel.name)
     out = root / ".cache" / "build" / plan.target
     _write(out / "requirements.txt", _requirements(root, plan))
-    _write(out / "profiles.json", json.dumps(render_profiles(matrix, plan.target), indent=2) + "\n")
+    _write(out / "profiles.json", json.dumps(plan.profiles, indent=2) + "\n")
     _write(out / "build-info.json", json.dumps(plan.build_info, indent=2) + "\n")
     if (out / "patches").exists():
         shutil.rmtree(out / "patches")
@@ -238,17 +237,17 @@ def labels(matrix: Matrix, plan: TargetPlan, root: Path) -> dict[str, str]:
     return out
 
 
-def build_args(matrix: Matrix, plan: TargetPlan, extra_indexes: list[str]) -> dict[str, str]:
-    """Everything that differs between targets and bases, as the Dockerfile's arguments."""
-    spec = matrix.targets[plan.target]
-    return {"TARGET": plan.target, "BASE": plan.base,
-            "BASE_APT_PACKAGES": " ".join(matrix.bases[plan.base_name].apt),
-            "MODEL_SOURCE": matrix.models[spec.model].source, "PIP_EXTRA_INDEX_URL": " ".join(extra_indexes),
-            "PIP_UNINSTALL": " ".join(spec.uninstall)}
+def build_args(plan: TargetPlan, extra_indexes: list[str]) -> dict[str, str]:
+    """Everything that differs between targets and bases, as the Dockerfile's arguments: read from the facts
+    the digest covers (build-info.json), so the tag and the build cannot disagree."""
+    info = plan.build_info
+    return {"TARGET": plan.target, "BASE": info["base"]["image"], "BASE_APT_PACKAGES": " ".join(info["base"]["apt"]),
+            "MODEL_SOURCE": info["model"]["source"], "PIP_EXTRA_INDEX_URL": " ".join(extra_indexes),
+            "PIP_UNINSTALL": " ".join(info["uninstall"])}
 
 
 def _command(matrix: Matrix, plan: TargetPlan, root: Path, workdir: Path, extra_indexes: list[str]) -> list[str]:
-    args, labs = build_args(matrix, plan, extra_indexes), labels(matrix, plan, root)
+    args, labs = build_args(plan, extra_indexes), labels(matrix, plan, root)
     bundle = ca_bundle()
     if has_buildx():
         cmd = ["docker", "buildx", "build", "--load", "--progress", "plain", "-f", DOCKERFILE, "--target", "runtime",

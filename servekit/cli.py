@@ -42,10 +42,10 @@ def _settings(args, matrix):
     return BuildSettings.from_args(args, matrix)
 
 
-def _plans(args, matrix, targets: list[str] | None, image_exists=None):
+def _plans(args, matrix, targets: list[str] | None, image_exists=None, settings=None):
     """Each target's plan under this machine's settings (--base, --without): the tag every command agrees on."""
     from .plan import plan_targets
-    return plan_targets(matrix, _root(args), targets, image_exists, _settings(args, matrix))
+    return plan_targets(matrix, _root(args), targets, image_exists, settings or _settings(args, matrix))
 
 
 def _emit_json(obj) -> None:
@@ -266,7 +266,7 @@ def cmd_image(args) -> int:
     targets = [_check_target(matrix, t) for t in args.target or [_default_target(matrix)]]
     settings = _settings(args, matrix)
     results = []
-    for plan in _plans(args, matrix, targets):
+    for plan in _plans(args, matrix, targets, settings=settings):
         for name, state in plan.components.items():
             if state == "absent":
                 print(f"image: {plan.target}: component {name} is absent "
@@ -503,9 +503,10 @@ def cmd_run(args) -> int:
     if not args.engines:  # a fleet records each engine's failure as its row instead
         engines[0].check()
         _require_gpu(matrix, target, engines[0], f"run: {', '.join(profiles)}")
-    plan = _plans(args, matrix, [target])[0]
+    settings = _settings(args, matrix)
+    plan = _plans(args, matrix, [target], settings=settings)[0]
     print(f"run: {target} image {plan.tag}", file=sys.stderr)
-    build_image(matrix, plan, _root(args), _settings(args, matrix), show=_step_printer())
+    build_image(matrix, plan, _root(args), settings, show=_step_printer())
     release = released(_root(args), matrix, target, plan.digest)
     if args.engines:
         return _run_fleet(args, matrix, target, plan.tag, engines, profiles, release)
@@ -693,8 +694,9 @@ def cmd_sweep(args) -> int:
         if name not in matrix.checks:
             raise UserError(f"--checks {name}: expected one of {', '.join(matrix.checks)}")
     _require_gpu(matrix, target, _engine(args), f"sweep: {args.profile}")
-    plan = _plans(args, matrix, [target])[0]
-    build_image(matrix, plan, _root(args), _settings(args, matrix), show=_step_printer())
+    settings = _settings(args, matrix)
+    plan = _plans(args, matrix, [target], settings=settings)[0]
+    build_image(matrix, plan, _root(args), settings, show=_step_printer())
     dep = _deployment(args, matrix, target)
     key_file = ensure_secrets(dep)
     write_env(dep)

@@ -260,9 +260,11 @@ def _cross_references(m: Matrix) -> list[tuple[tuple, str]]:
                 problems.append(((*loc, name), f"{name}={value!r}: {problem}"))
 
     def params_fit(check: str, params: dict | None, loc: tuple) -> None:
-        """Each parameter against the check's implementation; `loc` is where the parameters are written."""
-        if not params:
-            problems.extend((loc[:-1] if loc[-1] == "params" else loc, p) for p in param_problems(check, {}))
+        """The check exists, then each parameter fits it; `loc` is where the parameters are written."""
+        unimplemented = param_problems(check, {})
+        if unimplemented:
+            problems.append((loc[:-1] if loc[-1] == "params" else loc, unimplemented[0]))
+            return
         for key, value in (params or {}).items():
             problems.extend(((*loc, key), p) for p in param_problems(check, {key: value}))
 

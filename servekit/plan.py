@@ -43,7 +43,8 @@ class TargetPlan:
     components: dict[str, str] = field(default_factory=dict)  # name -> present | absent
     unavailable_profiles: list[str] = field(default_factory=list)
     inputs: list[str] = field(default_factory=list)
-    build_info: dict = field(default_factory=dict)
+    build_info: dict = field(default_factory=dict)  # written into the image as build-info.json
+    profiles: dict = field(default_factory=dict)  # written into the image as profiles.json
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -134,7 +135,8 @@ def plan_targets(matrix: Matrix, root: Path, targets: list[str] | None = None, i
     for name in targets or list(matrix.targets):
         facts = build_facts(matrix, name, root, settings)
         inputs = build_inputs(matrix, name, root)
-        digest = content_digest(facts, render_profiles(matrix, name), inputs, root)
+        profiles = render_profiles(matrix, name)
+        digest = content_digest(facts, profiles, inputs, root)
         tag = image_tag(matrix, name, digest)
         base = matrix.bases[facts["base"]["name"]]
         plans.append(TargetPlan(
@@ -143,5 +145,5 @@ def plan_targets(matrix: Matrix, root: Path, targets: list[str] | None = None, i
             exists=image_exists(tag) if image_exists else None, components=facts["components"],
             unavailable_profiles=unavailable_profiles(matrix, name, facts["components"]),
             inputs=[p.relative_to(root).as_posix() for p in inputs],
-            build_info={**facts, "digest": digest, "tag": tag}))
+            build_info={**facts, "digest": digest, "tag": tag}, profiles=profiles))
     return plans
