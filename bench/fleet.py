@@ -16,7 +16,7 @@ import second_engine  # noqa: E402
 
 from servekit.matrix import load_matrix  # noqa: E402
 from servekit.plan import plan_targets  # noqa: E402
-from servekit.remote import resolve  # noqa: E402
+from servekit.engines import resolve  # noqa: E402
 from servekit.transfer import ensure_image  # noqa: E402
 
 

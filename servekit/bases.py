@@ -19,7 +19,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from .engine import apt_install, can_install, run
+from .bootstrap import apt_install, can_install
 from .errors import EnvironmentProblem
 from .matrix import Base
 from .trust import ca_bundle
@@ -34,8 +34,9 @@ def definition_digest(base: Base) -> str:
 
 
 def made_base_current(base: Base) -> bool:
-    done = run(["docker", "image", "inspect", "--format", f'{{{{ index .Config.Labels "{LABEL}" }}}}', base.image])
-    return done.returncode == 0 and done.stdout.strip() == definition_digest(base)
+    from .engines import local
+    image = local().image(base.image)
+    return image is not None and (image.labels or {}).get(LABEL) == definition_digest(base)
 
 
 def ensure_made_base(name: str, base: Base, cache_dir: Path, say=print) -> bool:

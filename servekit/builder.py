@@ -21,10 +21,10 @@ from pathlib import Path
 import requests
 import yaml
 
-from . import components as components_mod
-from . import series as series_mod
+from .image import components as components_mod
+from .image import series as series_mod
 from .bases import ensure_made_base
-from .engine import engine_answers, image_present
+from .engines import local
 from .errors import EnvironmentProblem, UserError
 from .index import IndexUnreachable, normalize, release_exists
 from .matrix import Matrix, substitute
@@ -91,7 +91,7 @@ def _ensure_base(matrix: Matrix, plan: TargetPlan, root: Path, say) -> None:
     if base.debootstrap:
         ensure_made_base(plan.base_name, base, root / ".cache" / "bases", say=say)
         return
-    if image_present(base.image):
+    if local().image_exists(base.image):
         return
     if not _reachable(_registry_url(base.image)):
         others = [b for b in matrix.targets[plan.target].bases if matrix.bases[b].debootstrap]
@@ -105,9 +105,7 @@ def preflight(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSetti
               say) -> tuple[list[str], dict[str, Path]]:
     """Fail early, in one line, on what would fail twenty minutes into a build. Returns the extra
     indexes the build must ask (those of pins no folder of wheels holds) and the wheels offered."""
-    if not engine_answers():
-        where = os.environ.get("DOCKER_HOST", "the default socket")
-        raise EnvironmentProblem(f"no Docker engine answers at {where}: run `make engine`, or start Docker")
+    local().check()
     try:
         series_mod.read_series(root / matrix.series.dir)
     except series_mod.SeriesError as exc:
@@ -180,11 +178,20 @@ def _prepare_context(matrix: Matrix, plan: TargetPlan, root: Path, wheels: dict[
     _write(out / "requirements.txt", _requirements(root, plan))
     _write(out / "profiles.json", json.dumps(plan.profiles, indent=2) + "\n")
     _write(out / "build-info.json", json.dumps(plan.build_info, indent=2) + "\n")
-    if (out / "patches").exists():
-        shutil.rmtree(out / "patches")
-    shutil.copytree(root / matrix.series.dir, out / "patches")
+    _replace_tree(out / "patches", root / matrix.series.dir)
     _stage_components(matrix, plan, root, out / "components")
+    _replace_tree(out / "model", root / plan.build_info["model"]["dir"] if plan.build_info["model"]["dir"] else None)
     return out
+
+
+def _replace_tree(dest: Path, source: Path | None) -> None:
+    """dest becomes a copy of source (an empty folder when there is none: the Dockerfile copies it either way)."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    if source is None:
+        dest.mkdir(parents=True)
+    else:
+        shutil.copytree(source, dest, ignore=shutil.ignore_patterns("__pycache__"))
 
 
 def _stage_components(matrix: Matrix, plan: TargetPlan, root: Path, dest: Path) -> None:
@@ -304,7 +311,7 @@ def build_image(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSet
                 show=None, say=None) -> BuildResult:
     show = show or (lambda line: print(line, file=sys.stderr))
     say = say or show
-    if image_present(plan.tag) and not force:
+    if not force and local().image_exists(plan.tag):
         return BuildResult(plan.tag, False, 0.0, None)
     extra_indexes, wheels = preflight(matrix, plan, root, settings, say)
     workdir = _prepare_context(matrix, plan, root, wheels)

@@ -72,7 +72,7 @@ def _print_table(title: str, header: list[str], rows: list[list]) -> None:
 
 
 def cmd_engine(args) -> int:
-    from .engine import ensure_engine, ensure_test_tools
+    from .bootstrap import ensure_engine, ensure_test_tools
     say = lambda s: print(f"engine: {s}", file=sys.stderr)  # noqa: E731
     ensure_engine(_cache(args) / "engine", say=say)
     if args.test_tools:
@@ -83,8 +83,9 @@ def cmd_engine(args) -> int:
 
 def _image_exists_probe():
     """A function tag -> True/False, or None when no engine answers (then `exists` is unknown)."""
-    from .engine import engine_answers, image_present
-    return image_present if engine_answers() else None
+    from .engines import local
+    engine = local()
+    return engine.image_exists if engine.answers() else None
 
 
 def cmd_plan(args) -> int:
@@ -140,7 +141,7 @@ def _prove_series(args, matrix):
     """The series applied, per target, to a pristine tree of that target's pinned vLLM wheel."""
     from .index import IndexUnreachable, NotOnIndex, download_wheel
     from .pins import Findings
-    from .series import SeriesError, prove_on_pristine
+    from .image.series import SeriesError, prove_on_pristine
     out = Findings()
     series_dir = _root(args) / matrix.series.dir
     for name, target in matrix.targets.items():
@@ -239,7 +240,7 @@ def cmd_doctor(args) -> int:
 def _default_target(matrix, engine=None) -> str:
     """The first GPU target where the engine (default: this machine's) can give a container a GPU, else the
     first without one."""
-    from .remote import resolve
+    from .engines import resolve
     try:
         gpu = (engine or resolve(None)).gpu_problem() is None
     except Exception:  # no engine answers: a target without a GPU is what can run anywhere
@@ -291,7 +292,7 @@ def cmd_image(args) -> int:
 
 
 def _engine(args):
-    from .remote import resolve
+    from .engines import resolve
     return resolve(getattr(args, "engine", None))
 
 
@@ -350,7 +351,7 @@ def cmd_up(args) -> int:
     from dataclasses import replace
     from .deploy import check_bind, ensure_secrets, write_env
     from .pipeline import boot
-    from .remote import address, reach
+    from .engines import address, reach
     from .transfer import ensure_image
     from .watch import BootFailed
     matrix = _matrix(args)
@@ -491,7 +492,7 @@ def cmd_run(args) -> int:
     from .builder import build_image
     from .deploy import ensure_secrets, write_env
     from .release import released
-    from .remote import parse_engines
+    from .engines import parse_engines
     matrix = _matrix(args)
     engines = parse_engines(args.engines) if args.engines else [_engine(args)]
     target = _check_target(matrix, args.target or _default_target(matrix, engines[0]))
@@ -563,7 +564,7 @@ def cmd_smoke(args) -> int:
     from smoke import Context
     from .deploy import find_container, published_port
     from .pipeline import smoke
-    from .remote import reach
+    from .engines import reach
     from .watch import READY
     matrix = _matrix(args)
     engine = _engine(args)
@@ -614,7 +615,7 @@ def cmd_compare(args) -> int:
 
 def cmd_release(args) -> int:
     """Push the checked images: immutable and moving tags, digests read back, then the manifest."""
-    import docker
+    from .engines import local
     from .release import dirty, git_tag, release_targets, summary_text, write_manifest
     matrix = _matrix(args)
     root = _root(args)
@@ -623,14 +624,11 @@ def cmd_release(args) -> int:
         if changes:
             raise CheckFailed(f"--git-tag: the working tree has uncommitted changes ({len(changes)} path(s), e.g. "
                               f"{changes[0].strip()}); commit or stash them first")
-    try:
-        client = docker.from_env(timeout=600)
-        client.ping()
-    except docker.errors.DockerException:
-        raise EnvironmentProblem("no Docker engine answers: run `make engine`") from None
+    engine = local()
+    engine.check()
     targets = [_check_target(matrix, t) for t in (args.target or list(matrix.targets))]
     plans = {p.target: p for p in _plans(args, matrix, targets)}
-    releases = release_targets(matrix, root, client, (args.registry or matrix.release.registry).rstrip("/"), plans,
+    releases = release_targets(matrix, root, engine, (args.registry or matrix.release.registry).rstrip("/"), plans,
                                explicit=bool(args.target), dry_run=args.dry_run,
                                say=lambda line: print(line, file=sys.stderr))
     if args.dry_run:
@@ -676,7 +674,7 @@ def cmd_sweep(args) -> int:
     import datetime as dt
     from .builder import build_image
     from .deploy import ensure_secrets, write_env
-    from .knobs import KNOBS
+    from .image.knobs import KNOBS
     from . import sweep as sw
     matrix = _matrix(args)
     target = _profile_target(matrix, args.profile, args.target)
@@ -904,20 +902,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except Exception as exc:  # a bug or an exception a stage did not turn into ours: one line, the rest in a log
-        print(f"error: {_engine_said(exc) or _unexpected(exc, argv)}", file=sys.stderr)
+        from .engines import is_client_error, said
+        print(f"error: {'docker: ' + said(exc) if is_client_error(exc) else _unexpected(exc, argv)}", file=sys.stderr)
         return 1
-
-
-def _engine_said(exc: Exception) -> str | None:
-    """What the Docker engine or Compose answered, for an error of one of the Docker clients; None otherwise."""
-    client = type(exc).__module__.split(".")[0]
-    if client == "python_on_whales":  # the CLI's own last words are the reason (Compose's "Error response ...")
-        said = getattr(exc, "stderr", None) or str(exc)
-        lines = (said.decode(errors="replace") if isinstance(said, bytes) else said).strip().splitlines()
-        return f"docker: {lines[-1].strip()[:400] if lines else type(exc).__name__}"
-    if client == "docker":  # the SDK: an APIError carries the engine's explanation
-        return f"docker: {str(getattr(exc, 'explanation', None) or exc).strip()[:400]}"
-    return None
 
 
 def _unexpected(exc: Exception, argv: list[str] | None) -> str:

@@ -1,9 +1,11 @@
-"""Make the embedded demo model: a tiny Qwen3, made offline and deterministically.
+"""Make the demo model: a tiny Qwen3, made offline and deterministically.
 
 A byte-level BPE tokenizer trained on local text, a Hermes/Qwen-style chat template with tools,
 and random weights trained for a few CPU minutes on synthetic chats, so that the model stops,
 answers plainly without tools, and answers a forced tool call with exactly one call and `{}`.
-Runs inside the image build with the image's own torch, transformers and tokenizers.
+The model ships in the repository (images.yaml `models.demo.dir`), so no build trains it;
+`make demo-model` runs `make` below inside the cpu image (its torch, transformers and tokenizers)
+and replaces the shipped copy with the result.
 """
 
 from __future__ import annotations
@@ -172,9 +174,31 @@ def make(out: Path, steps: int, say=print) -> None:
     loss = train(model, tokenizer, chats, steps, say)
     model.save_pretrained(out, safe_serialization=True)
     GenerationConfig(eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id).save_pretrained(out)
-    (out / "servekit-demo.json").write_text(json.dumps({"seed": SEED, "steps": steps, "final_loss": round(loss, 5),
-                                                        "seconds": round(time.monotonic() - started, 1)}) + "\n")
+    (out / "servekit-demo.json").write_text(json.dumps({"seed": SEED, "steps": steps, "final_loss": round(loss, 5)})
+                                            + "\n")
     say(f"demo model in {out}: final loss {loss:.4f}, {time.monotonic() - started:.0f} s")
+
+
+def regenerate(engine, image: str, dest: Path, say=print) -> None:
+    """Train the model again in `image` (through `engine`, the Docker door) and swap it in for `dest` at once:
+    a failed or interrupted run leaves the shipped model as it was."""
+    import shutil
+    work = dest.parent / f".{dest.name}.new"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    try:
+        engine.run_once(image, ["/opt/venv/bin/python", "/gen/demomodel.py", "--out", "/out"],
+                        mounts={Path(__file__).resolve(): "/gen/demomodel.py", work.resolve(): "/out"}, say=say)
+        for path in work.iterdir():
+            path.chmod(0o644)
+        old = dest.parent / f".{dest.name}.old"
+        shutil.rmtree(old, ignore_errors=True)
+        if dest.exists():
+            dest.rename(old)
+        work.rename(dest)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:

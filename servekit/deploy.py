@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .atomic import write_text
 from .errors import UserError
-from .remote import EngineRef, local_url, resolve
+from .engines import Engine, docker_errors, local_url, resolve
 
 # The Compose project every command acts on; another name (the tests use their own) keeps two sets of
 # servers, volumes and `down`s apart on one engine.
@@ -36,7 +36,7 @@ class Deployment:
     image: str
     bind: str
     port: int
-    engine: EngineRef = field(default_factory=lambda: resolve(None))
+    engine: Engine = field(default_factory=lambda: resolve(None))
     reached_at: str | None = None  # the URL through which this machine reaches it, when not the plain one
     overrides: tuple[str, ...] = ()  # the target's Compose override files in compose/ (images.yaml: compose)
 
@@ -123,33 +123,33 @@ def check_bind(bind: str, warn) -> None:
 def compose_client(dep: Deployment, profiles: list[str] | None = None, knobs: dict[str, str] | None = None):
     """Compose for this deployment's engine; `knobs` go into that one process's environment, where they win
     over the shell's (so parallel boots with different knobs do not share them)."""
-    from python_on_whales import DockerClient
     call = ["env", *(f"{k}={v}" for k, v in knobs.items()), "docker"] if knobs else ["docker"]
-    return DockerClient(compose_files=dep.compose_files, compose_project_name=PROJECT,
-                        compose_project_directory=dep.compose_dir, compose_env_files=[dep.env_file],
-                        compose_profiles=profiles or [], client_call=call, **dep.engine.cli_options())
+    return dep.engine.compose(compose_files=dep.compose_files, compose_project_name=PROJECT,
+                              compose_project_directory=dep.compose_dir, compose_env_files=[dep.env_file],
+                              compose_profiles=profiles or [], client_call=call)
 
 
 def up(dep: Deployment, profile: str, knobs: dict[str, str] | None = None) -> None:
     client = compose_client(dep, [profile], knobs)
     # A stopped container left by a run that was killed keeps its old mounts (a secret file that is gone),
     # and Compose would start it as it is: remove stopped ones first. A running server stays.
-    client.compose.rm(stop=False)
-    client.compose.up(services=[profile], detach=True, quiet=True)
+    with docker_errors(f"up {profile} on engine {dep.engine.given}"):
+        client.compose.rm(stop=False)
+        client.compose.up(services=[profile], detach=True, quiet=True)
 
 
 def down(dep: Deployment, profile: str | None = None) -> None:
     client = compose_client(dep, ["*"])
-    if profile:
-        client.compose.rm(services=[profile, "prepare"], stop=True)
-    else:
-        client.compose.down(remove_orphans=True, quiet=True)
+    with docker_errors(f"down {profile or ''} on engine {dep.engine.given}".replace("  ", " ")):
+        if profile:
+            client.compose.rm(services=[profile, "prepare"], stop=True)
+        else:
+            client.compose.down(remove_orphans=True, quiet=True)
 
 
-def find_container(profile: str, engine: EngineRef | None = None):
-    client = (engine or resolve(None)).sdk()
-    found = client.containers.list(all=True, filters={"label": [f"com.docker.compose.project={PROJECT}",
-                                                                f"com.docker.compose.service={profile}"]})
+def find_container(profile: str, engine: Engine | None = None):
+    found = (engine or resolve(None)).containers(label=[f"com.docker.compose.project={PROJECT}",
+                                                        f"com.docker.compose.service={profile}"])
     return found[0] if found else None
 
 
@@ -161,7 +161,6 @@ def published_port(container) -> int | None:
     return None
 
 
-def running_profiles(engine: EngineRef | None = None) -> list[str]:
-    client = (engine or resolve(None)).sdk()
-    return sorted({c.labels.get("com.docker.compose.service") for c in client.containers.list(
-        all=True, filters={"label": f"com.docker.compose.project={PROJECT}"})})
+def running_profiles(engine: Engine | None = None) -> list[str]:
+    return sorted({c.labels.get("com.docker.compose.service")
+                   for c in (engine or resolve(None)).containers(label=f"com.docker.compose.project={PROJECT}")})

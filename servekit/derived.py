@@ -11,8 +11,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .knobs import KNOBS, Knob
+from .image.knobs import KNOBS, Knob
 from .matrix import Matrix
+from .plan import IMAGE_CODE, STAGED
 
 MARK = re.compile(r"^(?P<indent>[ \t]*)(?P<open>#|<!--) BEGIN (?P<name>[\w-]+)(?P<rest>[^\n]*)\n(?P<body>.*?)"
                   r"^(?P=indent)(?P=open) END (?P=name)[^\n]*\n", re.M | re.S)
@@ -81,8 +82,16 @@ def _knob_table(matrix: Matrix) -> list[str]:
     return rows + [f"| `{k.name}` | {_allowed(k)} | {_cell(k.help)} |" for k in KNOBS.values()] + [""]
 
 
+# --- .dockerignore ------------------------------------------------------------------------------
+
+def _context(matrix: Matrix) -> list[str]:
+    """The build context admits the image's code folder and what the build stages, nothing else."""
+    return ["*", f"!{IMAGE_CODE}/", *(f"!{path}/" for path in STAGED), "**/__pycache__"]
+
+
 # file -> block name -> lines of the block (indented as its markers)
 PARTS = {
+    ".dockerignore": {"context": _context},
     "compose/compose.yaml": {"knobs": _compose_knobs, "profiles": _compose_services},
     "compose/compose.wsl2.yaml": {"profiles": _compose_wsl2_services},
     "docs/profiles.md": {"profile-table": _profile_table, "knob-table": _knob_table},

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 from dataclasses import dataclass
 
 from wsl2.detect import wsl2_signs
 
-from . import engine
+from .errors import EnvironmentProblem
 from .gpu import NvmlUnavailable, list_gpus
-from .remote import gpu_problem_of
+from .engines import gpu_problem_of, local
 
 
 @dataclass
@@ -32,14 +31,14 @@ def diagnose() -> list[Finding]:
         out.append(Finding("engine", "fail", "no docker client on PATH", "run `make engine` (Debian/Ubuntu as root) "
                            "or install Docker Engine / Docker Desktop"))
         return out
-    version = _docker("version", "--format", "{{json .}}")
-    if version.returncode != 0:
-        out.append(Finding("engine", "fail", "no Docker engine answers", "run `make engine`, or start Docker"))
+    engine = local()
+    try:
+        engine.check()
+        server, info = engine.client.version(), engine.client.info()
+    except EnvironmentProblem as exc:
+        out.append(Finding("engine", "fail", str(exc), "run `make engine`, or start Docker"))
         return out
-    info = json.loads(version.stdout)
-    server = info.get("Server") or {}
-    out.append(Finding("engine", "ok", f"Docker {server.get('Version')} (API {server.get('ApiVersion')}), "
-                       f"client {info.get('Client', {}).get('Version')}"))
+    out.append(Finding("engine", "ok", f"Docker {server.get('Version')} (API {server.get('ApiVersion')})"))
     compose = _docker("compose", "version", "--short")
     out.append(Finding("compose", "ok", f"Compose {compose.stdout.strip()}") if compose.returncode == 0 else
                Finding("compose", "fail", "`docker compose` is missing", "run `make engine`"))
@@ -51,8 +50,7 @@ def diagnose() -> list[Finding]:
     else:
         out.append(Finding("builder", "fail", "no BuildKit-capable builder (no buildx, no Compose)",
                            "install the buildx or Compose plugin (`make engine`)"))
-    engine_info = _docker("info", "--format", "{{json .}}")
-    problem = gpu_problem_of(json.loads(engine_info.stdout)) if engine_info.returncode == 0 else "`docker info` failed"
+    problem = gpu_problem_of(info)
     out.append(Finding("nvidia runtime", "ok", "containers can have a GPU") if problem is None else
                Finding("nvidia runtime", "warn", f"no GPU for containers: {problem}", "`up` of a GPU target "
                        "stops here at once; serve a target without a GPU, or install the toolkit"))
@@ -80,7 +78,7 @@ def base_findings(matrix) -> list[Finding]:
             out.append(Finding(f"base {name}", "ok", f"{base.image} made here" if made_base_current(base) else
                                f"{base.image} is made here (debootstrap) by the first build that needs it"))
         else:
-            out.append(Finding(f"base {name}", "ok", f"{base.image} present") if engine.image_present(base.image)
+            out.append(Finding(f"base {name}", "ok", f"{base.image} present") if local().image_exists(base.image)
                        else Finding(f"base {name}", "warn", f"{base.image} is not here; the build pulls it",
                                     "where its registry cannot be reached, build with --base naming a base made here"))
     return out

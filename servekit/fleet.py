@@ -16,7 +16,7 @@ from pathlib import Path
 from . import deploy
 from .atomic import write_text
 from .pipeline import run_profiles
-from .remote import EngineRef
+from .engines import Engine
 from .report import write_report
 
 STOP_WAIT_S = 60  # after Ctrl-C, how long the engines' threads get to take their boots down
@@ -29,7 +29,7 @@ class EngineRun:
     error: str | None = None
 
     @property
-    def engine(self) -> EngineRef:
+    def engine(self) -> Engine:
         return self.dep.engine
 
     @property

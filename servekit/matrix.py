@@ -17,7 +17,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from smoke import param_problems
 
 from .errors import UserError
-from .knobs import KNOBS
+from .image.knobs import KNOBS
 from .yamlload import LoadedYaml, load_yaml
 
 SCHEMA_VERSION = 1
@@ -72,6 +72,8 @@ class Model(Strict):
     repo: str | None = Field(None, description="Hugging Face repository, for source: huggingface")
     revision: str | None = None
     max_len: int | None = Field(None, ge=1, description="the longest context the model allows")
+    dir: str | None = Field(None, description="for source: generated, the folder of this repository that holds the "
+                            "model, baked into the image (`make demo-model` regenerates it)")
 
 
 class Target(Strict):
@@ -272,6 +274,12 @@ def _cross_references(m: Matrix) -> list[tuple[tuple, str]]:
         params_fit(name, c.params, ("checks", name, "params"))
     for pkg in m.may_omit:
         need(pkg, m.pins, "pinned package", ("may_omit", pkg))
+    for name, model in m.models.items():
+        if (model.source == "generated") != bool(model.dir):
+            problems.append((("models", name), "a generated model names the folder that holds it (dir:), a "
+                             "downloaded one does not"))
+        if (model.source == "huggingface") != bool(model.repo):
+            problems.append((("models", name), "a Hugging Face model names its repo (repo:), a generated one does not"))
     for name, b in m.bases.items():
         if b.cuda_wheels and not b.debootstrap:
             problems.append((("bases", name, "cuda_wheels"), "cuda_wheels go with debootstrap (a base made here)"))

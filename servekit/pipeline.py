@@ -13,10 +13,10 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 
-from python_on_whales.exceptions import DockerException
 from wsl2.shared_usage import SharedUsageSampler, SharedUsageUnavailable
 
-from . import deploy, remote, transfer
+from . import deploy, engines, transfer
+from .engines import EngineError
 from .gpu import NvmlSampler, NvmlUnavailable
 from .watch import BootFailed, BootRecord, watch_boot
 
@@ -123,12 +123,11 @@ def boot(dep: deploy.Deployment, profile: str, timeout_s: float, say=None, knobs
         b.mark("load")
         try:
             deploy.up(dep, profile, knobs)
-        except DockerException as exc:  # a port in use, a missing image, an engine that went away
-            said = (exc.stderr or str(exc)).strip().splitlines()
-            last = said[-1] if said else str(exc)
+        except EngineError as exc:  # a port in use, a missing image, an engine that went away
+            last = exc.reason
             if "could not select device driver" in last:  # the engine has no way to give it a GPU
                 last = f"no GPU: the engine has no NVIDIA runtime ({last.strip()})"
-            raise BootFailed(f"compose up failed: {last}", "", said[-12:]) from None
+            raise BootFailed(f"compose up failed: {last}", "", exc.output) from None
         b.container = deploy.find_container(profile, dep.engine)
         if b.container is None:
             raise BootFailed(f"compose started no container for {profile}", "", [])
@@ -226,7 +225,7 @@ def run_profiles(matrix, dep: deploy.Deployment, profiles: list[str], key_file, 
     if arrived != "already there":
         say(f"image {arrived}")
     written = []
-    with remote.reach(dep.engine, dep.bind, dep.port) as url:
+    with engines.reach(dep.engine, dep.bind, dep.port) as url:
         dep = replace(dep, reached_at=url)
         for profile in profiles:
             if stop and stop.is_set():

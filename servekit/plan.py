@@ -16,16 +16,16 @@ from pathlib import Path
 
 from .matrix import Matrix
 from .profiles import render_profiles
-from .series import SeriesError, read_series
+from .image.series import SeriesError, read_series
 from .settings import BuildSettings
 
-# Files of this repository that go into every image (paths relative to the repository root);
-# the build context (.dockerignore) admits these and nothing else of the repository.
-COMMON_INPUTS = ("docker/Dockerfile", ".dockerignore", "servekit/launcher.py", "servekit/knobs.py",
-                 "servekit/series.py", "servekit/components.py", "servekit/prepare.py",
-                 "docker/verify_image.py")
-# Files that go into an image whose model is generated: the generator of the demo model.
-MODEL_INPUTS = ("servekit/demomodel.py",)
+# The folder of the code that runs inside the image: the Dockerfile copies it, .dockerignore admits it
+# (rendered from this by `derive`), and the digest covers every file in it.
+IMAGE_CODE = "servekit/image"
+# What the build writes into the context before it starts (inputs staged from images.yaml and the repository).
+STAGED = (".cache/build", ".cache/wheelhouse")
+# Files of this repository that shape every image besides that folder and what the build stages.
+COMMON_INPUTS = ("docker/Dockerfile", ".dockerignore")
 
 
 @dataclass
@@ -69,10 +69,11 @@ def _files_under(path: Path) -> list[Path]:
 
 def build_inputs(matrix: Matrix, target: str, root: Path) -> list[Path]:
     spec = matrix.targets[target]
-    paths = [root / p for p in COMMON_INPUTS]
+    paths = [root / p for p in COMMON_INPUTS] + _files_under(root / IMAGE_CODE)
     paths.append(root / requirement_file(target))
-    if matrix.models[spec.model].source == "generated":
-        paths += [root / p for p in MODEL_INPUTS]
+    model = matrix.models[spec.model]
+    if model.source == "generated" and model.dir:
+        paths += _files_under(root / model.dir)
     paths += _files_under(root / matrix.series.dir)
     for name in spec.components:
         paths += _files_under(root / matrix.components[name].source)

@@ -197,21 +197,20 @@ def summary_text(matrix: Matrix, releases: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def release_targets(matrix: Matrix, root: Path, client, registry: str, plans: dict[str, TargetPlan],
+def release_targets(matrix: Matrix, root: Path, engine, registry: str, plans: dict[str, TargetPlan],
                     explicit: bool, dry_run: bool, say) -> list[dict]:
     """Gate, check the moving tags, push and read back, per target; the records for the manifest.
 
     Everything that can refuse is checked for a target before any of its tags is pushed."""
-    import docker
     releases = []
+    client = engine.sdk(timeout=600)
     check_registry(f"{registry}/{matrix.image.name}")
     for target, plan in plans.items():
-        try:
-            image = client.images.get(plan.tag)
-        except docker.errors.ImageNotFound:
+        image = engine.image(plan.tag)
+        if image is None:
             if explicit:
                 raise CheckFailed(f"{target}: image {plan.tag} is not built: run `python build.py run --target "
-                                  f"{target}` first") from None
+                                  f"{target}` first")
             say(f"release: {target}: no image {plan.tag} here; skipped")
             continue
         smoke = gate(matrix, target, image.id, root)

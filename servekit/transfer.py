@@ -6,7 +6,8 @@ from __future__ import annotations
 import time
 
 from .errors import EnvironmentProblem, UserError
-from .remote import EngineRef, resolve
+from .engines import Engine
+from .engines import local as local_engine
 
 CHUNK = 4 << 20
 
@@ -21,12 +22,9 @@ def _counted(chunks, total: int, say, every_s: float = 5.0):
         yield chunk
 
 
-def _remote_id(remote, tag: str) -> str | None:
-    import docker
-    try:
-        return remote.images.get(tag).id
-    except docker.errors.ImageNotFound:
-        return None
+def _image_id(engine: Engine, tag: str) -> str | None:
+    image = engine.image(tag)
+    return image.id if image else None
 
 
 def _pull(remote, release: dict, tag: str, say) -> bool:
@@ -46,23 +44,19 @@ def _pull(remote, release: dict, tag: str, say) -> bool:
     return True
 
 
-def ensure_image(engine: EngineRef, tag: str, release: dict | None = None, say=print) -> str:
+def ensure_image(engine: Engine, tag: str, release: dict | None = None, say=print) -> str:
     """Make `tag` on `engine` the very image `tag` is here; say how, in a few words, for the report.
 
     `release` is this build's record in releases/v<vllm>.json, when it was released: the engine then
     pulls it from the registry by digest (falling back to a stream if the registry is out of its reach)."""
     import docker
-    this_machine = resolve(None)
-    here = this_machine.sdk(timeout=3600)
-    try:
-        local = here.images.get(tag)
-    except docker.errors.ImageNotFound:
-        raise UserError(f"image {tag} is not built here: run `python build.py image` for its target first") from None
-    if engine.url == this_machine.url:
+    this_machine = local_engine()
+    local = this_machine.image(tag)
+    if local is None:
+        raise UserError(f"image {tag} is not built here: run `python build.py image` for its target first")
+    if engine.url == this_machine.url or _image_id(engine, tag) == local.id:
         return "already there"
-    remote = engine.sdk(timeout=3600)
-    if _remote_id(remote, tag) == local.id:
-        return "already there"
+    here, remote = this_machine.sdk(timeout=3600), engine.sdk(timeout=3600)
     started = time.monotonic()
     if release and release.get("image_id") == local.id:
         say(f"pulling {release['repository']}@{release['registry_digest'][:19]}... on {engine.given}")
@@ -76,6 +70,6 @@ def ensure_image(engine: EngineRef, tag: str, release: dict | None = None, say=p
                 raise EnvironmentProblem(f"loading {tag} into {engine.given} failed: {message['error']}")
     except docker.errors.APIError as exc:
         raise EnvironmentProblem(f"loading {tag} into {engine.given} failed: {exc.explanation or exc}") from None
-    if _remote_id(remote, tag) != local.id:
+    if _image_id(engine, tag) != local.id:
         raise EnvironmentProblem(f"after loading, {engine.given} has no {tag} of image {local.id[:19]}")
     return f"sent (save+load) in {time.monotonic() - started:.0f} s"

@@ -19,12 +19,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from servekit.derived import PARTS  # noqa: E402
 
 TEST_PROJECT = "servekit-test"
 TEST_PORT = 18000  # the tests' servers publish here, never on a developer's 8000
 
-COPIED = ("images.yaml", "images.schema.json", "docker/requirements", "docker/patches", "docs/install.md",
-          "docs/profiles.md", "compose")
+# The matrix, the files that repeat its pins, and every file `derive` writes into.
+COPIED = ("images.yaml", "images.schema.json", "docker/requirements", "docker/patches", "docs/install.md", "compose",
+          *PARTS)
 
 
 @pytest.fixture

@@ -157,7 +157,7 @@ def _probe_component(root: Path, sha256: str | None) -> None:
     (source / "probe-0.31.0.patch").write_text(
         "A probe component for the tests.\n\nKind: local\nWhat: probe\nUpstream: none\nCut-against: v0.31.0\n\n"
         "--- a/servekit_probe.py\n+++ b/servekit_probe.py\n@@ -1 +1 @@\n-ADDED = 42\n+ADDED = 43\n")
-    from servekit.components import source_digest
+    from servekit.image.components import source_digest
     digest = sha256 or source_digest(source, ["probe-0.31.0.patch"])
     _matrix_edit(root, "components:\n  kvarn:", "components:\n  probe:\n    description: a test probe\n"
                  "    source: probe\n    patches: [\"probe-{vllm}.patch\"]\n    targets: [cpu]\n"

@@ -28,7 +28,7 @@ def _reachable(url: str) -> bool:
 
 
 def _engine_has_gpu() -> bool:
-    from servekit.remote import resolve
+    from servekit.engines import resolve
     try:
         return resolve(None).gpu_problem() is None
     except Exception:  # no engine: the engine tests fail on their own

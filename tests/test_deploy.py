@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from conftest import COMPOSE, ROOT, TEST_PORT, TEST_PROJECT, WORK, project_containers, run_build_py
-from servekit.prepare import COMPLETE, is_complete, prepare
+from servekit.image.prepare import COMPLETE, is_complete, prepare
 from servekit.watch import LogFollower, BootRecord, classify, without_frames
 
 PROFILES = ["default", "batch", "alternative", "mtp", "mtp-long", "dflash2", "dflash2-k15", "huge"]
@@ -112,10 +112,10 @@ def test_a_half_prepared_model_is_redone_and_never_served(tmp_path):
     rendered["model"].update(path=str(dest), baked=str(baked))
     profiles.write_text(json.dumps(rendered))
     env = {"SERVEKIT_PROFILES": str(profiles), "PATH": os.environ["PATH"]}
-    refused = subprocess.run([sys.executable, str(ROOT / "servekit/launcher.py"), "serve", "default"], env=env,
+    refused = subprocess.run([sys.executable, str(ROOT / "servekit/image/launcher.py"), "serve", "default"], env=env,
                              capture_output=True, text=True)
     assert refused.returncode == 2 and "missing or incomplete" in refused.stderr
-    done = subprocess.run([sys.executable, str(ROOT / "servekit/launcher.py"), "prepare"], env=env,
+    done = subprocess.run([sys.executable, str(ROOT / "servekit/image/launcher.py"), "prepare"], env=env,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert (dest / "weights").read_text() == "whole" and (dest / COMPLETE).is_file()

@@ -16,7 +16,7 @@ import pytest
 import second_engine
 from conftest import COMPOSE, ROOT, TEST_PROJECT, WORK, run_build_py
 from servekit.errors import UserError
-from servekit.remote import address, reach, resolve, tunnel_command
+from servekit.engines import address, reach, resolve, tunnel_command
 
 
 
@@ -46,7 +46,7 @@ def test_bad_engines_are_refused_in_one_line(cli, argv, says):
 
 
 def test_an_engine_on_docker_desktop_under_wsl2_gets_the_wsl2_defaults():
-    from servekit.remote import host_kind_of
+    from servekit.engines import host_kind_of
     # GET /info as Docker Desktop's WSL2 engine and a native Linux engine answer it (the fields used)
     desktop = {"OperatingSystem": "Docker Desktop", "KernelVersion": "5.15.153.1-microsoft-standard-WSL2"}
     native = {"OperatingSystem": "Ubuntu 24.04.1 LTS", "KernelVersion": "6.8.0-45-generic"}
@@ -169,7 +169,7 @@ def _running(url: str | None, service: str | None = None) -> list[str]:
 def test_an_image_reaches_another_engine_by_stream_then_by_registry(second, tmp_path, cpu_base):
     from servekit.localregistry import start_registry
     from servekit.release import push
-    from servekit.remote import free_port
+    from servekit.engines import free_port
     from servekit.transfer import ensure_image
     engine = resolve(second)
     local_id = subprocess.run(["docker", "image", "inspect", cpu_base, "--format", "{{.Id}}"], capture_output=True,
@@ -199,7 +199,7 @@ def test_an_image_reaches_another_engine_by_stream_then_by_registry(second, tmp_
 @pytest.mark.engine
 @pytest.mark.slow
 def test_up_smoke_and_down_on_another_engine(second):
-    from servekit.remote import free_port
+    from servekit.engines import free_port
     port = str(free_port())
     try:
         up = run_build_py("up", "default", "--target", "cpu", "--engine", second, "--port", port, "--json",
@@ -246,7 +246,7 @@ def ssh_engine(second, tmp_path_factory):
     import os
     import shutil
     import time
-    from servekit.remote import free_port
+    from servekit.engines import free_port
     sshd = shutil.which("sshd") or "/usr/sbin/sshd"
     assert Path(sshd).exists(), "no sshd: `make engine` installs openssh-server"
     d = tmp_path_factory.mktemp("ssh")

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from conftest import ROOT
-from servekit.launcher import KnobError, build_command
+from servekit.image.launcher import KnobError, build_command
 from servekit.matrix import load_matrix
 from servekit.profiles import render_profiles, resolve_knobs
 
@@ -94,10 +94,10 @@ def test_print_argv_masks_the_key_and_exits(tmp_path):
     key = tmp_path / "key"
     key.write_text("sk-secret-value\n")
     env = {"SERVEKIT_PROFILES": str(profiles), "PRINT_ARGV": "1", "API_KEY_FILE": str(key), "PATH": "/usr/bin:/bin"}
-    done = subprocess.run([sys.executable, str(ROOT / "servekit/launcher.py")], env=env, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, str(ROOT / "servekit/image/launcher.py")], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "--enforce-eager" in done.stdout and "VLLM_API_KEY=***" in done.stdout
     assert "sk-secret-value" not in done.stdout + done.stderr
     env["PREFIX_CACHE"] = "maybe"
-    done = subprocess.run([sys.executable, str(ROOT / "servekit/launcher.py")], env=env, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, str(ROOT / "servekit/image/launcher.py")], env=env, capture_output=True, text=True)
     assert done.returncode == 2 and "PREFIX_CACHE='maybe'" in done.stderr

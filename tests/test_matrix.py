@@ -187,9 +187,11 @@ def test_adding_a_profile_is_one_edit_to_the_matrix(tmp_path):
     import shutil
 
     import yaml
+    from servekit.derived import PARTS
     (tmp_path / "docs").mkdir()
-    for rel in ("images.yaml", "compose", "docs/profiles.md"):
-        (shutil.copytree if (ROOT / rel).is_dir() else shutil.copy2)(ROOT / rel, tmp_path / rel)
+    for rel in ("images.yaml", "compose", *PARTS):
+        if not (tmp_path / rel).exists():
+            (shutil.copytree if (ROOT / rel).is_dir() else shutil.copy2)(ROOT / rel, tmp_path / rel)
     with open(tmp_path / "images.yaml", "a") as matrix_file:
         matrix_file.write("  solo:\n    description: one user, short context\n    targets:\n      cuda:\n"
                           "    knobs:\n      MAX_LEN: 8192\n    checks:\n      health:\n")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from servekit.builder import offered_wheels
 from servekit.errors import UserError
 from servekit.matrix import load_matrix
 from servekit.plan import plan_targets
-from servekit.remote import gpu_problem_of
+from servekit.engines import gpu_problem_of
 from servekit.settings import BuildSettings, _pip_find_links
 
 
@@ -41,8 +42,8 @@ CHANGES = [
     ("a target's environment", "cpu",
      lambda r: _edit(r / "images.yaml", 'TORCHDYNAMO_DISABLE: "1"', 'TORCHDYNAMO_DISABLE: "0"')),
     ("a pin", "cuda", lambda r: _edit(r / "images.yaml", 'transformers: "5.15.0"', 'transformers: "5.16.0"')),
-    ("the launcher", "cuda", lambda r: _edit(r / "servekit/launcher.py", '"""The launcher', '"""The  launcher')),
-    ("the verify step", "cuda", lambda r: _edit(r / "docker/verify_image.py", '"""The in-image', '"""The  in-image')),
+    ("the launcher", "cuda", lambda r: _edit(r / "servekit/image/launcher.py", '"""The launcher', '"""The  launcher')),
+    ("the verify step", "cuda", lambda r: _edit(r / "servekit/image/verify.py", '"""The in-image', '"""The  in-image')),
     ("a patch of the series", "cpu",
      lambda r: (r / "docker/patches/cpu-cli-version.patch").write_text(
          (r / "docker/patches/cpu-cli-version.patch").read_text() + "\n")),
@@ -164,8 +165,8 @@ def test_nothing_of_this_machine_is_named_in_the_repository():
 
 
 def _python_sources() -> list[Path]:
-    return [*sorted((ROOT / "servekit").glob("*.py")), *sorted((ROOT / "smoke").glob("*.py")),
-            *sorted((ROOT / "wsl2").glob("*.py")), ROOT / "build.py", ROOT / "docker" / "verify_image.py"]
+    return [*sorted((ROOT / "servekit").rglob("*.py")), *sorted((ROOT / "smoke").glob("*.py")),
+            *sorted((ROOT / "wsl2").glob("*.py")), ROOT / "build.py"]
 
 
 def test_targets_are_data_no_target_name_in_the_code():
@@ -222,3 +223,63 @@ def test_an_index_listing_names_a_release_with_its_local_label():
     assert _names_release(files, "torch", "2.13.0+cpu")
     assert not _names_release(files, "torch", "2.13.0") and not _names_release(files, "torch", "2.12.0")
     assert _names_release(["flashinfer_cubin-0.7.0.post1-py3-none-any.whl"], "flashinfer-cubin", "0.7.0.post1")
+
+
+def _imports(tree) -> list[tuple[int, str]]:
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, alias.name.split(".")[0]) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:  # relative: a sibling
+            out.append((node.lineno, (node.module or "").split(".")[0]))
+    return out
+
+
+def test_the_image_code_is_standard_library_only():
+    """Every module of the image's code folder loads with the standard library and its siblings alone: the
+    series and components run on the base's bare Python, and the host imports the knob table cheaply. Inside a
+    function, a pinned package of the image may be used (prepare downloads with huggingface_hub)."""
+    from servekit.plan import IMAGE_CODE
+    folder = ROOT / IMAGE_CODE
+    siblings = {p.stem for p in folder.glob("*.py")}
+    pinned = {name.replace("-", "_") for name in yaml.safe_load((ROOT / "images.yaml").read_text())["pins"]}
+    found = []
+    for path in sorted(folder.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        top = {(n, m) for n, m in _imports(ast.Module(body=[s for s in tree.body if not isinstance(
+            s, (ast.FunctionDef, ast.ClassDef))], type_ignores=[]))}
+        for line, name in _imports(tree):
+            allowed = sys.stdlib_module_names | siblings | (set() if (line, name) in top else pinned)
+            if name not in allowed:
+                found.append(f"{path.name}:{line}: {name}")
+    assert found == []
+    assert len(siblings) >= 6  # launcher, knobs, prepare, series, components, verify
+
+
+def test_the_dockerfile_copies_only_the_image_folder_and_what_the_build_stages():
+    """One list: the Dockerfile copies from the repository only the image's code folder (the runtime stage all
+    of it) and the staged inputs; .dockerignore admits exactly those; every file of the folder is in the digest."""
+    from servekit.matrix import load_matrix
+    from servekit.plan import IMAGE_CODE, STAGED, build_inputs
+    dockerfile = (ROOT / "docker/Dockerfile").read_text().replace("\\\n", " ")
+    sources = [src for line in dockerfile.splitlines() if line.startswith("COPY") and "--from=" not in line
+               for src in line.split()[1:-1]]
+    allowed = (f"{IMAGE_CODE}/", *(f"{path}/" for path in STAGED))
+    assert sources and all(src.startswith(allowed) for src in sources), sources
+    assert f"COPY {IMAGE_CODE}/ /opt/servekit/" in dockerfile
+    ignore = [line for line in (ROOT / ".dockerignore").read_text().splitlines() if line.startswith("!")]
+    assert sorted(ignore) == sorted(f"!{a}" for a in allowed)
+    inputs = build_inputs(load_matrix(ROOT / "images.yaml"), "cpu", ROOT)
+    assert {p for p in (ROOT / IMAGE_CODE).glob("*.py")} <= set(inputs)
+
+
+def test_the_demo_model_ships_in_the_repository_small():
+    """No build trains a model: the generated one is a folder of the repository, a few MB, in the digest."""
+    from servekit.matrix import load_matrix
+    from servekit.plan import build_inputs
+    matrix = load_matrix(ROOT / "images.yaml")
+    folder = ROOT / matrix.models["demo"].dir
+    files = sorted(folder.iterdir())
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in files}
+    assert sum(p.stat().st_size for p in files) < 8 << 20
+    assert set(files) <= set(build_inputs(matrix, "cpu", ROOT))

@@ -45,10 +45,6 @@ def compose_works() -> bool:
     return bool(client) and run([client, "compose", "version", "--short"], timeout=10).returncode == 0
 
 
-def image_present(image: str) -> bool:
-    return run([docker_client() or "docker", "image", "inspect", image], timeout=20).returncode == 0
-
-
 def _is_debian_like() -> bool:
     try:
         text = Path("/etc/os-release").read_text()

@@ -1,8 +1,11 @@
-"""Which Docker engine a command talks to (`--engine`), and how this machine reaches what it publishes.
+"""The one door to a Docker engine: which engine a command talks to (`--engine`), what it holds
+(images, containers, logs), Compose and one-off containers on it, and how this machine reaches
+what it publishes. The clients' exceptions become the project's one-line errors here.
 
 An engine is named the way Docker names it: a `DOCKER_HOST` URL (unix://, tcp://, ssh://) or a
 context name. Containers publish on the engine host's 127.0.0.1, so an engine on another machine
 is reached through an SSH tunnel (ssh:// engines), or directly when serve.bind is not loopback.
+Only two things go through the docker CLI: BuildKit builds (builder) and context lookup (resolve).
 """
 
 from __future__ import annotations
@@ -17,10 +20,51 @@ import subprocess
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlparse
 
 from .errors import EnvironmentProblem, UserError
+
+
+class EngineError(EnvironmentProblem):
+    """A Docker engine or Compose refused or failed; the message says what was being done and what it said,
+    `output` keeps the client's last lines (Compose's own output) for a report."""
+
+    def __init__(self, message: str, output: list[str] | None = None):
+        super().__init__(message)
+        self.reason = message.rsplit(": ", 1)[-1]
+        self.output = output or []
+
+
+def said(exc: BaseException) -> str:
+    """What the engine or Compose answered, in one line, for an exception of either client."""
+    client = type(exc).__module__.split(".")[0]
+    if client == "python_on_whales":  # the CLI's own last words are the reason (Compose's "Error response ...")
+        out = getattr(exc, "stderr", None) or str(exc)
+        lines = (out.decode(errors="replace") if isinstance(out, bytes) else out).strip().splitlines()
+        return lines[-1].strip()[:400] if lines else type(exc).__name__
+    text = str(getattr(exc, "explanation", None) or exc).replace("Error while fetching server API version: ", "")
+    lines = text.strip().splitlines()
+    return lines[0][:400] if lines else type(exc).__name__
+
+
+def is_client_error(exc: BaseException) -> bool:
+    """An exception of the docker SDK, python-on-whales, or the HTTP layer under the SDK."""
+    return type(exc).__module__.split(".")[0] in ("docker", "python_on_whales", "requests", "urllib3")
+
+
+@contextmanager
+def docker_errors(what: str):
+    """Run a block against an engine; a client's exception leaves it as an EngineError: `what: <engine said>`."""
+    try:
+        yield
+    except Exception as exc:
+        if not is_client_error(exc):
+            raise
+        out = getattr(exc, "stderr", None) or ""
+        out = out.decode(errors="replace") if isinstance(out, bytes) else str(out)
+        raise EngineError(f"{what}: {said(exc)}", out.strip().splitlines()[-12:]) from None
 
 LOCAL = "local"
 SCHEMES = ("unix", "tcp", "ssh")
@@ -28,7 +72,7 @@ DEFAULT_SOCKET = "unix:///var/run/docker.sock"
 
 
 @dataclass(frozen=True)
-class EngineRef:
+class Engine:
     given: str  # as typed: "local", a URL, or a context name
     url: str  # the engine's API endpoint
     context: str | None = None
@@ -66,6 +110,11 @@ class EngineRef:
             where = (parsed.hostname or "") + (f"-{parsed.port}" if parsed.port else "")
         return re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{self.scheme}-{where}").strip("-")
 
+    @cached_property
+    def client(self):
+        """The SDK client every door below uses (one per engine, made on first use)."""
+        return self.sdk()
+
     def sdk(self, timeout: int = 60):
         """A docker SDK client for this engine (ssh:// through the ssh binary, so ~/.ssh/config applies)."""
         import docker
@@ -91,16 +140,62 @@ class EngineRef:
     def gpu_problem(self) -> str | None:
         return gpu_problem_of(self.sdk(timeout=15).info())
 
+    def answers(self) -> bool:
+        try:
+            self.sdk(timeout=10).ping()
+            return True
+        except Exception:  # the SDK raises several kinds for an unreachable engine
+            return False
+
+    def image(self, tag: str):
+        """The SDK image `tag`, or None when the engine does not hold it."""
+        import docker
+        with docker_errors(f"engine {self.given}: inspect {tag}"):
+            try:
+                return self.client.images.get(tag)
+            except docker.errors.ImageNotFound:
+                return None
+
+    def image_exists(self, tag: str) -> bool:
+        return self.image(tag) is not None
+
+    def compose(self, **options):
+        """A python-on-whales client for Compose on this engine; wrap its calls in docker_errors()."""
+        from python_on_whales import DockerClient
+        return DockerClient(**self.cli_options(), **options)
+
+    def containers(self, **filters) -> list:
+        with docker_errors(f"engine {self.given}: list containers"):
+            return self.client.containers.list(all=True, filters=filters)
+
+    def run_once(self, image: str, command: list[str], mounts: dict[Path, str], say=print) -> None:
+        """Run `command` in a throwaway container of `image` as this machine's user, the host paths of `mounts`
+        bound at their container paths, its output shown line by line; raise EngineError unless it exits 0."""
+        with docker_errors(f"engine {self.given}: run {image}"):
+            container = self.client.containers.run(
+                image, command, entrypoint=[], detach=True, user=f"{os.getuid()}:{os.getgid()}",
+                environment={"HOME": "/tmp"}, network_mode="none",
+                volumes={str(host): {"bind": inside, "mode": "rw"} for host, inside in mounts.items()})
+            try:
+                for line in container.logs(stream=True, follow=True):
+                    say(line.decode(errors="replace").rstrip())
+                code = container.wait(timeout=3600)["StatusCode"]
+            finally:
+                container.remove(force=True)
+        if code != 0:
+            raise EngineError(f"engine {self.given}: {' '.join(command[:2])} in {image} exited {code}")
+
     def check(self) -> None:
         """Raise EnvironmentProblem, naming the engine, when it does not answer."""
         if self.scheme == "unix" and not Path(urlparse(self.url).path).exists():
-            raise EnvironmentProblem(f"engine {self.given}: no socket at {urlparse(self.url).path} (no engine runs "
-                                     "there; `make engine` starts this machine's)")
+            raise EnvironmentProblem(f"no Docker engine answers at {self.url} (engine {self.given}): no socket at "
+                                     f"{urlparse(self.url).path}; `make engine` starts this machine's")
         try:
             self.sdk(timeout=15).ping()
         except Exception as exc:  # the SDK raises several kinds for an unreachable engine
             said = str(exc).replace("Error while fetching server API version: ", "").splitlines()
-            raise EnvironmentProblem(f"engine {self.given} does not answer: {said[0][:200] if said else exc}") from None
+            raise EnvironmentProblem(f"no Docker engine answers at {self.url} (engine {self.given}): "
+                                     f"{said[0][:200] if said else exc}") from None
 
 
 def gpu_problem_of(info: dict) -> str | None:
@@ -130,10 +225,10 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def resolve(spec: str | None) -> EngineRef:
-    """`--engine` as typed to an EngineRef; None or "local" is this machine's default engine."""
+def resolve(spec: str | None) -> Engine:
+    """`--engine` as typed to an Engine; None or "local" is this machine's default engine."""
     if not spec or spec == LOCAL:
-        return EngineRef(LOCAL, os.environ.get("DOCKER_HOST") or DEFAULT_SOCKET)
+        return Engine(LOCAL, os.environ.get("DOCKER_HOST") or DEFAULT_SOCKET)
     if "://" in spec:
         parsed = urlparse(spec)
         if parsed.scheme not in SCHEMES:
@@ -142,7 +237,7 @@ def resolve(spec: str | None) -> EngineRef:
             raise UserError(f"--engine {spec}: a unix:// URL names a socket path, e.g. unix:///run/docker.sock")
         if parsed.scheme != "unix" and not parsed.hostname:
             raise UserError(f"--engine {spec}: no host in the URL, e.g. ssh://user@gpu-box or tcp://10.0.0.5:2376")
-        return EngineRef(spec, spec)
+        return Engine(spec, spec)
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+-]*", spec):
         raise UserError(f"--engine {spec!r}: expected a unix://, tcp:// or ssh:// URL, or a Docker context name")
     found = subprocess.run(["docker", "context", "inspect", spec, "--format", "{{json .Endpoints.docker}}"],
@@ -150,10 +245,15 @@ def resolve(spec: str | None) -> EngineRef:
     if found.returncode != 0:
         raise UserError(f"--engine {spec}: no Docker context of that name (`docker context ls` lists them); or "
                         "pass a URL such as ssh://user@gpu-box")
-    return EngineRef(spec, json.loads(found.stdout)["Host"], context=spec)
+    return Engine(spec, json.loads(found.stdout)["Host"], context=spec)
 
 
-def parse_engines(specs: str) -> list[EngineRef]:
+def local() -> Engine:
+    """This machine's engine: where images are built, bases made and `compose/.env` points."""
+    return resolve(None)
+
+
+def parse_engines(specs: str) -> list[Engine]:
     """`--engines A,B,...`: each resolved, no engine twice."""
     engines = [resolve(s.strip()) for s in specs.split(",") if s.strip()]
     if not engines:
@@ -179,7 +279,7 @@ def _accepts(port: int) -> bool:
         return False
 
 
-def tunnel_command(engine: EngineRef, local_port: int, remote_port: int) -> list[str]:
+def tunnel_command(engine: Engine, local_port: int, remote_port: int) -> list[str]:
     parsed = urlparse(engine.url)
     where = f"{parsed.username}@{parsed.hostname}" if parsed.username else parsed.hostname
     return ["ssh", "-N", "-o", "BatchMode=yes", "-o", "ExitOnForwardFailure=yes",
@@ -187,7 +287,7 @@ def tunnel_command(engine: EngineRef, local_port: int, remote_port: int) -> list
             "-L", f"127.0.0.1:{local_port}:127.0.0.1:{remote_port}", where]
 
 
-def address(engine: EngineRef, bind: str, port: int) -> str:
+def address(engine: Engine, bind: str, port: int) -> str:
     """Where the server is, in words a person can use after this command has ended."""
     if engine.same_machine:
         return local_url(bind, port)
@@ -204,7 +304,7 @@ def local_url(bind: str, port: int) -> str:
 
 
 @contextmanager
-def reach(engine: EngineRef, bind: str, port: int, wait_s: float = 20):
+def reach(engine: Engine, bind: str, port: int, wait_s: float = 20):
     """Yield the base URL at which this machine reaches port `port` published on the engine's host."""
     if engine.same_machine:
         yield local_url(bind, port)
