@@ -7,7 +7,7 @@ TARGET ?=
 BASE ?=
 STAMP := $(VENV)/.installed
 
-.PHONY: venv engine image demo up down smoke release test test-fast lint schema derived clean help
+.PHONY: venv engine image demo demo-model up down smoke release test test-fast lint schema derived clean help
 
 help:
 	@$(PY) build.py --help 2>/dev/null || echo "run 'make venv' first"
@@ -33,6 +33,10 @@ image: engine
 # its smoke checks and a report under reports/latest/.
 demo: engine
 	$(PY) build.py run --target cpu --profile default
+
+# Train the shipped demo model (docker/demo-model) again, in the cpu image; builds never train it.
+demo-model: engine
+	$(PY) build.py demo-model
 
 up: engine
 	$(PY) build.py up $(or $(PROFILE),default) $(if $(TARGET),--target $(TARGET),)

@@ -38,6 +38,7 @@ LABEL_PREFIX = "io.servekit"
 
 @dataclass
 class BuildResult:
+    target: str
     tag: str
     built: bool  # False: an image for this digest already existed
     seconds: float
@@ -312,7 +313,7 @@ def build_image(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSet
     show = show or (lambda line: print(line, file=sys.stderr))
     say = say or show
     if not force and local().image_exists(plan.tag):
-        return BuildResult(plan.tag, False, 0.0, None)
+        return BuildResult(plan.target, plan.tag, False, 0.0, None)
     extra_indexes, wheels = preflight(matrix, plan, root, settings, say)
     workdir = _prepare_context(matrix, plan, root, wheels)
     logs = root / "logs"
@@ -324,4 +325,26 @@ def build_image(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSet
     if code != 0:
         raise EnvironmentProblem(f"build of {plan.target} failed after {seconds:.0f} s, nothing tagged: "
                                  f"{_failure_summary(log_path)} (full log: {log_path.relative_to(root)})")
-    return BuildResult(plan.tag, True, seconds, log_path)
+    return BuildResult(plan.target, plan.tag, True, seconds, log_path)
+
+
+def build_targets(session, targets: list[str] | None = None, force: bool = False, say=print,
+                  show=None) -> list[BuildResult]:
+    """`image`: each target's image (the engine's default target when none is named), content-addressed; then
+    compose/.env points a plain `docker compose up PROFILE` in compose/ at the last one."""
+    from .deploy import write_env
+    from .engines import local
+    matrix = session.matrix
+    names = [session.check_target(t) for t in targets or [session.default_target()]]
+    results = []
+    for plan in session.plans(names):
+        for name, state in plan.components.items():
+            if state == "absent":
+                say(f"{plan.target}: component {name} is absent ({matrix.components[name].source}/); profiles "
+                    f"that need it are unavailable: {', '.join(plan.unavailable_profiles)}")
+        for note in plan.notes:
+            say(f"{plan.target}: {note}")
+        say(f"{plan.target} on base {plan.base_name} ({plan.base}) -> {plan.tag}")
+        results.append(build_image(matrix, plan, session.root, session.settings, force=force, show=show, say=say))
+    write_env(session.deployment(names[-1], local(), tag=results[-1].tag))
+    return results

@@ -1,4 +1,5 @@
-"""The command line: parse, dispatch to a stage, print. Nothing here does a stage's work."""
+"""The command line: parse, resolve the session once, call a stage's function, print. Nothing here does a
+stage's work; each command's body is a typed function in its stage's module."""
 
 from __future__ import annotations
 
@@ -24,28 +25,18 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{self.prog}: {message}")
 
 
-def _root(args) -> Path:
-    return Path(args.matrix).resolve().parent
+def _session(args):
+    from .session import Session
+    return Session.open(args.matrix, args.base, args.without, args.wheels)
 
 
-def _cache(args) -> Path:
-    return _root(args) / ".cache"
+def _engine(args):
+    from .engines import resolve
+    return resolve(args.engine)
 
 
-def _matrix(args):
-    from .matrix import load_matrix
-    return load_matrix(args.matrix)
-
-
-def _settings(args, matrix):
-    from .settings import BuildSettings
-    return BuildSettings.from_args(args, matrix)
-
-
-def _plans(args, matrix, targets: list[str] | None, image_exists=None, settings=None):
-    """Each target's plan under this machine's settings (--base, --without): the tag every command agrees on."""
-    from .plan import plan_targets
-    return plan_targets(matrix, _root(args), targets, image_exists, settings or _settings(args, matrix))
+def _say(prefix: str = ""):
+    return lambda line: print(f"{prefix}{line}", file=sys.stderr, flush=True)
 
 
 def _emit_json(obj) -> None:
@@ -68,185 +59,12 @@ def _print_table(title: str, header: list[str], rows: list[list]) -> None:
     _console().print(table)
 
 
-# ---------------------------------------------------------------------------------------------
-
-
-def cmd_engine(args) -> int:
-    from .bootstrap import ensure_engine, ensure_test_tools
-    say = lambda s: print(f"engine: {s}", file=sys.stderr)  # noqa: E731
-    ensure_engine(_cache(args) / "engine", say=say)
-    if args.test_tools:
-        ensure_test_tools(say=say)
-    print("engine: ready (docker, compose" + (", the tests' registry and sshd)" if args.test_tools else ")"))
-    return 0
-
-
-def _image_exists_probe():
-    """A function tag -> True/False, or None when no engine answers (then `exists` is unknown)."""
-    from .engines import local
-    engine = local()
-    return engine.image_exists if engine.answers() else None
-
-
-def cmd_plan(args) -> int:
-    matrix = _matrix(args)
-    for t in args.target or []:
-        _check_target(matrix, t)
-    plans = _plans(args, matrix, args.target, _image_exists_probe())
-    if args.json:
-        _emit_json({"matrix": str(args.matrix), "vllm": matrix.vllm, "targets": [p.to_json() for p in plans]})
-        return 0
-    from rich.table import Table
-    table = Table(title=f"build plan (vLLM {matrix.vllm})")
-    for col in ("target", "base", "python", "pins", "tag", "built"):
-        table.add_column(col, overflow="fold")
-    for p in plans:
-        built = {True: "yes", False: "no", None: "unknown (no engine)"}[p.exists]
-        how = "made here (debootstrap)" if p.base_made_here else "pulled"
-        table.add_row(p.target, f"{p.base_name}\n{p.base}\n{how}", p.python,
-                      "\n".join(f"{k}=={v}" for k, v in p.pins.items()), p.tag, built)
-    console = _console()
-    console.print(table)
-    for p in plans:
-        for note in p.notes:
-            console.print(f"[yellow]{p.target}: {note}[/yellow]")
-        for name, state in p.components.items():
-            if state == "absent":
-                console.print(f"[yellow]{p.target}: component {name} is absent; profiles unavailable: "
-                              f"{', '.join(p.unavailable_profiles) or 'none'}[/yellow]")
-    return 0
-
-
-def cmd_verify(args) -> int:
-    from .pins import Findings, copin_problems, mirror_problems
-    matrix = _matrix(args)
-    from .derived import stale
-    findings = Findings()
-    findings.extend(mirror_problems(matrix, _root(args)))
-    findings.problems += stale(matrix, _root(args))
-    if args.offline:
-        findings.notes.append("--offline: co-pins checked only from the metadata cache")
-    findings.extend(copin_problems(matrix, _cache(args) / "metadata"))
-    if not args.no_series:
-        findings.extend(_prove_series(args, matrix))
-    if args.resolve:
-        from .pins import resolve_dry_run
-        for target in matrix.targets:
-            findings.extend(resolve_dry_run(matrix, target, _settings(args, matrix).wheel_dirs,
-                                            say=lambda s: print(f"verify: {s}", file=sys.stderr)))
-    return _report_findings(args, findings, "verify")
-
-
-def _prove_series(args, matrix):
-    """The series applied, per target, to a pristine tree of that target's pinned vLLM wheel."""
-    from .index import IndexUnreachable, NotOnIndex, download_wheel
-    from .pins import Findings
-    from .image.series import SeriesError, prove_on_pristine
-    out = Findings()
-    series_dir = _root(args) / matrix.series.dir
-    for name, target in matrix.targets.items():
-        dist = target.vllm_distribution
-        cached = sorted((_cache(args) / "pristine").glob(f"{dist.replace('-', '_')}-{matrix.vllm}-*.whl"))
-        if cached:
-            wheel = cached[-1]
-        elif args.offline:
-            out.notes.append(f"--offline: no cached {dist} {matrix.vllm} wheel; series not proven for {name}")
-            continue
-        else:
-            print(f"verify: fetching the pristine {dist} {matrix.vllm} wheel (once; cached)", file=sys.stderr)
-            try:
-                wheel = download_wheel(dist, matrix.vllm, matrix.indexes["pypi"].url, _cache(args) / "pristine")
-            except (IndexUnreachable, NotOnIndex) as exc:
-                out.notes.append(f"series not proven on a pristine {dist} tree: {exc}")
-                continue
-        try:
-            problems = prove_on_pristine(series_dir, wheel, name, say=lambda s: None)
-        except SeriesError as exc:
-            problems = [str(exc)]
-        out.problems += [f"series on pristine {dist} {matrix.vllm} ({name}): {p}" for p in problems]
-        if not problems:
-            out.notes.append(f"series applies at fuzz 0 to a pristine {dist} {matrix.vllm} tree ({name})")
-    return out
-
-
-def _report_findings(args, findings, what: str) -> int:
-    if args.json:
-        _emit_json({"ok": not findings.problems, "problems": findings.problems, "notes": findings.notes})
+def _print_wide(title: str, header: list[str], rows: list[list], markdown: str) -> None:
+    """A table on a terminal; in a log or a pipe the Markdown, which stays one row a line."""
+    if sys.stdout.isatty():
+        _print_table(title, header, rows)
     else:
-        for note in findings.notes:
-            print(f"note: {note}", file=sys.stderr)
-        for problem in findings.problems:
-            print(f"problem: {problem}")
-        print(f"{what}: {'ok' if not findings.problems else f'{len(findings.problems)} problem(s)'}")
-    return 1 if findings.problems else 0
-
-
-def cmd_bump(args) -> int:
-    from packaging.version import InvalidVersion, Version
-    from .pins import apply_bump, plan_bump
-    try:
-        Version(args.to)
-    except InvalidVersion:
-        raise UserError(f"--to {args.to!r}: not a version (expected e.g. 0.32.0)") from None
-    matrix = _matrix(args)
-    if args.to == matrix.vllm:
-        raise UserError(f"--to {args.to}: vLLM is already pinned at {args.to}")
-    root = _root(args)
-    bump, writes = plan_bump(matrix, Path(args.matrix).resolve(), root, args.to, _cache(args) / "metadata")
-    if not args.dry_run:
-        apply_bump(bump, writes, root)
-    if args.json:
-        _emit_json({"from": bump.old, "to": bump.new, "dry_run": args.dry_run, "changes": bump.changes,
-                    "renames": bump.renames, "review": bump.review, "problems": bump.findings.problems,
-                    "notes": bump.findings.notes})
-    else:
-        verb = "would change" if args.dry_run else "changed"
-        print(f"bump vLLM {bump.old} -> {bump.new}{' (dry run: nothing written)' if args.dry_run else ''}")
-        for path, count in bump.changes.items():
-            print(f"  {verb} {path}: {count} pin(s)")
-        for src, dst in bump.renames:
-            print(f"  {'would rename' if args.dry_run else 'renamed'} {src} -> {dst}")
-        if bump.review:
-            print(f"lines that still name {bump.old}, for a person to review:")
-            for line in bump.review:
-                print(f"  {line}")
-        for note in bump.findings.notes:
-            print(f"note: {note}", file=sys.stderr)
-        for problem in bump.findings.problems:
-            print(f"problem: {problem}")
-    return 1 if bump.findings.problems else 0
-
-
-def cmd_doctor(args) -> int:
-    from .doctor import base_findings, diagnose
-    findings = diagnose()
-    if findings and findings[0].status == "ok":
-        try:
-            matrix = _matrix(args)
-            findings += base_findings(matrix)
-        except UserError as exc:
-            findings.append(type(findings[0])("matrix", "fail", str(exc), "fix images.yaml"))
-    if args.json:
-        _emit_json([f.__dict__ for f in findings])
-    else:
-        marks = {"ok": "[green]ok  [/green]", "warn": "[yellow]warn[/yellow]", "fail": "[red]fail[/red]"}
-        console = _console()
-        for f in findings:
-            console.print(f"{marks[f.status]} {f.name}: {f.detail}" + (f"  [dim]fix: {f.fix}[/dim]" if f.fix and
-                                                                      f.status != "ok" else ""))
-    return 1 if any(f.status == "fail" for f in findings) else 0
-
-
-def _default_target(matrix, engine=None) -> str:
-    """The first GPU target where the engine (default: this machine's) can give a container a GPU, else the
-    first without one."""
-    from .engines import resolve
-    try:
-        gpu = (engine or resolve(None)).gpu_problem() is None
-    except Exception:  # no engine answers: a target without a GPU is what can run anywhere
-        gpu = False
-    wanted = [name for name, t in matrix.targets.items() if t.gpu == gpu]
-    return wanted[0] if wanted else next(iter(matrix.targets))
+        print(markdown, end="")
 
 
 def _step_printer():
@@ -261,215 +79,169 @@ def _step_printer():
     return show
 
 
-def cmd_image(args) -> int:
-    from .builder import build_image
-    matrix = _matrix(args)
-    targets = [_check_target(matrix, t) for t in args.target or [_default_target(matrix)]]
-    settings = _settings(args, matrix)
-    results = []
-    for plan in _plans(args, matrix, targets, settings=settings):
-        for name, state in plan.components.items():
-            if state == "absent":
-                print(f"image: {plan.target}: component {name} is absent "
-                      f"({matrix.components[name].source}/); profiles that need it are unavailable: "
-                      f"{', '.join(plan.unavailable_profiles)}", file=sys.stderr)
-        for note in plan.notes:
-            print(f"image: {plan.target}: {note}", file=sys.stderr)
-        print(f"image: {plan.target} on base {plan.base_name} ({plan.base}) -> {plan.tag}", file=sys.stderr)
-        result = build_image(matrix, plan, _root(args), settings, force=args.force, show=_step_printer(),
-                             say=lambda line: print(f"image: {line}", file=sys.stderr))
-        results.append({"target": plan.target, "tag": result.tag, "built": result.built,
-                        "seconds": round(result.seconds, 1), "log": str(result.log) if result.log else None})
-        if not args.json:
-            print(f"{plan.target}: {result.tag} " + (f"built in {result.seconds:.0f} s (log: {result.log})"
-                                                      if result.built else "already built; nothing to do"))
-    # A plain `docker compose up PROFILE` in compose/ runs the image just built (the last target named).
-    from .deploy import write_env
-    write_env(_deployment(args, matrix, targets[-1]))
+def _findings(args, findings, what: str) -> int:
     if args.json:
-        _emit_json({"images": results})
+        _emit_json({"ok": not findings.problems, "problems": findings.problems, "notes": findings.notes})
+    else:
+        for note in findings.notes:
+            print(f"note: {note}", file=sys.stderr)
+        for problem in findings.problems:
+            print(f"problem: {problem}")
+        print(f"{what}: {'ok' if not findings.problems else f'{len(findings.problems)} problem(s)'}")
+    return 1 if findings.problems else 0
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def cmd_engine(args) -> int:
+    from .bootstrap import ensure_engine, ensure_test_tools
+    say = _say("engine: ")
+    ensure_engine(Path(args.matrix).resolve().parent / ".cache" / "engine", say=say)
+    if args.test_tools:
+        ensure_test_tools(say=say)
+    print("engine: ready (docker, compose" + (", the tests' registry and sshd)" if args.test_tools else ")"))
     return 0
 
 
-def _engine(args):
-    from .engines import resolve
-    return resolve(getattr(args, "engine", None))
+def cmd_plan(args) -> int:
+    from .engines import local
+    session = _session(args)
+    for t in args.target or []:
+        session.check_target(t)
+    engine = local()
+    plans = session.plans(args.target, engine.image_exists if engine.answers() else None)
+    if args.json:
+        _emit_json({"matrix": str(args.matrix), "vllm": session.matrix.vllm, "targets": [p.to_json() for p in plans]})
+        return 0
+    rows = []
+    for p in plans:
+        built = {True: "yes", False: "no", None: "unknown (no engine)"}[p.exists]
+        how = "made here (debootstrap)" if p.base_made_here else "pulled"
+        rows.append([p.target, f"{p.base_name}\n{p.base}\n{how}", p.python,
+                     "\n".join(f"{k}=={v}" for k, v in p.pins.items()), p.tag, built])
+    _print_table(f"build plan (vLLM {session.matrix.vllm})", ["target", "base", "python", "pins", "tag", "built"], rows)
+    for p in plans:
+        for note in p.notes:
+            print(f"{p.target}: {note}")
+        for name, state in p.components.items():
+            if state == "absent":
+                print(f"{p.target}: component {name} is absent; profiles unavailable: "
+                      f"{', '.join(p.unavailable_profiles) or 'none'}")
+    return 0
 
 
-def _host(args, matrix, engine) -> str:
-    """--host, or for `auto` what the engine runs on (WSL2 or native; native when it does not answer,
-    which its own check then reports)."""
-    wanted = getattr(args, "host", "auto")
-    if wanted in (None, "auto"):
-        try:
-            return engine.host_kind()
-        except Exception:  # the SDK's many kinds of "cannot connect"
-            return "native"
-    if wanted not in matrix.hosts:
-        raise UserError(f"--host {wanted}: expected one of auto, {', '.join(matrix.hosts)}")
-    return wanted
+def cmd_verify(args) -> int:
+    from .verify import verify
+    return _findings(args, verify(_session(args), args.offline, series=not args.no_series, resolve=args.resolve,
+                                  say=_say("verify: ")), "verify")
 
 
-def _deployment(args, matrix, target: str, engine=None):
-    from .deploy import Deployment
-    engine = engine or _engine(args)
-    tag = _plans(args, matrix, [target])[0].tag
-    return Deployment(_root(args), target, _host(args, matrix, engine), tag, matrix.serve.bind,
-                      getattr(args, "port", None) or matrix.serve.port, engine=engine,
-                      overrides=tuple(matrix.targets[target].compose))
+def cmd_bump(args) -> int:
+    from .pins import bump
+    b = bump(_session(args), args.to, args.dry_run)
+    if args.json:
+        _emit_json({"from": b.old, "to": b.new, "dry_run": args.dry_run, "changes": b.changes, "renames": b.renames,
+                    "review": b.review, "problems": b.findings.problems, "notes": b.findings.notes})
+        return 1 if b.findings.problems else 0
+    verb = "would change" if args.dry_run else "changed"
+    print(f"bump vLLM {b.old} -> {b.new}{' (dry run: nothing written)' if args.dry_run else ''}")
+    for path, count in b.changes.items():
+        print(f"  {verb} {path}: {count} pin(s)")
+    for src, dst in b.renames:
+        print(f"  {'would rename' if args.dry_run else 'renamed'} {src} -> {dst}")
+    if b.review:
+        print(f"lines that still name {b.old}, for a person to review:")
+        for line in b.review:
+            print(f"  {line}")
+    for note in b.findings.notes:
+        print(f"note: {note}", file=sys.stderr)
+    for problem in b.findings.problems:
+        print(f"problem: {problem}")
+    return 1 if b.findings.problems else 0
 
 
-def _check_target(matrix, target: str) -> str:
-    if target not in matrix.targets:
-        raise UserError(f"--target {target}: no such target; expected one of {', '.join(matrix.targets)}")
-    return target
+def cmd_doctor(args) -> int:
+    from .doctor import doctor
+    findings = doctor(args.matrix)
+    if args.json:
+        _emit_json([f.__dict__ for f in findings])
+    else:
+        marks = {"ok": "[green]ok  [/green]", "warn": "[yellow]warn[/yellow]", "fail": "[red]fail[/red]"}
+        console = _console()
+        for f in findings:
+            fix = f"  [dim]fix: {f.fix}[/dim]" if f.fix and f.status != "ok" else ""
+            console.print(f"{marks[f.status]} {f.name}: {f.detail}{fix}")
+    return 1 if any(f.status == "fail" for f in findings) else 0
 
 
-def _require_gpu(matrix, target: str, engine, what: str) -> None:
-    """A GPU target on an engine that cannot give it a GPU ends here, in one line, before anything starts."""
-    if not matrix.targets[target].gpu:
-        return
-    problem = engine.gpu_problem()
-    if problem:
-        others = [name for name, t in matrix.targets.items() if not t.gpu]
-        raise EnvironmentProblem(f"{what} needs a GPU (target {target}), and engine {engine.given}: {problem}"
-                                 + (f"; or use --target {others[0]}" if others else ""))
+def cmd_image(args) -> int:
+    from .builder import build_targets
+    results = build_targets(_session(args), args.target, args.force, say=_say("image: "), show=_step_printer())
+    if args.json:
+        _emit_json({"images": [{"target": r.target, "tag": r.tag, "built": r.built, "seconds": round(r.seconds, 1),
+                                "log": str(r.log) if r.log else None} for r in results]})
+        return 0
+    for r in results:
+        print(f"{r.target}: {r.tag} " + (f"built in {r.seconds:.0f} s (log: {r.log})" if r.built else
+                                          "already built; nothing to do"))
+    return 0
 
 
-def _profile_target(matrix, profile: str, wanted: str | None, engine=None) -> str:
-    """The target to use for `profile`: the one asked for (or the engine's default), if the profile runs there."""
-    target = _check_target(matrix, wanted or _default_target(matrix, engine))
-    if profile not in matrix.profiles:
-        raise UserError(f"profile {profile!r}: expected one of {', '.join(matrix.profiles)}")
-    if target not in matrix.profiles[profile].targets:
-        raise UserError(f"profile {profile} does not run on the {target} target (it runs on "
-                        f"{', '.join(matrix.profiles[profile].targets)})")
-    return target
+def cmd_demo_model(args) -> int:
+    from .demomodel import regenerate_shipped
+    dest = regenerate_shipped(_session(args), say=_say(), show=_step_printer())
+    print(f"demo-model: {dest} replaced; `make demo` and `make test` use it")
+    return 0
 
 
 def cmd_up(args) -> int:
-    from dataclasses import replace
-    from .deploy import check_bind, ensure_secrets, write_env
-    from .pipeline import boot
-    from .engines import address, reach
-    from .transfer import ensure_image
-    from .watch import BootFailed
-    matrix = _matrix(args)
-    engine = _engine(args)
-    engine.check()
-    target = _profile_target(matrix, args.profile, args.target, engine)
-    _require_gpu(matrix, target, engine, f"up: {args.profile}")
-    dep = _deployment(args, matrix, target, engine)
-    arrived = ensure_image(engine, dep.image, say=lambda line: print(f"up: {line}", file=sys.stderr))
-    check_bind(dep.bind, warn=lambda w: print(f"warning: {w}", file=sys.stderr))
-    key_file = ensure_secrets(dep)
-    write_env(dep)
-    timeout = args.timeout or matrix.serve.boot_timeout_s
-    where = "" if engine.is_local else f" on engine {engine.given} (image {arrived})"
-    print(f"up: {args.profile} on {target} ({dep.host}){where}, {dep.image}", file=sys.stderr)
     from rich.console import Console
+
+    from .pipeline import up_profile
+    from .watch import BootFailed
     try:
-        with reach(engine, dep.bind, dep.port) as url, \
-                Console(stderr=True).status(f"waiting for {args.profile} to become healthy") as status:
-            booted = boot(replace(dep, reached_at=url), args.profile, timeout, say=status.update)
+        with Console(stderr=True).status(f"waiting for {args.profile} to become healthy") as status:
+            r = up_profile(_session(args), args.profile, args.target, args.host, _engine(args), args.port,
+                           args.timeout, say=_say(), status=status.update)
     except BootFailed as exc:
         print(f"up: {args.profile} failed: {exc}", file=sys.stderr)
         for line in exc.last_lines[-12:]:
             print(f"  | {line[:300]}", file=sys.stderr)
         return 1
-    booted.stop_samplers()  # `up` ends at healthy; `run` keeps them going through the traffic
-    record, memory = booted.record, booted.memory()
-    url = address(engine, dep.bind, dep.port)
-    result = {"profile": args.profile, "target": target, "host": dep.host, "engine": engine.given,
-              "image": dep.image, "url": url,
-              "api_key_file": str(key_file), "container": booted.container.name,
-              "time_to_healthy_s": record.time_to_healthy_s, "kv_pool_tokens": record.kv_pool_tokens,
-              "detection_lag_s": record.detection_lag_s, "phases": memory["phases"],
-              "gpu": memory["gpus"][0] if memory["gpus"] else None, "shared_usage": memory["shared_usage"]}
-    if result["shared_usage"]:
-        result["shared_usage"] = {k: v for k, v in result["shared_usage"].items() if k != "series"}
     if args.json:
-        _emit_json(result)
-    else:
-        print(f"{args.profile} is healthy at {url} (API key in {key_file})")
-        print(f"  time to healthy {record.time_to_healthy_s} s, KV pool {record.kv_pool_tokens} tokens, "
-              f"detection lag {record.detection_lag_s} s")
-        if result["gpu"]:
-            print(f"  GPU peak {result['gpu']['peak_used_bytes'] / 2**30:.2f} GiB, margin "
-                  f"{result['gpu']['min_margin_bytes'] / 2**30:.2f} GiB")
-        if result["shared_usage"]:
-            print(f"  Shared Usage baseline {result['shared_usage']['baseline_bytes'] / 1e6:.0f} MB, spill "
-                  f"{result['shared_usage']['spill_bytes'] / 1e6:.0f} MB")
+        _emit_json(r)
+        return 0
+    print(f"{args.profile} is healthy at {r['url']} (API key in {r['api_key_file']})")
+    print(f"  time to healthy {r['time_to_healthy_s']} s, KV pool {r['kv_pool_tokens']} tokens, "
+          f"detection lag {r['detection_lag_s']} s")
+    if r["gpu"]:
+        print(f"  GPU peak {r['gpu']['peak_used_bytes'] / 2**30:.2f} GiB, margin "
+              f"{r['gpu']['min_margin_bytes'] / 2**30:.2f} GiB")
+    if r["shared_usage"]:
+        print(f"  Shared Usage baseline {r['shared_usage']['baseline_bytes'] / 1e6:.0f} MB, spill "
+              f"{r['shared_usage']['spill_bytes'] / 1e6:.0f} MB")
     return 0
 
 
 def cmd_down(args) -> int:
-    from .deploy import Deployment, down, ensure_secrets, running_profiles, write_env
-    matrix = _matrix(args)
-    engine = _engine(args)
-    engine.check()
-    dep = Deployment(_root(args), next(iter(matrix.targets)), "native", "unused", matrix.serve.bind,
-                     matrix.serve.port, engine=engine)
-    if not dep.env_file.exists():
-        write_env(dep)
-    ensure_secrets(dep)  # Compose checks the secrets' sources even to take a project down
-    down(dep, args.profile)
-    left = [p for p in running_profiles(engine) if not args.profile or p == args.profile]
+    from .deploy import down_profiles
+    left = down_profiles(_session(args), _engine(args), args.profile)
     print(f"down: {'nothing left running' if not left else 'still present: ' + ', '.join(left)}")
     return 0 if not left else 1
 
 
 def cmd_monitor(args) -> int:
-    """GPU memory (NVML) and, on WSL2, Shared Usage for N seconds or until Ctrl-C.
-
-    Imports only the standard library, nvidia-ml-py and (for the adapter name) PyYAML, so that it
-    runs on a GPU machine without the rest of the stack.
-    """
-    import time
-    from wsl2.detect import is_wsl2
-    from wsl2.shared_usage import SharedUsageSampler, SharedUsageUnavailable
-    from .gpu import NvmlSampler, NvmlUnavailable
-    gpu_sampler = shared_sampler = None
-    try:
-        gpu_sampler = NvmlSampler(interval_s=args.interval)
-    except NvmlUnavailable as exc:
-        print(f"monitor: GPU memory not sampled: {exc}", file=sys.stderr)
-    if is_wsl2():
-        try:
-            shared_sampler = SharedUsageSampler().start()
-            if not shared_sampler.wait_for_baseline(20):
-                print("monitor: Get-Counter gave no sample within 20 s", file=sys.stderr)
-        except SharedUsageUnavailable as exc:
-            print(f"monitor: Shared Usage not sampled: {exc}", file=sys.stderr)
-    else:
-        print("monitor: not WSL2: Shared Usage not sampled", file=sys.stderr)
-    if gpu_sampler:
-        gpu_sampler.start()
-    try:
-        deadline = time.monotonic() + args.seconds if args.seconds else None
-        while deadline is None or time.monotonic() < deadline:
-            time.sleep(0.05 if deadline is None else max(0.0, min(0.05, deadline - time.monotonic())))
-    except KeyboardInterrupt:
-        pass
-    finally:
-        if gpu_sampler:
-            gpu_sampler.stop()
-        if shared_sampler:
-            shared_sampler.stop()
-    gpus = gpu_sampler.summary() if gpu_sampler else []
-    shared = shared_sampler.summary(nvml_used=gpus[0]["end_used_bytes"] if gpus else None,
-                                    named=args.adapter or _wsl2_adapter(args)) if shared_sampler else None
-    if shared:
-        shared.pop("series")
-    result = {"gpu": ({k: v for k, v in gpus[0].items() if k != "phases"} if gpus else None), "gpus": gpus,
-              "shared_usage": shared}
+    from .monitor import monitor
+    result = monitor(args.seconds, args.interval, args.adapter, args.matrix, say=_say())
     if args.json:
         _emit_json(result)
         return 0
-    for g in gpus:
+    for g in result["gpus"]:
         print(f"GPU {g['index']} {g['name']}: peak {g['peak_used_bytes'] / 2**30:.3f} GiB of "
               f"{g['total_bytes'] / 2**30:.1f} GiB, margin {g['min_margin_bytes'] / 2**30:.3f} GiB, "
               f"{g['samples']} samples")
+    shared = result["shared_usage"]
     if shared:
         print(f"Shared Usage ({shared['adapter']}): baseline {shared['baseline_bytes'] / 1e6:.0f} MB, peak "
               f"{shared['peak_bytes'] / 1e6:.0f} MB, end {shared['end_bytes'] / 1e6:.0f} MB, spill "
@@ -477,126 +249,41 @@ def cmd_monitor(args) -> int:
     return 0
 
 
-def _wsl2_adapter(args) -> str | None:
-    """hosts.wsl2.adapter from the matrix, read with PyYAML alone (no pydantic on a bare GPU machine)."""
-    try:
-        import yaml
-        data = yaml.safe_load(Path(args.matrix).read_text())
-        return ((data or {}).get("hosts") or {}).get("wsl2", {}).get("adapter")
-    except (ImportError, OSError, yaml.YAMLError, AttributeError):
-        return None
-
-
 def cmd_run(args) -> int:
-    """image, up, smoke, down and a report for each profile, on one engine or several at once."""
-    from .builder import build_image
-    from .deploy import ensure_secrets, write_env
-    from .release import released
-    from .engines import parse_engines
-    matrix = _matrix(args)
-    engines = parse_engines(args.engines) if args.engines else [_engine(args)]
-    target = _check_target(matrix, args.target or _default_target(matrix, engines[0]))
-    profiles = args.profile or [p for p, spec in matrix.profiles.items() if target in spec.targets][:1]
-    for name in profiles:
-        if name not in matrix.profiles or target not in matrix.profiles[name].targets:
-            raise UserError(f"--profile {name}: not a profile of the {target} target (those are: "
-                            f"{', '.join(p for p, s in matrix.profiles.items() if target in s.targets)})")
-    if not args.engines:  # a fleet records each engine's failure as its row instead
-        engines[0].check()
-        _require_gpu(matrix, target, engines[0], f"run: {', '.join(profiles)}")
-    settings = _settings(args, matrix)
-    plan = _plans(args, matrix, [target], settings=settings)[0]
-    print(f"run: {target} image {plan.tag}", file=sys.stderr)
-    build_image(matrix, plan, _root(args), settings, show=_step_printer())
-    release = released(_root(args), matrix, target, plan.digest)
+    session = _session(args)
     if args.engines:
-        return _run_fleet(args, matrix, target, plan.tag, engines, profiles, release)
-    dep = _deployment(args, matrix, target, engines[0])
-    key_file = ensure_secrets(dep)
-    write_env(dep)
-    say = lambda line: print(line, file=sys.stderr)  # noqa: E731
-    from .pipeline import run_profiles
-    from .report import write_report
-    done = run_profiles(matrix, dep, profiles, key_file, release=release, say=say,
-                        write=lambda report, series: write_report(_root(args) / "reports" / report["run_id"], report,
-                                                                  series))
+        from .engines import parse_engines
+        from .fleet import run
+        doc, summary_md, runs = run(session, parse_engines(args.engines), args.target, args.profile, args.host,
+                                    args.port, say=_say(), show=_step_printer())
+        if args.json:
+            _emit_json({"passed": doc["passed"], "summary": str(summary_md), "engines": doc["engines"]})
+        else:
+            _print_wide(f"{sum(r.passed for r in runs)} of {len(runs)} engines passed", doc["table"]["header"],
+                        doc["table"]["rows"], summary_md.read_text())
+            print(f"run: summary in {summary_md.relative_to(session.root)}")
+        return 0 if doc["passed"] else 1
+    from .pipeline import run
+    done = run(session, args.target, args.profile, args.host, _engine(args), args.port, say=_say(),
+               show=_step_printer())
     for report, run_dir in done:
         failed = [c["name"] for c in report["checks"] if c["status"] == "failed"]
-        say(f"run: {report['profile']}: {'passed' if report['passed'] else 'FAILED: ' + ', '.join(failed)}; report "
-            f"in {run_dir.relative_to(_root(args))}/report.md")
+        print(f"run: {report['profile']}: {'passed' if report['passed'] else 'FAILED: ' + ', '.join(failed)}; report "
+              f"in {run_dir.relative_to(session.root)}/report.md", file=sys.stderr)
     passed = all(report["passed"] for report, _ in done)
     if args.json:
         _emit_json({"passed": passed, "reports": [str(run_dir) for _, run_dir in done]})
     return 0 if passed else 1
 
 
-def _run_fleet(args, matrix, target: str, tag: str, engines, profiles: list[str], release) -> int:
-    import datetime as dt
-    from . import fleet
-    from .deploy import Deployment, ensure_secrets, write_env
-    base = args.port or matrix.serve.port  # each engine its own port: engines on one machine share its loopback
-    deps = [Deployment(_root(args), target, _host(args, matrix, e), tag, matrix.serve.bind, base + i, engine=e,
-                       overrides=tuple(matrix.targets[target].compose)) for i, e in enumerate(engines)]
-    for dep in deps:  # here, not in the threads: the key file is one for all, and each env file is written once
-        key_file = ensure_secrets(dep)
-        write_env(dep)
-    out = _root(args) / "reports" / f"{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}-fleet-{target}"
-    print(f"run: {', '.join(profiles)} on {len(engines)} engines in parallel: "
-          f"{', '.join(f'{d.engine.given} ({d.host}, port {d.port})' for d in deps)}", file=sys.stderr)
-    runs = fleet.run_fleet(matrix, deps, profiles, key_file, out, release=release,
-                           say=lambda line: print(line, file=sys.stderr))
-    doc, summary_md = fleet.write_summary(out, runs)
-    if args.json:
-        _emit_json({"passed": doc["passed"], "summary": str(summary_md), "engines": doc["engines"]})
-    else:
-        if sys.stdout.isatty():
-            _print_table(f"{sum(r.passed for r in runs)} of {len(runs)} engines passed", doc["table"]["header"],
-                         doc["table"]["rows"])
-        else:  # a log or a pipe: a nine-column box folds into an unreadable one; Markdown stays a row a line
-            print(summary_md.read_text(), end="")
-        print(f"run: summary in {summary_md.relative_to(_root(args))}")
-    return 0 if doc["passed"] else 1
-
-
 def cmd_smoke(args) -> int:
-    """The profile's checks against a running server, local or remote."""
-    from contextlib import nullcontext
-    from smoke import Context
-    from .deploy import find_container, published_port
-    from .pipeline import smoke
-    from .engines import reach
-    from .watch import READY
-    matrix = _matrix(args)
-    engine = _engine(args)
-    if args.url and args.engine:
-        raise UserError("--url and --engine: name the server one way (--engine finds it on that engine)")
-    target = _check_target(matrix, args.target or _default_target(matrix, engine))
-    if args.profile not in matrix.profiles:
-        raise UserError(f"profile {args.profile!r}: expected one of {', '.join(matrix.profiles)}")
-    dep = _deployment(args, matrix, target, engine)
-    key_path = Path(args.api_key_file) if args.api_key_file else dep.api_key_file
-    if not key_path.is_file():
-        raise UserError(f"no API key file at {key_path}: pass --api-key-file")
-    logs, port, healthy_line = None, dep.port, 0
-    if not args.url:  # a profile on an engine: its log is readable, so the log checks can run
-        engine.check()
-        container = find_container(args.profile, engine)
-        if container is None:
-            raise UserError(f"{args.profile} is not running on engine {engine.given}: start it with "
-                            f"`python build.py up {args.profile}" + ("" if engine.is_local else
-                                                                     f" --engine {engine.given}") + "`")
-        logs = lambda: container.logs().decode("utf-8", "replace").splitlines()  # noqa: E731
-        port = published_port(container) or port
-        # compiles while booting are expected; the log checks judge what came after the server was ready
-        healthy_line = next((i + 1 for i, line in enumerate(logs()) if READY.search(line)), 0)
-    with (nullcontext(args.url) if args.url else reach(engine, dep.bind, port)) as url:
-        ctx = Context(url.rstrip("/"), key_path.read_text().strip(),
-                      matrix.models[matrix.targets[target].model].served_name, gpu=matrix.targets[target].gpu,
-                      logs=logs, healthy_line=healthy_line)
-        results = smoke(ctx, matrix.profile_checks(args.profile, target), say=None if args.json else
-                        lambda r: print(f"{r.status:7} {r.name} ({r.seconds} s) {r.reason}"))
+    from .pipeline import smoke_running
+    url, results = smoke_running(_session(args), args.profile, args.target, _engine(args) if args.engine else None,
+                                 args.url, Path(args.api_key_file) if args.api_key_file else None,
+                                 say=None if args.json else
+                                 lambda r: print(f"{r.status:7} {r.name} ({r.seconds} s) {r.reason}"))
     if args.json:
-        _emit_json({"url": ctx.url, "checks": [r.to_json() for r in results]})
+        _emit_json({"url": url, "checks": [r.to_json() for r in results]})
     return 0 if all(r.status != "failed" for r in results) else 1
 
 
@@ -614,53 +301,23 @@ def cmd_compare(args) -> int:
 
 
 def cmd_release(args) -> int:
-    """Push the checked images: immutable and moving tags, digests read back, then the manifest."""
-    from .engines import local
-    from .release import dirty, git_tag, release_targets, summary_text, write_manifest
-    matrix = _matrix(args)
-    root = _root(args)
-    if args.git_tag and not args.dry_run:
-        changes = dirty(root)
-        if changes:
-            raise CheckFailed(f"--git-tag: the working tree has uncommitted changes ({len(changes)} path(s), e.g. "
-                              f"{changes[0].strip()}); commit or stash them first")
-    engine = local()
-    engine.check()
-    targets = [_check_target(matrix, t) for t in (args.target or list(matrix.targets))]
-    plans = {p.target: p for p in _plans(args, matrix, targets)}
-    releases = release_targets(matrix, root, engine, (args.registry or matrix.release.registry).rstrip("/"), plans,
-                               explicit=bool(args.target), dry_run=args.dry_run,
-                               say=lambda line: print(line, file=sys.stderr))
-    if args.dry_run:
+    from .release import release, summary_text
+    session = _session(args)
+    manifest, releases = release(session, args.registry, args.target, args.dry_run, args.git_tag, say=_say())
+    if manifest is None:
         print("release: dry run; nothing pushed")
-        return 0
-    if not releases:
-        raise CheckFailed("nothing released: no target has a built image")
-    manifest = write_manifest(root, matrix, releases)
-    if args.git_tag:
-        git_tag(root, f"v{matrix.vllm}", summary_text(matrix, releases))
-    if args.json:
+    elif args.json:
         _emit_json({"manifest": str(manifest), "releases": releases})
     else:
-        print(summary_text(matrix, releases))
-        print(f"manifest: {manifest.relative_to(root)}")
+        print(summary_text(session.matrix, releases))
+        print(f"manifest: {manifest.relative_to(session.root)}")
     return 0
 
 
 def cmd_render(args) -> int:
-    """Kubernetes manifests for one profile, validated against the Kubernetes schemas before writing."""
-    from . import k8s
-    matrix = _matrix(args)
-    target = _profile_target(matrix, args.profile, args.target)
-    host = args.host if args.host != "auto" else "native"
-    if host not in matrix.hosts:
-        raise UserError(f"--host {host}: expected one of {', '.join(matrix.hosts)}")
-    image, how = k8s.image_reference(matrix, _plans(args, matrix, [target])[0], _root(args))
-    docs = k8s.render(matrix, args.profile, target, host, image)
-    problems = k8s.validate(docs, args.kube_version)
-    if problems:
-        raise CheckFailed("the rendered manifests do not validate: " + "; ".join(problems))
-    paths = k8s.write(docs, Path(args.out))
+    from .k8s import render_profile
+    paths, how = render_profile(_session(args), args.profile, Path(args.out), args.target,
+                                "native" if args.host == "auto" else args.host, args.kube_version)
     print(f"image {how}", file=sys.stderr)
     print("create the key Secret first: kubectl create secret generic servekit-api-key "
           "--from-file=api-key=compose/secrets/api_key", file=sys.stderr)
@@ -670,64 +327,24 @@ def cmd_render(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    """Every combination of knob values, N boots each; a failed cell is recorded and the sweep goes on."""
-    import datetime as dt
-    from .builder import build_image
-    from .deploy import ensure_secrets, write_env
-    from .image.knobs import KNOBS
-    from . import sweep as sw
-    matrix = _matrix(args)
-    target = _profile_target(matrix, args.profile, args.target)
-    knobs = []
-    for spec in args.knob:
-        name, _, values = spec.partition("=")
-        if name not in KNOBS or not values:
-            raise UserError(f"--knob {spec!r}: expected NAME=V1,V2 with NAME one of {', '.join(KNOBS)}")
-        for value in values.split(","):
-            if problem := KNOBS[name].check(value):
-                raise UserError(f"--knob {name}={value!r}: {problem}")
-        knobs.append((name, values.split(",")))
-    only = args.checks.split(",") if args.checks else None
-    for name in only or []:
-        if name not in matrix.checks:
-            raise UserError(f"--checks {name}: expected one of {', '.join(matrix.checks)}")
-    _require_gpu(matrix, target, _engine(args), f"sweep: {args.profile}")
-    settings = _settings(args, matrix)
-    plan = _plans(args, matrix, [target], settings=settings)[0]
-    build_image(matrix, plan, _root(args), settings, show=_step_printer())
-    dep = _deployment(args, matrix, target)
-    key_file = ensure_secrets(dep)
-    write_env(dep)
-    cells, interrupted = sw.run_sweep(matrix, dep, args.profile, key_file, knobs, args.boots, only,
-                                      say=lambda line: print(line, file=sys.stderr))
-    doc, markdown = sw.sweep_document(matrix, dep, args.profile, plan.tag, knobs, args.boots, cells, interrupted)
-    out = _root(args) / "reports" / f"{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}-sweep-{args.profile}-{target}"
-    sw.write(out, doc, markdown, cells, knobs[0][0])
-    if sys.stdout.isatty():
-        _print_table(doc["title"], doc["table"]["header"], doc["table"]["rows"])
-        if doc["advice"]:
-            print(doc["advice"])
-    else:  # a log or a pipe: nine columns would fold into an unreadable box; Markdown stays one row a line
-        print(markdown, end="")
-    print(f"sweep: report in {out.relative_to(_root(args))}/report.md")
-    return 130 if interrupted else 0
+    from .sweep import sweep
+    session = _session(args)
+    out, doc, markdown = sweep(session, args.profile, args.knob, args.boots, args.target, args.host,
+                               args.checks.split(",") if args.checks else None, say=_say(), show=_step_printer())
+    _print_wide(doc["title"], doc["table"]["header"], doc["table"]["rows"], markdown)
+    if sys.stdout.isatty() and doc["advice"]:
+        print(doc["advice"])
+    print(f"sweep: report in {out.relative_to(session.root)}/report.md")
+    return 130 if doc["interrupted"] else 0
 
 
 def cmd_derive(args) -> int:
-    from .derived import derive
-    root = _root(args)
-    try:
-        files = derive(_matrix(args), root)
-    except (OSError, ValueError) as exc:
-        raise UserError(str(exc)) from None
-    changed = [rel for rel, (now, wanted) in files.items() if now != wanted]
-    if not args.check:
-        from .atomic import write_text
-        for rel in changed:
-            write_text(root / rel, files[rel][1])
+    from .derived import derive_files
+    session = _session(args)
+    count, changed = derive_files(session.matrix, session.root, args.check)
     for rel in changed:
         print(f"{'stale' if args.check else 'rewrote'}: {rel}")
-    print(f"derive: {len(files)} files, {len(changed)} {'stale' if args.check else 'rewritten'}")
+    print(f"derive: {count} files, {len(changed)} {'stale' if args.check else 'rewritten'}")
     return 1 if args.check and changed else 0
 
 
@@ -797,6 +414,8 @@ def build_parser() -> argparse.ArgumentParser:
             "its digest is not rebuilt)")
     add_target(p, many=True)
     p.add_argument("--force", action="store_true", help="rebuild even if the image exists")
+    add("demo-model", cmd_demo_model, "train the shipped demo model again (a few CPU minutes, in the image of the "
+        "target that serves it) and replace its folder (images.yaml models.<name>.dir)", json_out=False)
     p = add("up", cmd_up, "start a profile through Compose and watch it until it is healthy or has failed")
     p.add_argument("profile", metavar="PROFILE", help="a profile of images.yaml (default, batch, alternative, ...)")
     add_target(p)

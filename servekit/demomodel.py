@@ -201,6 +201,26 @@ def regenerate(engine, image: str, dest: Path, say=print) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def regenerate_shipped(session, say=print, show=None) -> Path:
+    """`demo-model`: train the generated model of the matrix again, in the image of the first target that serves
+    it (built first if need be: its torch does the training), and replace the shipped folder."""
+    from .builder import build_image
+    from .engines import local
+    from .errors import UserError
+    matrix = session.matrix
+    served = [(name, matrix.models[t.model]) for name, t in matrix.targets.items()
+              if matrix.models[t.model].source == "generated"]
+    if not served:
+        raise UserError("no target of images.yaml serves a generated model (models.<name>.source: generated)")
+    target, model = served[0]
+    plan = session.plan(target)
+    build_image(matrix, plan, session.root, session.settings, show=show)
+    dest = session.root / model.dir
+    say(f"demo-model: training in {plan.tag} (a few CPU minutes), then replacing {model.dir}/")
+    regenerate(local(), plan.tag, dest, say=say)
+    return dest
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)

@@ -164,3 +164,17 @@ def published_port(container) -> int | None:
 def running_profiles(engine: Engine | None = None) -> list[str]:
     return sorted({c.labels.get("com.docker.compose.service")
                    for c in (engine or resolve(None)).containers(label=f"com.docker.compose.project={PROJECT}")})
+
+
+def down_profiles(session, engine: Engine | None = None, profile: str | None = None) -> list[str]:
+    """Stop and remove `profile`'s containers (every profile's when None) on `engine`; the profiles still there."""
+    engine = engine or resolve(None)
+    engine.check()
+    matrix = session.matrix
+    dep = Deployment(session.root, next(iter(matrix.targets)), "native", "unused", matrix.serve.bind,
+                     matrix.serve.port, engine=engine)
+    if not dep.env_file.exists():
+        write_env(dep)
+    ensure_secrets(dep)  # Compose checks the secrets' sources even to take a project down
+    down(dep, profile)
+    return [p for p in running_profiles(engine) if not profile or p == profile]

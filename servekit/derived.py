@@ -132,3 +132,18 @@ def stale(matrix: Matrix, root: Path) -> list[str]:
         return [str(exc)]
     return [f"{rel} is not what images.yaml and the knob table give: run `make derived`"
             for rel, (now, wanted) in files.items() if now != wanted]
+
+
+def derive_files(matrix: Matrix, root: Path, check: bool = False) -> tuple[int, list[str]]:
+    """`derive`: rewrite each stale derived file (only name them when `check`); (files derived, stale ones)."""
+    from .atomic import write_text
+    from .errors import UserError
+    try:
+        files = derive(matrix, root)
+    except (OSError, ValueError) as exc:
+        raise UserError(str(exc)) from None
+    changed = [rel for rel, (now, wanted) in files.items() if now != wanted]
+    if not check:
+        for rel in changed:
+            write_text(root / rel, files[rel][1])
+    return len(files), changed

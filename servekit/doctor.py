@@ -82,3 +82,16 @@ def base_findings(matrix) -> list[Finding]:
                        else Finding(f"base {name}", "warn", f"{base.image} is not here; the build pulls it",
                                     "where its registry cannot be reached, build with --base naming a base made here"))
     return out
+
+
+def doctor(matrix_path) -> list[Finding]:
+    """Every finding: the engine and the machine, then (when the engine answers) the bases of the matrix."""
+    from .errors import UserError
+    from .matrix import load_matrix
+    findings = diagnose()
+    if findings and findings[0].status == "ok":
+        try:
+            findings += base_findings(load_matrix(matrix_path))
+        except UserError as exc:
+            findings.append(Finding("matrix", "fail", str(exc), "fix images.yaml"))
+    return findings

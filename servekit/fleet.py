@@ -116,3 +116,30 @@ def write_summary(out: Path, runs: list[EngineRun]) -> tuple[dict, Path]:
     write_text(out / "summary.json", json.dumps(doc, indent=2) + "\n")
     write_text(out / "summary.md", markdown)
     return doc, out / "summary.md"
+
+
+def run(session, engines: list[Engine], target: str | None = None, profiles: list[str] | None = None,
+        host: str | None = "auto", port: int | None = None, say=print, show=None) -> tuple[dict, Path, list[EngineRun]]:
+    """`run --engines`: build here once, then the profiles on every engine at once; (summary, its file, runs)."""
+    import datetime as dt
+
+    from .builder import build_image
+    from .pipeline import profiles_of
+    from .release import released
+    target = session.target(target, engines[0])
+    profiles = profiles_of(session, target, profiles)
+    plan = session.plan(target)
+    say(f"run: {target} image {plan.tag}")
+    build_image(session.matrix, plan, session.root, session.settings, show=show)
+    first = port or session.matrix.serve.port  # each engine its own port: engines on one machine share its loopback
+    deps = [session.deployment(target, e, host, first + i, tag=plan.tag) for i, e in enumerate(engines)]
+    for dep in deps:  # here, not in the threads: the key file is one for all, and each env file is written once
+        key_file = deploy.ensure_secrets(dep)
+        deploy.write_env(dep)
+    out = session.root / "reports" / f"{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}-fleet-{target}"
+    say(f"run: {', '.join(profiles)} on {len(engines)} engines in parallel: "
+        f"{', '.join(f'{d.engine.given} ({d.host}, port {d.port})' for d in deps)}")
+    runs = run_fleet(session.matrix, deps, profiles, key_file, out, say=say,
+                     release=released(session.root, session.matrix, target, plan.digest))
+    doc, summary_md = write_summary(out, runs)
+    return doc, summary_md, runs

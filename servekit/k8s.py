@@ -111,3 +111,20 @@ def validate(docs: list[dict], version: str = "1.31") -> list[str]:
             problems.append(f"{doc['kind']}/{doc['metadata']['name']}: {exc.message} at "
                             f"{'.'.join(str(p) for p in exc.path)}")
     return problems
+
+
+def render_profile(session, profile: str, out: Path, target: str | None = None, host: str = "native",
+                   kube_version: str = "1.31") -> tuple[list[Path], str]:
+    """`render k8s`: the manifests for one profile, validated before anything is written; (paths, how the image
+    is referenced)."""
+    from .errors import CheckFailed, UserError
+    matrix = session.matrix
+    target = session.profile_target(profile, target)
+    if host not in matrix.hosts:
+        raise UserError(f"--host {host}: expected one of {', '.join(matrix.hosts)}")
+    image, how = image_reference(matrix, session.plan(target), session.root)
+    docs = render(matrix, profile, target, host, image)
+    problems = validate(docs, kube_version)
+    if problems:
+        raise CheckFailed("the rendered manifests do not validate: " + "; ".join(problems))
+    return write(docs, out), how

@@ -8,8 +8,9 @@ from pathlib import Path
 
 from packaging.markers import default_environment
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
+from .errors import UserError
 from .index import IndexUnreachable, NotOnIndex, fetch_metadata, normalize
 from .matrix import Matrix
 
@@ -260,3 +261,17 @@ def resolve_dry_run(matrix: Matrix, target: str, wheel_dirs: list[Path], say=pri
     installs = _json.loads(done.stdout)["install"]
     out.notes.append(f"target {target}: the pins resolve to {len(installs)} packages for Python {python}")
     return out
+
+
+def bump(session, to: str, dry_run: bool = False) -> Bump:
+    """`bump --to`: every mechanical vLLM pin moved (written unless dry_run), with what a person must review."""
+    try:
+        Version(to)
+    except InvalidVersion:
+        raise UserError(f"--to {to!r}: not a version (expected e.g. 0.32.0)") from None
+    if to == session.matrix.vllm:
+        raise UserError(f"--to {to}: vLLM is already pinned at {to}")
+    plan, writes = plan_bump(session.matrix, session.matrix_path, session.root, to, session.cache / "metadata")
+    if not dry_run:
+        apply_bump(plan, writes, session.root)
+    return plan

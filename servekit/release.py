@@ -239,3 +239,29 @@ def release_targets(matrix: Matrix, root: Path, engine, registry: str, plans: di
                          "components": plan.components, "smoke": smoke})
         say(f"release: {target}: pushed {len(tags)} tags, {repository}@{releases[-1]['registry_digest']}")
     return releases
+
+
+def release(session, registry: str | None = None, targets: list[str] | None = None, dry_run: bool = False,
+            tag_git: bool = False, say=print) -> tuple[Path | None, list[dict]]:
+    """Push each target's checked image (all targets, or those named); (the manifest written, the records)."""
+    from .engines import local
+    matrix, root = session.matrix, session.root
+    if tag_git and not dry_run:
+        changes = dirty(root)
+        if changes:
+            raise CheckFailed(f"--git-tag: the working tree has uncommitted changes ({len(changes)} path(s), e.g. "
+                              f"{changes[0].strip()}); commit or stash them first")
+    engine = local()
+    engine.check()
+    names = [session.check_target(t) for t in (targets or list(matrix.targets))]
+    plans = {p.target: p for p in session.plans(names)}
+    releases = release_targets(matrix, root, engine, (registry or matrix.release.registry).rstrip("/"), plans,
+                               explicit=bool(targets), dry_run=dry_run, say=say)
+    if dry_run:
+        return None, releases
+    if not releases:
+        raise CheckFailed("nothing released: no target has a built image")
+    manifest = write_manifest(root, matrix, releases)
+    if tag_git:
+        git_tag(root, f"v{matrix.vllm}", summary_text(matrix, releases))
+    return manifest, releases

@@ -29,13 +29,15 @@ class BuildSettings:
     wheels: tuple[str, ...] | None = None  # None: the find-links folders pip is configured with
 
     @classmethod
-    def from_args(cls, args, matrix: Matrix) -> BuildSettings:
-        base = getattr(args, "base", None) or os.environ.get(ENV_BASE) or None
-        without_text = getattr(args, "without", None) or [os.environ.get(ENV_WITHOUT, "")]
-        without = tuple(sorted({w.strip() for text in without_text for w in text.split(",") if w.strip()}))
-        wheels_text = getattr(args, "wheels", None) or os.environ.get(ENV_WHEELS)
-        wheels = tuple(w for w in wheels_text.split(os.pathsep) if w) if wheels_text else None
-        settings = cls(base, without, wheels)
+    def resolve(cls, matrix: Matrix, base: str | None = None, without: list[str] | None = None,
+                wheels: str | None = None) -> BuildSettings:
+        """Each setting as given (command-line flags), else from the environment; checked against the matrix."""
+        base = base or os.environ.get(ENV_BASE) or None
+        without_text = without or [os.environ.get(ENV_WITHOUT, "")]
+        omitted = tuple(sorted({w.strip() for text in without_text for w in text.split(",") if w.strip()}))
+        wheels_text = wheels or os.environ.get(ENV_WHEELS)
+        folders = tuple(w for w in wheels_text.split(os.pathsep) if w) if wheels_text else None
+        settings = cls(base, omitted, folders)
         settings.check(matrix)
         return settings
 

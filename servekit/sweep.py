@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .atomic import write_text
+from .errors import UserError
 
 GiB = 2**30
 
@@ -219,3 +220,47 @@ def sweep_document(matrix, dep, profile: str, image: str, knobs: list[tuple[str,
            "cells": [{"knobs": c.knobs, "boots": c.boots} for c in cells],
            "table": {"header": header, "rows": rows}, "notes": notes, "title": title}
     return doc, render_markdown(title, header, rows, advice, notes)
+
+
+def parse_knobs(specs: list[str]) -> list[tuple[str, list[str]]]:
+    """`--knob NAME=V1,V2` each, every value checked by the knob table before anything boots."""
+    from .image.knobs import KNOBS
+    knobs = []
+    for spec in specs:
+        name, _, values = spec.partition("=")
+        if name not in KNOBS or not values:
+            raise UserError(f"--knob {spec!r}: expected NAME=V1,V2 with NAME one of {', '.join(KNOBS)}")
+        for value in values.split(","):
+            if problem := KNOBS[name].check(value):
+                raise UserError(f"--knob {name}={value!r}: {problem}")
+        knobs.append((name, values.split(",")))
+    return knobs
+
+
+def sweep(session, profile: str, knob_specs: list[str], boots: int = 2, target: str | None = None,
+          host: str | None = "auto", checks: list[str] | None = None, say=print, show=None) -> tuple[Path, dict, str]:
+    """Every combination of knob values, `boots` boots each, on this machine's engine; a failed cell is recorded
+    and the sweep goes on. (the report's folder, its document, its Markdown)."""
+    import datetime as dt
+
+    from . import deploy
+    from .builder import build_image
+    from .engines import resolve
+    matrix = session.matrix
+    engine = resolve(None)
+    target = session.profile_target(profile, target, engine)
+    knobs = parse_knobs(knob_specs)
+    for name in checks or []:
+        if name not in matrix.checks:
+            raise UserError(f"--checks {name}: expected one of {', '.join(matrix.checks)}")
+    session.require_gpu(target, engine, f"sweep: {profile}")
+    plan = session.plan(target)
+    build_image(matrix, plan, session.root, session.settings, show=show)
+    dep = session.deployment(target, engine, host, tag=plan.tag)
+    key_file = deploy.ensure_secrets(dep)
+    deploy.write_env(dep)
+    cells, interrupted = run_sweep(matrix, dep, profile, key_file, knobs, boots, checks, say=say)
+    doc, markdown = sweep_document(matrix, dep, profile, plan.tag, knobs, boots, cells, interrupted)
+    out = session.root / "reports" / f"{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}-sweep-{profile}-{target}"
+    write(out, doc, markdown, cells, knobs[0][0])
+    return out, doc, markdown

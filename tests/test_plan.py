@@ -116,11 +116,11 @@ def test_settings_come_from_the_environment(monkeypatch):
     matrix = load_matrix(ROOT / "images.yaml")
     monkeypatch.setenv("SERVEKIT_BASE", "cuda-local")
     monkeypatch.setenv("SERVEKIT_WITHOUT", "flashinfer-cubin")
-    settings = BuildSettings.from_args(object(), matrix)
+    settings = BuildSettings.resolve(matrix)
     assert settings.base_for(matrix, "cuda") == "cuda-local" and settings.omitted(matrix, "cuda") == ["flashinfer-cubin"]
     monkeypatch.setenv("SERVEKIT_BASE", "nope")
     with pytest.raises(UserError):
-        BuildSettings.from_args(object(), matrix)
+        BuildSettings.resolve(matrix)
 
 
 def test_a_folder_of_wheels_offers_only_exact_pinned_versions(tmp_path):

@@ -1,0 +1,104 @@
+"""What every command resolves once: the matrix, this machine's build settings, the engine, the target,
+the host and the deployment. Explicit parameters, no argument namespace: callable from Python."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .engines import Engine, resolve
+from .errors import EnvironmentProblem, UserError
+from .matrix import Matrix, load_matrix
+from .plan import TargetPlan, plan_targets
+from .settings import BuildSettings
+
+
+@dataclass(frozen=True)
+class Session:
+    matrix_path: Path
+    matrix: Matrix
+    settings: BuildSettings
+
+    @classmethod
+    def open(cls, matrix_path: str | Path = "images.yaml", base: str | None = None,
+             without: list[str] | None = None, wheels: str | None = None) -> Session:
+        """Load the matrix and this machine's settings: each given here, else from the environment."""
+        matrix = load_matrix(matrix_path)
+        return cls(Path(matrix_path).resolve(), matrix, BuildSettings.resolve(matrix, base, without, wheels))
+
+    @property
+    def root(self) -> Path:
+        return self.matrix_path.parent
+
+    @property
+    def cache(self) -> Path:
+        return self.root / ".cache"
+
+    # --- targets and plans -------------------------------------------------------------------------
+
+    def check_target(self, target: str) -> str:
+        if target not in self.matrix.targets:
+            raise UserError(f"--target {target}: no such target; expected one of {', '.join(self.matrix.targets)}")
+        return target
+
+    def default_target(self, engine: Engine | None = None) -> str:
+        """The first GPU target where the engine (default: this machine's) can give a container a GPU, else the
+        first without one."""
+        try:
+            gpu = (engine or resolve(None)).gpu_problem() is None
+        except Exception:  # no engine answers: a target without a GPU is what can run anywhere
+            gpu = False
+        wanted = [name for name, t in self.matrix.targets.items() if t.gpu == gpu]
+        return wanted[0] if wanted else next(iter(self.matrix.targets))
+
+    def target(self, wanted: str | None, engine: Engine | None = None) -> str:
+        return self.check_target(wanted or self.default_target(engine))
+
+    def profile_target(self, profile: str, wanted: str | None, engine: Engine | None = None) -> str:
+        """The target to use for `profile`: the one asked for (or the engine's default), if the profile runs there."""
+        target = self.target(wanted, engine)
+        profiles = self.matrix.profiles
+        if profile not in profiles:
+            raise UserError(f"profile {profile!r}: expected one of {', '.join(profiles)}")
+        if target not in profiles[profile].targets:
+            raise UserError(f"profile {profile} does not run on the {target} target (it runs on "
+                            f"{', '.join(profiles[profile].targets)})")
+        return target
+
+    def plans(self, targets: list[str] | None = None, image_exists=None) -> list[TargetPlan]:
+        """Each target's plan under this machine's settings: the tag every command agrees on."""
+        return plan_targets(self.matrix, self.root, targets, image_exists, self.settings)
+
+    def plan(self, target: str) -> TargetPlan:
+        return self.plans([target])[0]
+
+    # --- where it runs ---------------------------------------------------------------------------
+
+    def host(self, wanted: str | None, engine: Engine) -> str:
+        """`wanted`, or for auto/None what the engine runs on (WSL2 or native; native when it does not answer,
+        which its own check then reports)."""
+        if wanted in (None, "auto"):
+            try:
+                return engine.host_kind()
+            except Exception:  # the SDK's many kinds of "cannot connect"
+                return "native"
+        if wanted not in self.matrix.hosts:
+            raise UserError(f"--host {wanted}: expected one of auto, {', '.join(self.matrix.hosts)}")
+        return wanted
+
+    def deployment(self, target: str, engine: Engine, host: str | None = "auto", port: int | None = None,
+                   tag: str | None = None):
+        from .deploy import Deployment
+        return Deployment(self.root, target, self.host(host, engine), tag or self.plan(target).tag,
+                          self.matrix.serve.bind, port or self.matrix.serve.port, engine=engine,
+                          overrides=tuple(self.matrix.targets[target].compose))
+
+    def require_gpu(self, target: str, engine: Engine, what: str) -> None:
+        """A GPU target on an engine that cannot give it a GPU ends here, in one line, before anything starts."""
+        if not self.matrix.targets[target].gpu:
+            return
+        problem = engine.gpu_problem()
+        if problem:
+            others = [name for name, t in self.matrix.targets.items() if not t.gpu]
+            raise EnvironmentProblem(f"{what} needs a GPU (target {target}), and engine {engine.given}: {problem}"
+                                     + (f"; or use --target {others[0]}" if others else ""))

@@ -1,0 +1,56 @@
+"""`verify`: the matrix against everything that repeats or derives from it, without an image: pin mirrors,
+derived files, vLLM's declared requirements (co-pins), the series on pristine vLLM trees, and optionally
+pip's resolver."""
+
+from __future__ import annotations
+
+from .derived import stale
+from .image.series import SeriesError, prove_on_pristine
+from .index import IndexUnreachable, NotOnIndex, download_wheel
+from .pins import Findings, copin_problems, mirror_problems, resolve_dry_run
+
+
+def verify(session, offline: bool = False, series: bool = True, resolve: bool = False, say=print) -> Findings:
+    matrix, root = session.matrix, session.root
+    findings = Findings()
+    findings.extend(mirror_problems(matrix, root))
+    findings.problems += stale(matrix, root)
+    if offline:
+        findings.notes.append("--offline: co-pins checked only from the metadata cache")
+    findings.extend(copin_problems(matrix, session.cache / "metadata"))
+    if series:
+        findings.extend(prove_series(session, offline, say))
+    if resolve:
+        for target in matrix.targets:
+            findings.extend(resolve_dry_run(matrix, target, session.settings.wheel_dirs, say=say))
+    return findings
+
+
+def prove_series(session, offline: bool, say=print) -> Findings:
+    """The series applied, per target, to a pristine tree of that target's pinned vLLM wheel."""
+    matrix = session.matrix
+    out = Findings()
+    pristine = session.cache / "pristine"
+    for name, target in matrix.targets.items():
+        dist = target.vllm_distribution
+        cached = sorted(pristine.glob(f"{dist.replace('-', '_')}-{matrix.vllm}-*.whl"))
+        if cached:
+            wheel = cached[-1]
+        elif offline:
+            out.notes.append(f"--offline: no cached {dist} {matrix.vllm} wheel; series not proven for {name}")
+            continue
+        else:
+            say(f"fetching the pristine {dist} {matrix.vllm} wheel (once; cached)")
+            try:
+                wheel = download_wheel(dist, matrix.vllm, matrix.indexes["pypi"].url, pristine)
+            except (IndexUnreachable, NotOnIndex) as exc:
+                out.notes.append(f"series not proven on a pristine {dist} tree: {exc}")
+                continue
+        try:
+            problems = prove_on_pristine(session.root / matrix.series.dir, wheel, name, say=lambda s: None)
+        except SeriesError as exc:
+            problems = [str(exc)]
+        out.problems += [f"series on pristine {dist} {matrix.vllm} ({name}): {p}" for p in problems]
+        if not problems:
+            out.notes.append(f"series applies at fuzz 0 to a pristine {dist} {matrix.vllm} tree ({name})")
+    return out
