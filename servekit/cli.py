@@ -307,7 +307,7 @@ def cmd_release(args) -> int:
     if manifest is None:
         print("release: dry run; nothing pushed")
     elif args.json:
-        _emit_json({"manifest": str(manifest), "releases": releases})
+        _emit_json({"manifest": str(manifest), "releases": [r.model_dump() for r in releases]})
     else:
         print(summary_text(session.matrix, releases))
         print(f"manifest: {manifest.relative_to(session.root)}")

@@ -7,7 +7,6 @@ summary; the others go on.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from . import deploy
 from .atomic import write_text
 from .pipeline import run_profiles
 from .engines import Engine
+from .records import FleetSummary, save
 from .report import write_report
 
 STOP_WAIT_S = 60  # after Ctrl-C, how long the engines' threads get to take their boots down
@@ -112,8 +112,7 @@ def summary(runs: list[EngineRun]) -> tuple[dict, str]:
 
 def write_summary(out: Path, runs: list[EngineRun]) -> tuple[dict, Path]:
     doc, markdown = summary(runs)
-    out.mkdir(parents=True, exist_ok=True)
-    write_text(out / "summary.json", json.dumps(doc, indent=2) + "\n")
+    save(out / "summary.json", FleetSummary.model_validate(doc))
     write_text(out / "summary.md", markdown)
     return doc, out / "summary.md"
 

@@ -23,7 +23,7 @@ def image_reference(matrix: Matrix, plan: TargetPlan, root: Path) -> tuple[str, 
     """(reference, how it was chosen): the released digest when this build was released, else the local tag."""
     record = released(root, matrix, plan.target, plan.digest)
     if record:
-        return f"{record['repository']}@{record['registry_digest']}", f"by digest, from releases/v{matrix.vllm}.json"
+        return f"{record.repository}@{record.registry_digest}", f"by digest, from releases/v{matrix.vllm}.json"
     return plan.tag, ("by tag: this build is not released yet (run `python build.py release`), so not by digest")
 
 

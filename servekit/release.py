@@ -9,7 +9,6 @@ succeeded, so a re-run after a failure completes it without duplicating anything
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import subprocess
 from pathlib import Path
@@ -18,10 +17,10 @@ import requests
 from packaging.version import InvalidVersion, Version
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from .atomic import write_text
 from .errors import CheckFailed, EnvironmentProblem, UserError
 from .matrix import Matrix
 from .plan import TargetPlan
+from .records import ProfileGate, ReleaseManifest, ReleaseRecord, RunReport, load, save
 from .report import load_report
 
 MANIFEST_ACCEPT = ", ".join(["application/vnd.docker.distribution.manifest.v2+json",
@@ -37,30 +36,28 @@ def release_tags(matrix: Matrix, plan: TargetPlan) -> list[str]:
     return [f"{base}-{plan.digest[:12]}", base, f"latest-{plan.target}"]
 
 
-def _reports(root: Path) -> list[tuple[Path, dict]]:
+def _reports(root: Path) -> list[tuple[Path, RunReport]]:
     out = []
     for path in sorted((root / "reports").glob("*/report.json")):
         if path.parent.is_symlink():  # reports/latest points at a run that is listed by its own name
             continue
         try:
-            doc = load_report(path)
+            out.append((path, load_report(path)))
         except UserError:  # a sweep's table, another version, a broken file: none of them gates a release
             continue
-        if isinstance(doc.get("image"), dict):
-            out.append((path, doc))
     return out
 
 
-def gate(matrix: Matrix, target: str, image_id: str, root: Path) -> dict[str, dict]:
+def gate(matrix: Matrix, target: str, image_id: str, root: Path) -> dict[str, ProfileGate]:
     """The passing report of each profile required for a release, matched by image ID; refuses otherwise."""
     required = [p for p, spec in matrix.profiles.items() if spec.required_for_release and target in spec.targets]
     found = {}
     for profile in required:
-        mine = [(p, r) for p, r in _reports(root) if r.get("profile") == profile and r.get("target") == target]
-        same = [(p, r) for p, r in mine if (r.get("image") or {}).get("id") == image_id]
-        passing = [(p, r) for p, r in same if r.get("passed")]
+        mine = [(p, r) for p, r in _reports(root) if r.profile == profile and r.target == target]
+        same = [(p, r) for p, r in mine if r.image.id == image_id]
+        passing = [(p, r) for p, r in same if r.passed]
         if not passing:
-            others = [r["image"].get("id", "?")[:19] for _, r in mine if r.get("passed") and r.get("image")]
+            others = [(r.image.id or "?")[:19] for _, r in mine if r.passed]
             if others:
                 raise CheckFailed(f"{target}: the passing {profile} reports are of another image ({others[-1]}...), "
                                   f"not of {image_id[:19]}...; run `python build.py run --target {target} "
@@ -68,8 +65,8 @@ def gate(matrix: Matrix, target: str, image_id: str, root: Path) -> dict[str, di
             raise CheckFailed(f"{target}: no passing {profile} report for image {image_id[:19]}...; run "
                               f"`python build.py run --target {target} --profile {profile}` first")
         path, report = passing[-1]
-        found[profile] = {"report": str(path.relative_to(root)), "passed": True, "run_id": report["run_id"],
-                          "checks": {c["name"]: c["status"] for c in report["checks"]}}
+        found[profile] = ProfileGate(report=str(path.relative_to(root)), passed=True, run_id=report.run_id,
+                                     checks={c.name: c.status for c in report.checks})
     return found
 
 
@@ -165,40 +162,41 @@ def dirty(root: Path) -> list[str]:
     return out.stdout.splitlines()
 
 
-def released(root: Path, matrix: Matrix, target: str, content_digest: str) -> dict | None:
+def manifest_path(root: Path, matrix: Matrix) -> Path:
+    return root / "releases" / f"v{matrix.vllm}.json"
+
+
+def released(root: Path, matrix: Matrix, target: str, content_digest: str) -> ReleaseRecord | None:
     """This very build's record in releases/v<vllm>.json (same content digest), or None."""
-    path = root / "releases" / f"v{matrix.vllm}.json"
+    path = manifest_path(root, matrix)
     if not path.exists():
         return None
-    record = json.loads(path.read_text())["targets"].get(target)
-    return record if record and record.get("content_digest") == content_digest else None
+    record = load(path, ReleaseManifest).targets.get(target)
+    return record if record and record.content_digest == content_digest else None
 
 
-def write_manifest(root: Path, matrix: Matrix, releases: list[dict]) -> Path:
+def write_manifest(root: Path, matrix: Matrix, releases: list[ReleaseRecord]) -> Path:
     """releases/v<vllm>.json, merged with the targets an earlier release of this version recorded."""
-    path = root / "releases" / f"v{matrix.vllm}.json"
-    path.parent.mkdir(exist_ok=True)
-    doc = json.loads(path.read_text()) if path.exists() else {"version": matrix.vllm, "targets": {}}
-    for r in releases:
-        doc["targets"][r["target"]] = r
-    doc["updated"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    write_text(path, json.dumps(doc, indent=2) + "\n")  # later trusted by `up` and `k8s`: never half-written
-    return path
+    path = manifest_path(root, matrix)
+    doc = load(path, ReleaseManifest) if path.exists() else ReleaseManifest(version=matrix.vllm)
+    targets = {**doc.targets, **{r.target: r for r in releases}}
+    updated = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    return save(path, doc.model_copy(update={"targets": targets, "updated": updated}))  # later trusted by `up`, k8s
 
 
-def summary_text(matrix: Matrix, releases: list[dict]) -> str:
+def summary_text(matrix: Matrix, releases: list[ReleaseRecord]) -> str:
     lines = [f"vLLM {matrix.vllm} release"]
     for r in releases:
-        lines.append(f"{r['target']}: {r['repository']}@{r['registry_digest']}")
-        lines.append(f"  tags: {', '.join(r['tags'])}")
-        for profile, s in r["smoke"].items():
-            passed = sum(1 for v in s["checks"].values() if v == "passed")
-            lines.append(f"  {profile}: {passed}/{len(s['checks'])} checks passed ({s['report']})")
+        lines.append(f"{r.target}: {r.repository}@{r.registry_digest}")
+        lines.append(f"  tags: {', '.join(r.tags)}")
+        for profile, g in r.smoke.items():
+            passed = sum(1 for v in g.checks.values() if v == "passed")
+            lines.append(f"  {profile}: {passed}/{len(g.checks)} checks passed ({g.report})")
     return "\n".join(lines)
 
 
 def release_targets(matrix: Matrix, root: Path, engine, registry: str, plans: dict[str, TargetPlan],
-                    explicit: bool, dry_run: bool, say) -> list[dict]:
+                    explicit: bool, dry_run: bool, say) -> list[ReleaseRecord]:
     """Gate, check the moving tags, push and read back, per target; the records for the manifest.
 
     Everything that can refuse is checked for a target before any of its tags is pushed."""
@@ -231,18 +229,16 @@ def release_targets(matrix: Matrix, root: Path, engine, registry: str, plans: di
                                      "written: run release again to complete it") from None
         if len(set(digests.values())) != 1:
             raise CheckFailed(f"{target}: the tags read back different digests: {digests}")
-        info = root / ".cache" / "build" / target / "build-info.json"
-        releases.append({"target": target, "repository": repository, "tags": tags,
-                         "registry_digest": next(iter(digests.values())), "image_id": image.id,
-                         "content_digest": plan.digest, "pins": plan.pins,
-                         "series": json.loads(info.read_text())["series"] if info.exists() else [],
-                         "components": plan.components, "smoke": smoke})
-        say(f"release: {target}: pushed {len(tags)} tags, {repository}@{releases[-1]['registry_digest']}")
+        releases.append(ReleaseRecord(target=target, repository=repository, tags=tags,
+                                      registry_digest=next(iter(digests.values())), image_id=image.id,
+                                      content_digest=plan.digest, pins=plan.pins, series=plan.build_info["series"],
+                                      components=plan.components, smoke=smoke))
+        say(f"release: {target}: pushed {len(tags)} tags, {repository}@{releases[-1].registry_digest}")
     return releases
 
 
 def release(session, registry: str | None = None, targets: list[str] | None = None, dry_run: bool = False,
-            tag_git: bool = False, say=print) -> tuple[Path | None, list[dict]]:
+            tag_git: bool = False, say=print) -> tuple[Path | None, list[ReleaseRecord]]:
     """Push each target's checked image (all targets, or those named); (the manifest written, the records)."""
     from .engines import local
     matrix, root = session.matrix, session.root

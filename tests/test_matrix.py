@@ -231,9 +231,14 @@ def test_compare_refuses_a_report_of_another_kind_or_version_in_one_line(tmp_pat
         folder.mkdir()
         (folder / "report.json").write_text(json.dumps(doc))
     code, _, err = cli("compare", str(sweep), str(old))
-    assert code == 2 and "a sweep report; this reads run reports" in err and "Traceback" not in err
+    assert code == 2 and "a sweep file; this reads run files" in err and "Traceback" not in err
     code, _, err = cli("compare", str(old), str(old))
-    assert code == 2 and "report schema_version 0" in err
+    assert code == 2 and "run schema_version 0" in err
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "report.json").write_text(json.dumps({"schema_version": 1, "kind": "run", "run_id": "x"}))
+    code, _, err = cli("compare", str(broken), str(broken))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "problem(s) in this run file" in err, err
 
 
 def test_an_error_of_a_docker_client_is_what_the_engine_said(tmp_path, monkeypatch, capsys):

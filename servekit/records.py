@@ -1,0 +1,181 @@
+"""The files servekit writes and later trusts, as typed models: run reports, sweep reports, fleet
+summaries and release manifests. Each carries its kind and schema version; every writer validates
+through its model and every reader goes through `load`, which refuses a file of another kind or
+version in one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .atomic import write_text
+from .errors import UserError
+
+SCHEMA_VERSION = 1
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Document(Record):
+    """A file of its own: what kind it is and which schema version wrote it."""
+    schema_version: Literal[1] = SCHEMA_VERSION
+
+
+# --- a run -----------------------------------------------------------------------------------------
+
+class CheckResult(Record):
+    name: str
+    status: Literal["passed", "failed", "skipped"]
+    reason: str = ""
+    figures: dict[str, Any] = {}
+    seconds: float = 0.0
+
+
+class ImageUsed(Record):
+    tag: str
+    id: str | None = None
+    arrived: str | None = None  # how it reached the engine: already there, pulled, sent
+
+
+class Boot(Record):
+    time_to_healthy_s: float | None = None
+    kv_pool_tokens: int | None = None
+    detection_lag_s: float | None = None
+    phases: list[tuple[str, float]] = []
+
+
+class Memory(Record):
+    gpus: list[dict[str, Any]] = []
+    shared_usage: dict[str, Any] | None = None
+    container: dict[str, Any] | None = None
+
+
+class RunReport(Document):
+    kind: Literal["run"] = "run"
+    run_id: str
+    created: str
+    profile: str
+    target: str
+    host: str
+    engine: str = "local"
+    url: str
+    image: ImageUsed
+    pins: dict[str, str]
+    knobs: dict[str, str] = {}
+    boot: Boot
+    memory: Memory
+    checks: list[CheckResult]
+    passed: bool
+    notes: list[str] = []
+
+
+# --- a sweep and a fleet run --------------------------------------------------------------------------
+
+class Table(Record):
+    header: list[str]
+    rows: list[list[Any]]
+
+
+class SweepCell(Record):
+    knobs: dict[str, str]
+    boots: list[dict[str, Any]]
+
+
+class SweepReport(Document):
+    kind: Literal["sweep"] = "sweep"
+    title: str
+    profile: str
+    target: str
+    host: str
+    image: str
+    boots_per_cell: int = Field(ge=1)
+    interrupted: bool
+    advice: str | None = None
+    cells: list[SweepCell]
+    table: Table
+    notes: list[str] = []
+
+
+class FleetEngine(Record):
+    engine: str
+    label: str
+    url: str
+    port: int
+    passed: bool
+    error: str | None = None
+    reports: list[str] = []
+
+
+class FleetSummary(Document):
+    kind: Literal["fleet"] = "fleet"
+    passed: bool
+    engines: list[FleetEngine]
+    table: Table
+
+
+# --- a release --------------------------------------------------------------------------------------
+
+class ProfileGate(Record):
+    report: str
+    passed: bool
+    run_id: str
+    checks: dict[str, str]
+
+
+class ReleaseRecord(Record):
+    target: str
+    repository: str
+    tags: list[str]
+    registry_digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    image_id: str
+    content_digest: str
+    pins: dict[str, str]
+    series: list[str] = []
+    components: dict[str, str] = {}
+    smoke: dict[str, ProfileGate]
+
+
+class ReleaseManifest(Document):
+    kind: Literal["release"] = "release"
+    version: str
+    targets: dict[str, ReleaseRecord] = {}
+    updated: str | None = None
+
+
+KINDS: dict[str, type[Document]] = {"run": RunReport, "sweep": SweepReport, "fleet": FleetSummary,
+                                    "release": ReleaseManifest}
+
+
+def load(path: Path, model: type[Document]):
+    """The file at `path` as `model`, or a UserError in one line saying what it is instead."""
+    wanted = model.model_fields["kind"].default
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path}: not a readable {wanted} file ({type(exc).__name__}: {exc})") from None
+    if not isinstance(doc, dict) or doc.get("kind") not in KINDS:
+        raise UserError(f"{path}: not a servekit file (a JSON object with kind: {', '.join(KINDS)})")
+    if doc["kind"] != wanted:
+        raise UserError(f"{path}: a {doc['kind']} file; this reads {wanted} files")
+    if doc.get("schema_version") != SCHEMA_VERSION:
+        raise UserError(f"{path}: {wanted} schema_version {doc.get('schema_version')!r}; this servekit reads "
+                        f"{SCHEMA_VERSION}")
+    try:
+        return model.model_validate(doc)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top)"
+        raise UserError(f"{path}: {where}: {first['msg']} ({exc.error_count()} problem(s) in this {wanted} file)") \
+            from None
+
+
+def save(path: Path, record: Document) -> Path:
+    """Write `record` atomically (a reader never finds it half-written)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text(path, record.model_dump_json(indent=2) + "\n")
+    return path
