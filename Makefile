@@ -64,9 +64,10 @@ test: lint
 test-fast: lint
 	$(PY) -m pytest -m "not slow"
 
-# The whole tree through ruff (pyproject.toml says which rules); the Dockerfile through hadolint in the tests.
+# The whole tree through ruff and mypy (pyproject.toml configures both); the Dockerfile through hadolint in the tests.
 lint: $(STAMP)
 	$(PY) -m ruff check .
+	$(PY) -m mypy
 
 clean:
 	rm -rf .cache logs reports

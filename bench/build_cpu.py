@@ -78,7 +78,7 @@ def patch_changed() -> dict:
         log = Path(build["log"]).read_text()
         subprocess.run(["docker", "image", "rm", "-f", build["tag"]], capture_output=True)
         wheel_step = re.search(r"^#(\d+) \[image wheels 2/2\]", log, re.M)
-        cached = bool(wheel_step) and re.search(rf"^#{wheel_step[1]} CACHED", log, re.M) is not None
+        cached = wheel_step is not None and re.search(rf"^#{wheel_step[1]} CACHED", log, re.M) is not None
         return {"patch_rebuild_s": round(build["wall"], 1), "wheel_layer_cached": cached}
 
 

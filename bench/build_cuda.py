@@ -55,6 +55,7 @@ def gzipped_bytes(tag: str) -> int:
     """About what a pull moves: the image as `docker save` streams it, gzip level 1 (registries gzip layers)."""
     save = subprocess.Popen(["docker", "save", tag], stdout=subprocess.PIPE)
     packer, total = zlib.compressobj(1, zlib.DEFLATED, 31), 0
+    assert save.stdout is not None
     while chunk := save.stdout.read(1 << 22):
         total += len(packer.compress(chunk))
     save.wait()

@@ -54,6 +54,7 @@ def ensure_made_base(name: str, base: Base, cache_dir: Path, say=print) -> bool:
 
 def _make(name: str, base: Base, cache_dir: Path, say) -> None:
     boot = base.debootstrap
+    assert boot is not None, "only a base with debootstrap is made here"
     say(f"making base {name} ({base.image}) with debootstrap {boot.suite}"
         + (f" and {len(base.cuda_wheels)} CUDA toolchain wheels" if base.cuda_wheels else "") + " (a minute or two)")
     with tempfile.TemporaryDirectory(prefix="servekit-rootfs-") as rootfs_name:
@@ -69,7 +70,8 @@ def _make(name: str, base: Base, cache_dir: Path, say) -> None:
         tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
         cmd = ["docker", "import", *[x for c in changes for x in ("--change", c)], "-", base.image]
         imported = subprocess.run(cmd, stdin=tar.stdout, capture_output=True, text=True, timeout=900)
-        tar.stdout.close()
+        if tar.stdout:
+            tar.stdout.close()
         tar.wait()
         if imported.returncode != 0:
             raise EnvironmentProblem(f"docker import {base.image} failed: {imported.stderr.strip()[-300:]}")

@@ -42,7 +42,7 @@ def engine_answers() -> bool:
 
 def compose_works() -> bool:
     client = docker_client()
-    return bool(client) and run([client, "compose", "version", "--short"], timeout=10).returncode == 0
+    return client is not None and run([client, "compose", "version", "--short"], timeout=10).returncode == 0
 
 
 def _is_debian_like() -> bool:
@@ -96,7 +96,9 @@ def _install_compose_plugin(say, cache_dir: Path) -> None:
             raise EnvironmentProblem(f"{sdists[-1].name} has no {COMPOSE_MEMBER}")
         PLUGIN_DIR.mkdir(parents=True, exist_ok=True)
         target = PLUGIN_DIR / "docker-compose"
-        with sdist.extractfile(member) as src, open(target, "wb") as dst:
+        source = sdist.extractfile(member)
+        assert source is not None  # a regular file member
+        with source as src, open(target, "wb") as dst:
             shutil.copyfileobj(src, dst)
     target.chmod(0o755)
 

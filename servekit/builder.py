@@ -283,6 +283,7 @@ def _stream(cmd: list[str], log_path: Path, root: Path, show) -> int:
         log.write(f"$ {' '.join(cmd)}\n")
         proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                 bufsize=1)
+        assert proc.stdout is not None
         try:
             for line in proc.stdout:
                 log.write(line)

@@ -253,8 +253,8 @@ def cmd_run(args) -> int:
     session = _session(args)
     if args.engines:
         from .engines import parse_engines
-        from .fleet import run
-        doc, summary_md, runs = run(session, parse_engines(args.engines), args.target, args.profile, args.host,
+        from . import fleet
+        doc, summary_md, runs = fleet.run(session, parse_engines(args.engines), args.target, args.profile, args.host,
                                     args.port, say=_say(), show=_step_printer())
         if args.json:
             _emit_json({"passed": doc["passed"], "summary": str(summary_md), "engines": doc["engines"]})
@@ -263,8 +263,8 @@ def cmd_run(args) -> int:
                         doc["table"]["rows"], summary_md.read_text())
             print(f"run: summary in {summary_md.relative_to(session.root)}")
         return 0 if doc["passed"] else 1
-    from .pipeline import run
-    done = run(session, args.target, args.profile, args.host, _engine(args), args.port, say=_say(),
+    from . import pipeline
+    done = pipeline.run(session, args.target, args.profile, args.host, _engine(args), args.port, say=_say(),
                show=_step_printer())
     for report, run_dir in done:
         failed = [c["name"] for c in report["checks"] if c["status"] == "failed"]
@@ -290,11 +290,11 @@ def cmd_smoke(args) -> int:
 def cmd_compare(args) -> int:
     from .report import compare, load_report
     reports = [load_report(Path(path)) for path in (args.report_a, args.report_b)]
-    rows = compare(*reports, threshold=args.threshold)
+    rows = compare(reports[0], reports[1], threshold=args.threshold)
     if args.json:
         _emit_json([{"metric": m, "a": a, "b": b, "differs": d} for m, a, b, d in rows])
         return 0
-    _print_table(f"A: {reports[0]['run_id']}   B: {reports[1]['run_id']}   (marked: differs by more than "
+    _print_table(f"A: {reports[0].run_id}   B: {reports[1].run_id}   (marked: differs by more than "
                  f"{args.threshold:.0%})", ["metric", "A", "B", ""],
                  [[metric, a, b, "<>" if differs else ""] for metric, a, b, differs in rows])
     return 0

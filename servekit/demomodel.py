@@ -73,7 +73,7 @@ def local_corpus(limit_bytes: int = 3_000_000) -> str:
 
 def synthetic_chats(n: int, rng: random.Random) -> list[tuple[list[dict], list[dict] | None, str]]:
     """(messages, tools, the assistant's reply) triples: plain replies, tool calls with {} and short JSON."""
-    out = []
+    out: list[tuple[list[dict], list[dict] | None, str]] = []
     for _ in range(n):
         messages = [{"role": "user", "content": rng.choice(QUESTIONS)}]
         roll = rng.random()

@@ -282,6 +282,7 @@ def _accepts(port: int) -> bool:
 def tunnel_command(engine: Engine, local_port: int, remote_port: int) -> list[str]:
     parsed = urlparse(engine.url)
     where = f"{parsed.username}@{parsed.hostname}" if parsed.username else parsed.hostname
+    assert where, "an ssh:// engine names its host (resolve checks it)"
     return ["ssh", "-N", "-o", "BatchMode=yes", "-o", "ExitOnForwardFailure=yes",
             *(["-p", str(parsed.port)] if parsed.port else []),
             "-L", f"127.0.0.1:{local_port}:127.0.0.1:{remote_port}", where]
@@ -325,7 +326,7 @@ def reach(engine: Engine, bind: str, port: int, wait_s: float = 20):
         deadline = time.monotonic() + wait_s
         while not _accepts(local):
             if proc.poll() is not None or time.monotonic() > deadline:
-                why = proc.stderr.read().strip()[:300] if proc.poll() is not None else "timed out"
+                why = proc.stderr.read().strip()[:300] if proc.stderr and proc.poll() is not None else "timed out"
                 raise EnvironmentProblem(f"engine {engine.given}: the SSH tunnel to its port {port} did not open: "
                                          f"{why}")
             time.sleep(0.1)

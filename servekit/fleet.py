@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 
 from . import deploy
@@ -86,7 +87,7 @@ def summary(runs: list[EngineRun]) -> tuple[dict, str]:
     """(summary.json's document, summary.md): one row per engine and profile."""
     header = ["engine", "host", "profile", "result", "image", "healthy in (s)", "KV pool (tokens)", "tokens/s",
               "checks", "report"]
-    rows = []
+    rows: list[list[Any]] = []
     for run in runs:
         if run.error:
             rows.append([run.engine.label, run.dep.host, "", f"error: {run.error}", "", "", "", "", "", ""])

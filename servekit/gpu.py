@@ -70,7 +70,7 @@ class GpuSeries:
 
     def summary(self, phases: list[tuple[str, float]], end: float) -> dict:
         peak = self.peak()
-        out = {"index": self.index, "name": self.name, "total_bytes": self.total_bytes, "samples": len(self.used),
+        out: dict = {"index": self.index, "name": self.name, "total_bytes": self.total_bytes, "samples": len(self.used),
                "peak_used_bytes": peak, "min_margin_bytes": None if peak is None else self.total_bytes - peak,
                "end_used_bytes": self.used[-1] if self.used else None, "phases": {},
                "not_supported": sorted(self.not_supported)}

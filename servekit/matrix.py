@@ -303,8 +303,8 @@ def _cross_references(m: Matrix) -> list[tuple[tuple, str]]:
             knobs(table, ("hosts", name, "component_knobs", comp))
         for comp in h.component_knobs:
             need(comp, m.components, "component", ("hosts", name, "component_knobs", comp))
-    for name, c in m.components.items():
-        for i, target in enumerate(c.targets):
+    for name, component in m.components.items():
+        for i, target in enumerate(component.targets):
             need(target, m.targets, "target", ("components", name, "targets", i))
     for name, p in m.profiles.items():
         knobs(p.knobs, ("profiles", name, "knobs"))
@@ -339,7 +339,7 @@ _TYPE_WORDS = {
 }
 
 
-def _describe(error: dict) -> str:
+def _describe(error: Any) -> str:
     kind = error["type"]
     found = error.get("input")
     if kind == "extra_forbidden":

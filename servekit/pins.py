@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import cast
 from pathlib import Path
 
 from packaging.markers import default_environment
@@ -61,9 +62,9 @@ def copin_problems(matrix: Matrix, cache_dir: Path, vllm_version: str | None = N
             out.problems.append(f"{dist}=={vllm_version}: {exc}")
             continue
         python = matrix.bases[target.bases[0]].python
-        env = default_environment()
-        env.update(python_version=python, python_full_version=f"{python}.0",
-                   platform_machine="x86_64", sys_platform="linux", platform_system="Linux")
+        env: dict[str, str] = {**cast(dict[str, str], default_environment()), "python_version": python,
+                               "python_full_version": f"{python}.0", "platform_machine": "x86_64",
+                               "sys_platform": "linux", "platform_system": "Linux"}
         for base in target.bases:  # every base's Python must be one vLLM installs on
             other = matrix.bases[base].python
             if meta.requires_python and not _python_ok(meta.requires_python, other):
@@ -109,8 +110,8 @@ def mirror_problems(matrix: Matrix, root: Path) -> Findings:
                     out.problems.append(f"{rel}:{lineno}: {mo['name']}=={mo['version']} but images.yaml pins "
                                         f"{pin}; run `python build.py bump --to {matrix.vllm}` or edit the line")
     for path in versioned_files(matrix, root):
-        mo = VERSIONED_NAME.search(path.name)
-        if mo and mo[1] != matrix.vllm:
+        named = VERSIONED_NAME.search(path.name)
+        if named and named[1] != matrix.vllm:
             out.problems.append(f"{path.relative_to(root)}: the name carries vLLM {mo[1]}, the pin is {matrix.vllm}")
     return out
 
@@ -166,7 +167,8 @@ def plan_bump(matrix: Matrix, matrix_path: Path, root: Path, new: str, cache_dir
     series_file = root / matrix.series.dir / "series"
     series_text = series_file.read_text() if series_file.is_file() else None
     for path in versioned_files(matrix, root):
-        if VERSIONED_NAME.search(path.name)[1] != old:
+        found = VERSIONED_NAME.search(path.name)
+        if found is None or found[1] != old:
             continue
         renamed = path.with_name(path.name.replace(f"-{old}.patch", f"-{new}.patch"))
         bump.renames.append((str(path.relative_to(root)), str(renamed.relative_to(root))))

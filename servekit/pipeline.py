@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field, replace
+from typing import Any
 from pathlib import Path
 
 from wsl2.shared_usage import SharedUsageSampler, SharedUsageUnavailable
@@ -19,6 +20,7 @@ from wsl2.shared_usage import SharedUsageSampler, SharedUsageUnavailable
 from . import deploy, engines, transfer
 from .engines import EngineError
 from .errors import UserError
+from .records import ReleaseRecord
 from .gpu import NvmlSampler, NvmlUnavailable
 from .watch import BootFailed, BootRecord, watch_boot
 
@@ -59,7 +61,7 @@ class Boot:
     record: BootRecord = field(default_factory=lambda: BootRecord(started=time.time()))
     gpu: NvmlSampler | None = None
     shared: SharedUsageSampler | None = None
-    container: object = None
+    container: Any = None  # the SDK container, once compose has started it
     container_memory: ContainerMemory | None = None
     notes: list[str] = field(default_factory=list)
     phases: list[tuple[str, float]] = field(default_factory=list)  # (name, seconds since the boot started)
@@ -218,7 +220,7 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
 
 
 def run_profiles(matrix, dep: deploy.Deployment, profiles: list[str], key_file, write, say=print,
-                 release: dict | None = None, stop: threading.Event | None = None) -> list[tuple[dict, object]]:
+                 release: ReleaseRecord | None = None, stop: threading.Event | None = None) -> list[tuple[dict, Path]]:
     """On dep's engine: the image put there if need be, then each profile booted, checked and written.
 
     `write(report, series)` stores one report and returns where; the list pairs each report with that.
@@ -281,7 +283,7 @@ def profiles_of(session, target: str, wanted: list[str] | None) -> list[str]:
 
 
 def run(session, target: str | None = None, profiles: list[str] | None = None, host: str | None = "auto",
-        engine=None, port: int | None = None, say=print, show=None) -> list[tuple[dict, object]]:
+        engine=None, port: int | None = None, say=print, show=None) -> list[tuple[dict, Path]]:
     """image, up, smoke, down and a report for each profile on one engine: (report, its folder) per profile."""
     from .builder import build_image
     from .release import released

@@ -128,7 +128,7 @@ def push(client, image, repository: str, tag: str, say) -> str:
 
     @retry(retry=retry_if_exception_type(TransientRegistryError), stop=stop_after_attempt(_attempts()),
            wait=wait_exponential(multiplier=1, max=20), reraise=True,
-           before_sleep=lambda state: say(f"  push {tag}: {state.outcome.exception()}; retrying"))
+           before_sleep=lambda state: say(f"  push {tag}: {state.outcome and state.outcome.exception()}; retrying"))
     def attempt() -> str:
         pushed = None
         try:
@@ -141,7 +141,7 @@ def push(client, image, repository: str, tag: str, say) -> str:
         confirmed = remote_digest(repository, tag)
         if not pushed or confirmed != pushed:
             raise TransientRegistryError(f"pushed {pushed}, the registry serves {confirmed}")
-        return confirmed
+        return pushed
     return attempt()
 
 

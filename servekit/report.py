@@ -152,7 +152,7 @@ def _numbers(report: RunReport) -> dict[str, float | str | None]:
     return out
 
 
-def compare(a: RunReport, b: RunReport, threshold: float = 0.10) -> list[tuple[str, object, object, bool]]:
+def compare(a: RunReport, b: RunReport, threshold: float = 0.10) -> list[tuple[str, float | str | None, float | str | None, bool]]:
     """Rows (metric, A, B, differs): a number differs beyond `threshold` relative, or a status differs."""
     na, nb = _numbers(a), _numbers(b)
     rows = []

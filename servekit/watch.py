@@ -189,7 +189,8 @@ def watch_boot(container, url: str, timeout_s: float, record: BootRecord | None 
                                 retry=retry_if_result(lambda healthy: not healthy)):
             with attempt:
                 healthy = check_failure()
-            if not attempt.retry_state.outcome.failed:
+            outcome = attempt.retry_state.outcome
+            if outcome is not None and not outcome.failed:
                 attempt.retry_state.set_result(healthy)
     except RetryError:
         raise BootFailed(f"not healthy within {timeout_s:.0f} s", "", tail()) from None

@@ -64,7 +64,7 @@ def streaming(ctx: Context, max_tokens: int = 16) -> dict:
                        timeout=ctx.timeout_s) as resp:
         resp.raise_for_status()
         events = [line[len(b"data: "):].decode() for line in resp.iter_lines() if line.startswith(b"data: ")]
-    ensure(events and events[-1] == "[DONE]", "the stream did not end with [DONE]")
+    ensure(bool(events) and events[-1] == "[DONE]", "the stream did not end with [DONE]")
     chunks = [json.loads(e) for e in events[:-1]]
     usage = [c["usage"] for c in chunks if c.get("usage")]
     ensure(bool(usage), "no usage chunk although include_usage was asked")

@@ -39,13 +39,13 @@ def tool_required(ctx: Context, seeds: int = 20, max_tokens: int = 2048, max_run
 def tool_auto(ctx: Context, max_tokens: int = 256, thinking: str = "on,off") -> dict:
     """tool_choice=auto must give a well-formed call with thinking on and off (`thinking` picks which)."""
     outcome = {}
-    for thinking in [mode.strip() == "on" for mode in thinking.split(",")]:
+    for on in [mode.strip() == "on" for mode in thinking.split(",")]:
         r = ctx.chat(ASK, tools=[NO_PARAMS_TOOL], tool_choice="auto", max_tokens=max_tokens, temperature=0,
-                     chat_template_kwargs={"enable_thinking": thinking})
+                     chat_template_kwargs={"enable_thinking": on})
         calls = r["choices"][0]["message"].get("tool_calls") or []
         ok = len(calls) >= 1 and all(c["function"]["name"] == "get_time" and
                                      isinstance(json.loads(c["function"]["arguments"] or "{}"), dict) for c in calls)
-        outcome["thinking on" if thinking else "thinking off"] = "call" if ok else f"no well-formed call: {calls}"
+        outcome["thinking on" if on else "thinking off"] = "call" if ok else f"no well-formed call: {calls}"
     bad = {k: v for k, v in outcome.items() if v != "call"}
     ensure(not bad, "; ".join(f"{k}: {v}" for k, v in bad.items()), outcome=outcome)
     return {"outcome": outcome}

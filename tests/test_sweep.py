@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -12,7 +13,7 @@ from servekit.sweep import Cell, sizing_advice, spread_versus_gap
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 
-def _latest_sweep() -> dict:
+def _latest_sweep() -> tuple[dict, Path]:
     folders = sorted((WORK / "reports").glob("*-sweep-*"))
     return json.loads((folders[-1] / "report.json").read_text()), folders[-1]
 
@@ -48,7 +49,7 @@ def test_a_value_vllm_refuses_is_a_failed_cell_and_the_rest_completes():
     assert project_containers() == []
 
 
-def _cell(value: str, tps: list[float], margins: list[int] | None = None) -> Cell:
+def _cell(value: str, tps: list[float], margins: list[int | None] | None = None) -> Cell:
     boots = [{"tokens_per_s": t, "time_to_healthy_s": 30.0, "survived": True, "kind": "survived",
               "gpu_margin_bytes": (margins or [None] * len(tps))[i], "kv_pool_tokens": 1000, "spill_bytes": None,
               "tokens_per_step": None} for i, t in enumerate(tps)]

@@ -115,6 +115,7 @@ class SharedUsageSampler:
         return self
 
     def _read(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
         for raw in self._proc.stdout:
             line = raw.replace("\r", "")
             try:

@@ -21,7 +21,7 @@ from pathlib import Path
 try:
     from .series import PATCH_ARGS, SeriesError, _failure, parse_patch, site_vllm_dir
 except ImportError:  # run as a script inside the image, beside series.py
-    from series import PATCH_ARGS, SeriesError, _failure, parse_patch, site_vllm_dir
+    from series import PATCH_ARGS, SeriesError, _failure, parse_patch, site_vllm_dir  # type: ignore[no-redef]
 
 MANIFEST = "component-manifest.json"
 

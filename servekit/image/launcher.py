@@ -16,7 +16,7 @@ from pathlib import Path
 try:
     from .knobs import FALSE_WORDS, KNOBS, TRUE_WORDS
 except ImportError:  # run as a script inside the image, beside knobs.py
-    from knobs import FALSE_WORDS, KNOBS, TRUE_WORDS
+    from knobs import FALSE_WORDS, KNOBS, TRUE_WORDS  # type: ignore[no-redef]
 
 PROFILES_FILE = Path(os.environ.get("SERVEKIT_PROFILES", Path(__file__).resolve().parent / "profiles.json"))
 VLLM = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
@@ -141,7 +141,7 @@ def main(argv: list[str]) -> int:
     try:
         from .prepare import is_complete, prepare
     except ImportError:  # run as a script inside the image, beside prepare.py
-        from prepare import is_complete, prepare
+        from prepare import is_complete, prepare  # type: ignore[no-redef]
     if command == "prepare":
         prepare(profiles["model"], say=lambda line: print(line, file=sys.stderr, flush=True))
         return 0
