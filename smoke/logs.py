@@ -72,7 +72,7 @@ def knobs(ctx: Context) -> dict:
     wanted = _flag_values(shlex.split(launch[1]))
     got = ast.literal_eval(engine[1])
     aliases = {"model": "model_tag", "enable_prefix_caching": "enable_prefix_caching"}
-    missing = {}
+    missing, seen = {}, {}
     for name, value in wanted.items():
         if name in ("host", "port") and name not in got:
             continue  # vLLM leaves its defaults out of "non-default args" (port 8000)
@@ -82,8 +82,12 @@ def knobs(ctx: Context) -> dict:
             if got.get(key, False) is not False:
                 missing[name] = got.get(key)
             continue
+        seen[name] = got.get(key, "absent")
         if key not in got or not _same(value, got[key]):
             missing[name] = got.get(key, "absent")
-    figures = {"flags": len(wanted), "reached": len(wanted) - len(missing)}
+    # what the engine says it runs with, per flag: a sweep's cells can be told apart by it
+    figures = {"flags": len(wanted), "reached": len(wanted) - len(missing),
+               "engine_values": {k: v if isinstance(v, (str, int, float, bool)) or v is None else str(v)
+                                 for k, v in seen.items() if "key" not in k and "token" not in k}}
     ensure(not missing, f"flags that did not reach the engine: {missing}", **figures)
     return figures

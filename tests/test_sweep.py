@@ -68,3 +68,24 @@ def test_sizing_advice_takes_the_largest_value_with_margin_on_every_boot():
              _cell("0.95", [1, 1], [150 * mib, 20 * mib])]
     advice = sizing_advice(cells, "GPU_UTIL", 100 * mib, "0.94")
     assert advice.startswith("recommended GPU_UTIL default: 0.94 ") and "current default: 0.94" in advice
+
+
+def test_a_dtype_sweep_boots_each_cell_with_its_own_dtype():
+    """The knob reaches the engine per cell: its "non-default args" line names the cell's dtype, or vLLM refused
+    the cell with its own reason; never the same dtype twice."""
+    result = run_build_py("sweep", "default", "--target", "cpu", "--knob", "DTYPE=float32,bfloat16", "--boots", "1",
+                          "--checks", "knobs", timeout=3000)
+    assert result.returncode == 0, result.stderr[-3000:]
+    doc, _ = _latest_sweep()
+    seen = []
+    for cell in doc["cells"]:
+        boot = cell["boots"][0]
+        if boot["survived"]:
+            knobs = boot["checks"]["knobs"]
+            assert knobs["status"] == "passed", knobs
+            seen.append(knobs["figures"]["engine_values"]["dtype"])
+        else:  # vLLM's own words, not a boot that never started
+            assert any(word in boot["reason"].lower() for word in ("dtype", "bfloat16", "bf16")), boot
+            seen.append(None)
+    assert seen[0] == "float32" and seen[1] in ("bfloat16", None)
+    assert project_containers() == []
