@@ -12,7 +12,7 @@ import pytest
 
 from conftest import ROOT, WORK, run_build_py, tracked_copy
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.network]
 
 
 def _docker(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import ROOT, project_containers, run_build_py, tracked_copy
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.network]
 
 # This machine reaches neither nvidia/cuda's registry nor FlashInfer's index: the base made here,
 # and flashinfer-cubin left out, said so in the image.
