@@ -18,6 +18,7 @@ from pathlib import Path
 from .atomic import write_text
 from .errors import UserError
 from .engines import Engine, docker_errors, local_url, resolve
+from .image.launcher import MIN_KEY_CHARS
 
 # The Compose project every command acts on; another name (the tests use their own) keeps two sets of
 # servers, volumes and `down`s apart on one engine.
@@ -71,19 +72,32 @@ class Deployment:
 def _owned_by_container(path: Path) -> None:
     """Compose bind-mounts file secrets as they are (no uid/mode outside swarm): make it the image user's."""
     if os.geteuid() == 0:
-        os.chown(path, IMAGE_UID, IMAGE_UID)
+        os.chown(path, IMAGE_UID, IMAGE_UID, follow_symlinks=False)
+
+
+def _key_in(path: Path) -> str | None:
+    """The key a regular file (not a link) holds, when it is long enough to be one."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:  # missing, or a link
+        return None
+    with os.fdopen(fd) as f:
+        key = f.read().strip()
+    return key if len(key) >= MIN_KEY_CHARS else None
 
 
 def ensure_secrets(dep: Deployment) -> Path:
-    """The API key (generated on first use, mode 0600) and an HF token file (empty unless you fill it)."""
+    """The API key (made when missing, empty, short or a link; mode 0600, written atomically) and an HF token
+    file (empty unless you fill it)."""
     folder = dep.api_key_file.parent
     folder.mkdir(parents=True, exist_ok=True)
     folder.chmod(0o700)  # Compose bind-mounts the file itself, so the folder can stay private
-    for path, make in ((dep.api_key_file, lambda: f"sk-{secrets.token_urlsafe(32)}\n"), (folder / "hf_token", str)):
-        if not path.exists():
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as out:
-                out.write(make())
+    if _key_in(dep.api_key_file) is None:
+        write_text(dep.api_key_file, f"sk-{secrets.token_urlsafe(32)}\n", mode=0o600)
+    token = folder / "hf_token"
+    if token.is_symlink() or not token.is_file():
+        write_text(token, "", mode=0o600)
+    for path in (dep.api_key_file, token):  # both regular files now: neither chmod nor chown follows a link
         path.chmod(0o600)
         _owned_by_container(path)
     if not dep.engine.same_machine:  # compose.remote.yaml: Compose copies them into the container from its environment

@@ -126,6 +126,8 @@ class Profile(Strict):
     hosts: dict[str, Knobs] = Field({}, description="knobs on one host only")
     checks: dict[str, CheckParams | None] = Field(description="check name to its parameter overrides")
     required_for_release: bool = False
+    auth: Literal["key", "none"] = Field("key", description="key: the server refuses to start without a non-empty "
+                                         "API key; none: it serves without one (the report says so)")
 
 
 class Component(Strict):

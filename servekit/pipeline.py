@@ -184,6 +184,8 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
               "created": created.isoformat(timespec="seconds"), "profile": profile, "target": dep.target,
               "host": dep.host, "engine": dep.engine.given, "url": dep.url,
               "image": {"tag": dep.image}, "pins": matrix.target_pins(dep.target), "notes": []}
+    if matrix.profiles[profile].auth == "none":
+        report["notes"].append("served WITHOUT an API key: the profile says auth: none in images.yaml")
     b = None
     try:
         b = boot(dep, profile, matrix.serve.boot_timeout_s, knobs=knobs, note=say, stop=stop)

@@ -35,4 +35,5 @@ def render_profiles(matrix: Matrix, target: str) -> dict:
         "hosts": {name: {"env": h.env} for name, h in matrix.hosts.items()},
         "profiles": {name: {host: resolve_knobs(matrix, name, target, host) for host in matrix.hosts}
                      for name, p in matrix.profiles.items() if target in p.targets},
+        "without_key": [name for name, p in matrix.profiles.items() if target in p.targets and p.auth == "none"],
     }

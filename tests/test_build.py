@@ -191,3 +191,15 @@ def test_a_component_is_installed_patched_and_verified(tmp_path, cpu_image):
         assert manifest[0]["name"] == "probe" and "servekit_probe.py" in manifest[0]["files"]
     finally:
         _docker("image", "rm", "-f", tag)
+
+
+@pytest.mark.slow
+def test_the_image_refuses_to_serve_without_a_key(cpu_image, tmp_path):
+    """`docker run IMAGE` with no key, or an empty one, never serves an open API."""
+    empty = tmp_path / "empty"
+    empty.write_text("")
+    empty.chmod(0o644)
+    for extra in ([], ["-v", f"{empty}:/run/secrets/api_key:ro", "-e", "API_KEY_FILE=/run/secrets/api_key"]):
+        done = _docker("run", "--rm", "--network", "none", *extra, cpu_image, "serve", "default")
+        assert done.returncode == 2, done.stderr
+        assert "refusing to start: no API key" in done.stderr and "Uvicorn" not in done.stderr

@@ -111,7 +111,9 @@ def test_a_half_prepared_model_is_redone_and_never_served(tmp_path):
     rendered = render_profiles(load_matrix(ROOT / "images.yaml"), "cpu")
     rendered["model"].update(path=str(dest), baked=str(baked))
     profiles.write_text(json.dumps(rendered))
-    env = {"SERVEKIT_PROFILES": str(profiles), "PATH": os.environ["PATH"]}
+    key = tmp_path / "key"
+    key.write_text("sk-a-key-long-enough-to-serve\n")
+    env = {"SERVEKIT_PROFILES": str(profiles), "PATH": os.environ["PATH"], "API_KEY_FILE": str(key)}
     refused = subprocess.run([sys.executable, str(ROOT / "servekit/image/launcher.py"), "serve", "default"], env=env,
                              capture_output=True, text=True)
     assert refused.returncode == 2 and "missing or incomplete" in refused.stderr
@@ -119,6 +121,26 @@ def test_a_half_prepared_model_is_redone_and_never_served(tmp_path):
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert (dest / "weights").read_text() == "whole" and (dest / COMPLETE).is_file()
+
+
+def test_a_key_that_is_empty_short_or_a_link_is_made_again_and_the_link_target_left_alone(tmp_path):
+    from servekit.deploy import Deployment, ensure_secrets
+    from servekit.image.launcher import MIN_KEY_CHARS
+    dep = Deployment(tmp_path, "cpu", "native", "x", "127.0.0.1", 18000)
+    key = dep.api_key_file
+    key.parent.mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text("not a key\n")
+    for setup in (lambda: key.write_text(""), lambda: key.write_text("short\n"), lambda: key.symlink_to(elsewhere)):
+        key.unlink(missing_ok=True)
+        setup()
+        ensure_secrets(dep)
+        assert not key.is_symlink() and len(key.read_text().strip()) >= MIN_KEY_CHARS
+        assert key.stat().st_mode & 0o777 == 0o600
+    assert elsewhere.read_text() == "not a key\n"
+    kept = key.read_text()
+    ensure_secrets(dep)  # a good key stays
+    assert key.read_text() == kept
 
 
 # --- compose files (engine's compose, no containers) --------------------------------------------

@@ -92,12 +92,41 @@ def test_print_argv_masks_the_key_and_exits(tmp_path):
     profiles = tmp_path / "profiles.json"
     profiles.write_text(json.dumps(CPU))
     key = tmp_path / "key"
-    key.write_text("sk-secret-value\n")
+    key.write_text("sk-secret-value-0123\n")
     env = {"SERVEKIT_PROFILES": str(profiles), "PRINT_ARGV": "1", "API_KEY_FILE": str(key), "PATH": "/usr/bin:/bin"}
     done = subprocess.run([sys.executable, str(ROOT / "servekit/image/launcher.py")], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "--enforce-eager" in done.stdout and "VLLM_API_KEY=***" in done.stdout
-    assert "sk-secret-value" not in done.stdout + done.stderr
+    assert "sk-secret-value-0123" not in done.stdout + done.stderr
     env["PREFIX_CACHE"] = "maybe"
     done = subprocess.run([sys.executable, str(ROOT / "servekit/image/launcher.py")], env=env, capture_output=True, text=True)
     assert done.returncode == 2 and "PREFIX_CACHE='maybe'" in done.stderr
+
+
+@pytest.mark.parametrize("key_text, why", [(None, "API_KEY_FILE is not set"), ("", "holds 0 characters"),
+                                           ("sk-short", "holds 8 characters"), ("missing", "cannot be read")])
+def test_no_key_no_server(tmp_path, key_text, why):
+    """vLLM serves an open API when its key is empty: the launcher refuses before it starts, in one line."""
+    profiles = tmp_path / "profiles.json"
+    profiles.write_text(json.dumps(CPU))
+    env = {"SERVEKIT_PROFILES": str(profiles), "PRINT_ARGV": "1", "PATH": "/usr/bin:/bin"}
+    if key_text is not None:
+        key = tmp_path / "key"
+        if key_text != "missing":
+            key.write_text(key_text)
+        env["API_KEY_FILE"] = str(key)
+    done = subprocess.run([sys.executable, str(ROOT / "servekit/image/launcher.py")], env=env, capture_output=True,
+                          text=True)
+    assert done.returncode == 2 and done.stdout == ""
+    assert len(done.stderr.strip().splitlines()) == 1 and "refusing to start: no API key" in done.stderr
+    assert why in done.stderr
+
+
+def test_a_profile_that_says_auth_none_serves_without_a_key_and_says_so(tmp_path):
+    profiles = tmp_path / "profiles.json"
+    profiles.write_text(json.dumps({**CPU, "without_key": ["default"]}))
+    env = {"SERVEKIT_PROFILES": str(profiles), "PRINT_ARGV": "1", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, str(ROOT / "servekit/image/launcher.py")], env=env, capture_output=True,
+                          text=True)
+    assert done.returncode == 0 and "VLLM_API_KEY" not in done.stdout
+    assert "serves WITHOUT an API key" in done.stderr

@@ -18,6 +18,7 @@ try:
 except ImportError:  # run as a script inside the image, beside knobs.py
     from knobs import FALSE_WORDS, KNOBS, TRUE_WORDS  # type: ignore[no-redef]
 
+MIN_KEY_CHARS = 16  # a shorter key (an empty file above all) is no key: the host regenerates one this short or shorter
 PROFILES_FILE = Path(os.environ.get("SERVEKIT_PROFILES", Path(__file__).resolve().parent / "profiles.json"))
 VLLM = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
 CTX_PRESETS = {  # CTX -> (max length, KV cache dtype)
@@ -129,6 +130,19 @@ def _extra_wins(args: list[str], extra: list[str]) -> list[str]:
     return out + extra
 
 
+def read_key(key_file: str | None) -> tuple[str | None, str]:
+    """(the key, "") or (None, why there is none): unset, unreadable, empty or too short."""
+    if not key_file:
+        return None, "no API key: API_KEY_FILE is not set"
+    try:
+        key = Path(key_file).read_text().strip()
+    except OSError as exc:
+        return None, f"no API key: {key_file} cannot be read ({exc.strerror})"
+    if len(key) < MIN_KEY_CHARS:
+        return None, f"no API key: {key_file} holds {len(key)} characters"
+    return key, ""
+
+
 def main(argv: list[str]) -> int:
     command = argv[1] if len(argv) > 1 else "serve"
     if command == "flags":
@@ -151,13 +165,20 @@ def main(argv: list[str]) -> int:
     except KnobError as exc:
         print(f"launcher: refusing to start: {exc}", file=sys.stderr)
         return 2
+    key, problem = read_key(os.environ.get("API_KEY_FILE"))
+    if key:  # the key travels in the environment, never on the command line or in a log
+        env["VLLM_API_KEY"] = key
+    elif profile in profiles.get("without_key", []):
+        print(f"launcher: profile {profile} serves WITHOUT an API key (images.yaml says auth: none)", file=sys.stderr)
+    else:  # vLLM adds its auth only for a non-empty key: without one it would serve an open API
+        print(f"launcher: refusing to start: {problem}; mount a key file of at least {MIN_KEY_CHARS} characters "
+              "and set API_KEY_FILE to it (compose/ does), or give the profile auth: none in images.yaml",
+              file=sys.stderr)
+        return 2
     if not is_complete(profiles["model"]) and os.environ.get("PRINT_ARGV") != "1":
         print(f"launcher: refusing to start: the model in {profiles['model']['path']} is missing or incomplete; "
               "run the prepare step first (docker compose runs it before every profile)", file=sys.stderr)
         return 2
-    key_file = os.environ.get("API_KEY_FILE")
-    if key_file:  # the key travels in the environment, never on the command line or in a log
-        env["VLLM_API_KEY"] = Path(key_file).read_text().strip()
     if os.environ.get("PRINT_ARGV") == "1":
         print(shlex.join(VLLM[2:] + args))
         for name in sorted(env):
