@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -145,6 +146,35 @@ def test_bad_matrix_gives_exit_2_and_one_located_line(repo, cli, case_id, mutate
         assert fragment in lines[0], lines[0]
     if line_needle:
         assert f"{path}:{_line_of(bad, line_needle)}:" in lines[0], lines[0]
+
+
+HOSTILE = [
+    ("alias-bomb", "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+                   "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: [*c, *c, *c, *c, *c, *c, *c, *c, *c]\n",
+     "anchors and aliases are not allowed"),
+    ("recursive-alias", "a: &a [*a]\n", "anchors and aliases are not allowed"),
+    ("deep-nesting", "a: " + "[" * 40 + "]" * 40 + "\n", "nested deeper than 32 levels"),
+    ("nesting-beyond-the-parser", "a: " + "[" * 100000 + "]" * 100000 + "\n", "nested deeper than the YAML parser"),
+    ("too-large", "# " + "x" * (1 << 20) + "\n", "larger than 1024 KiB"),
+]
+
+
+@pytest.mark.parametrize("case_id,text,says", HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_a_hostile_matrix_is_refused_at_once_in_one_line(tmp_path, cli, case_id, text, says):
+    path = tmp_path / "images.yaml"
+    path.write_text(text)
+    code, _, err = cli("--matrix", str(path), "plan")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and says in err, err
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo", "folder"])
+def test_a_matrix_that_is_not_a_regular_file_is_refused_unread(tmp_path, cli, kind):
+    import os
+    path = {"device": Path("/dev/zero"), "fifo": tmp_path / "fifo", "folder": tmp_path}[kind]
+    if kind == "fifo":
+        os.mkfifo(path)  # opening it would block until a writer came
+    code, _, err = cli("--matrix", str(path), "plan")
+    assert code == 2 and err.strip() == f"error: {path}: not a regular file; pass the matrix file itself"
 
 
 def test_binary_file_gives_exit_2(repo, cli):
