@@ -6,9 +6,10 @@ Every error becomes one line: file, line, key, what was expected and what was fo
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import json
 import re
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
 from packaging.version import InvalidVersion, Version
@@ -21,7 +22,6 @@ from .image.knobs import KNOBS
 from .yamlload import LoadedYaml, load_yaml
 
 SCHEMA_VERSION = 1
-NAME = r"^[a-z0-9][a-z0-9._-]*$"
 
 
 def _knob_value(value: Any) -> str:
@@ -241,9 +241,48 @@ class Matrix(Strict):
         return merged
 
 
-def _cross_references(m: Matrix) -> list[tuple[tuple, str]]:
+# Names that become folder names, Compose services, tags and Kubernetes names (servekit-<profile>): one safe
+# pattern; checks are Python functions, so theirs allows an underscore instead of a hyphen.
+SAFE_NAME = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
+CHECK_NAME = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
+
+
+def _inside(root: Path, rel: str) -> str | None:
+    """Why `rel` is not a path inside the repository at `root`, or None."""
+    path = PurePosixPath(rel)
+    if path.is_absolute() or ".." in path.parts or rel.strip() in ("", "."):
+        return f"{rel!r}: expected a folder inside the repository, relative to images.yaml (no '..', not absolute)"
+    if not (root / rel).resolve().is_relative_to(root.resolve()):
+        return f"{rel!r} leads outside the repository (a link?)"
+    return None
+
+
+def _cross_references(m: Matrix, root: Path) -> list[tuple[tuple, str]]:
     """Every reference from one section to another, checked; (location, message) per problem."""
     problems: list[tuple[tuple, str]] = []
+    for section in ("indexes", "bases", "models", "targets", "hosts", "components", "profiles"):
+        for name in getattr(m, section):
+            if not SAFE_NAME.match(name):
+                problems.append(((section, name), f"name {name!r}: expected lowercase letters, digits and '-', "
+                                 "starting with a letter, at most 40 characters"))
+    for name in m.checks:
+        if not CHECK_NAME.match(name):
+            problems.append((("checks", name), f"name {name!r}: expected lowercase letters, digits and '_'"))
+    for name, version in m.pins.items():
+        parsed = Version(version)
+        if parsed.local or parsed.epoch:
+            problems.append((("pins", name), f"{version!r}: expected a plain release version (no '+local' or "
+                             "epoch: it goes into image tags); a local label goes in targets.<t>.torch_local_version"))
+    try:
+        ipaddress.ip_address(m.serve.bind)
+    except ValueError:
+        problems.append((("serve", "bind"), f"{m.serve.bind!r}: expected an IP address such as 127.0.0.1"))
+    paths: list[tuple[tuple, str]] = [(("series", "dir"), m.series.dir)]
+    paths += [(("components", n, "source"), c.source) for n, c in m.components.items()]
+    paths += [(("models", n, "dir"), model.dir) for n, model in m.models.items() if model.dir]
+    for loc, rel in paths:
+        if problem := _inside(root, rel):
+            problems.append((loc, problem))
 
     def need(value: str, table: dict, what: str, loc: tuple) -> None:
         if value not in table:
@@ -309,6 +348,9 @@ def _cross_references(m: Matrix) -> list[tuple[tuple, str]]:
         for i, target in enumerate(component.targets):
             need(target, m.targets, "target", ("components", name, "targets", i))
     for name, p in m.profiles.items():
+        if not p.checks and not any(o and o.checks for o in p.targets.values()):
+            problems.append((("profiles", name, "checks"), "a profile needs at least one check: a run of it must "
+                             "test something before it can pass (or gate a release)"))
         knobs(p.knobs, ("profiles", name, "knobs"))
         for host, table in p.hosts.items():
             knobs(table, ("profiles", name, "hosts", host))
@@ -398,7 +440,7 @@ def parse_matrix(loaded: LoadedYaml) -> Matrix:
                 message = f"unknown key; did you mean {close[0]!r}?"
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise UserError(f"{loaded.where(loc)}: {_key(loc)}: {message}{more}") from None
-    problems = _cross_references(matrix)
+    problems = _cross_references(matrix, loaded.path.resolve().parent)
     if problems:
         problems.sort(key=lambda p: loaded.line_of(p[0]))
         loc, message = problems[0]

@@ -7,6 +7,7 @@ in images.yaml to the functions.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -70,11 +71,15 @@ class Skip(Exception):
 
 
 CHECKS: dict[str, tuple[Callable, bool]] = {}  # name -> (function, gpu_only)
+# name -> parameter -> (least, most): a numeric parameter not named here must be at least 1, so that no
+# configuration makes a check do nothing (seeds: 0) and pass.
+BOUNDS: dict[str, dict[str, tuple[float, float | None]]] = {}
 
 
-def check(name: str, gpu_only: bool = False):
+def check(name: str, gpu_only: bool = False, bounds: dict[str, tuple[float, float | None]] | None = None):
     def register(func):
         CHECKS[name] = (func, gpu_only)
+        BOUNDS[name] = bounds or {}
         return func
     return register
 
@@ -98,6 +103,11 @@ def param_problems(name: str, params: dict) -> list[str]:
         if not fits:
             problems.append(f"check {name}: {key}={value!r} should be {type(default).__name__}, like its default "
                             f"{default!r}")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            least, most = BOUNDS[name].get(key, (1, None))
+            if not math.isfinite(value) or value < least or (most is not None and value > most):
+                problems.append(f"check {name}: {key}={value!r} is out of range: at least {least:g}"
+                                + (f" and at most {most:g}" if most is not None else ""))
     return problems
 
 
@@ -107,8 +117,9 @@ def run_check(name: str, ctx: Context, params: dict) -> Result:
     if gpu_only and not ctx.gpu:
         return Result(name, "skipped", "needs a GPU target")
     try:
-        figures = func(ctx, **params) or {}
-        result = Result(name, "passed", "", figures)
+        figures = func(ctx, **params)
+        result = (Result(name, "passed", "", figures) if figures else
+                  Result(name, "failed", "the check did no work: it reported no figures"))
     except CheckFailure as exc:
         result = Result(name, "failed", str(exc), exc.figures)
     except Skip as exc:

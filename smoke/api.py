@@ -43,7 +43,7 @@ def greedy(ctx: Context, max_tokens: int = 32) -> dict:
     return {"answer": answers[0]}
 
 
-@check("sampled")
+@check("sampled", bounds={"tries": (2, None)})
 def sampled(ctx: Context, tries: int = 4, max_tokens: int = 24) -> dict:
     # A prompt the model has no fixed answer for, hot enough that unseeded answers differ; ignore_eos (vLLM's)
     # samples every one of the tokens, so a model sure of a short answer cannot end before sampling shows.

@@ -17,7 +17,7 @@ def _conversation(seed: int, words: int) -> list[dict]:
     return [{"role": "user", "content": f"Document {seed}:\n{text}\nSummarise it."}]
 
 
-@check("two_conversations")
+@check("two_conversations", bounds={"min_cached_share": (0.01, 1.0)})
 def two_conversations(ctx: Context, tokens: int = 60000, min_cached_share: float = 0.9, max_tokens: int = 16) -> dict:
     words = max(16, tokens // 3)  # about three tokens a word with this vocabulary
     convs = [_conversation(seed, words) for seed in (1, 2)]

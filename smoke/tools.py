@@ -11,7 +11,7 @@ NO_PARAMS_TOOL = {"type": "function", "function": {"name": "get_time", "descript
 ASK = [{"role": "user", "content": "What time is it?"}]
 
 
-@check("tool_required")
+@check("tool_required", bounds={"max_runaway": (0, None)})
 def tool_required(ctx: Context, seeds: int = 20, max_tokens: int = 2048, max_runaway: int = 2) -> dict:
     """N seeds; each must return one call with arguments exactly {}. A call that keeps decoding after
     a correct {} until max_tokens (the source saw 2 of 20) is counted, and allowed up to max_runaway."""

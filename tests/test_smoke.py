@@ -27,6 +27,15 @@ def test_a_check_that_cannot_run_is_skipped_never_passed():
         del CHECKS["gpu_probe"]
 
 
+def test_a_check_that_did_no_work_fails():
+    CHECKS["idle"] = (lambda ctx: {}, False)
+    try:
+        result = run_check("idle", Context("http://127.0.0.1:9", "k", "m"), {})
+        assert result.status == "failed" and "did no work" in result.reason
+    finally:
+        del CHECKS["idle"]
+
+
 def test_an_unreachable_server_fails_the_check_with_the_reason():
     result = run_check("models", Context("http://127.0.0.1:9", "k", "m"), {})
     assert result.status == "failed" and "request failed" in result.reason

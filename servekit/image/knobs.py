@@ -6,6 +6,7 @@ profile knobs against it, so a typo in images.yaml fails at load rather than at 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
@@ -36,6 +37,8 @@ class Knob:
                 number = int(value) if self.kind == "int" else float(value)
             except ValueError:
                 return f"expected {'an integer' if self.kind == 'int' else 'a number'}"
+            if not math.isfinite(number):
+                return "expected a finite number"
             if self.minimum is not None and number < self.minimum:
                 return f"expected at least {self.minimum:g}"
             if self.maximum is not None and number > self.maximum:
