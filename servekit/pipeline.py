@@ -154,13 +154,19 @@ def boot(dep: deploy.Deployment, profile: str, timeout_s: float, say=None, knobs
         raise
 
 
-def smoke(ctx, checks: dict[str, dict], say=None) -> list:
-    """Run each check in order; a check that raises something unexpected fails, and the rest still run."""
-    from smoke import Result, run_check
+def smoke(ctx, checks: dict[str, dict], say=None, deadline_s: float | None = None) -> list:
+    """Run each check in order within the run's deadline; a check that raises something unexpected fails, and the
+    rest still run."""
+    from smoke import RUN_DEADLINE_S, Result, run_check
     results = []
+    ends = time.monotonic() + (deadline_s or RUN_DEADLINE_S)
     for name, params in checks.items():
+        left = ends - time.monotonic()
+        if left <= 0:
+            results.append(Result(name, "failed", "not run: the run's deadline for its checks had passed"))
+            continue
         try:
-            result = run_check(name, ctx, params)
+            result = run_check(name, ctx, params, deadline_s=left)
         except Exception as exc:  # a bug in a check must not hide the others' results
             result = Result(name, "failed", f"the check itself broke: {type(exc).__name__}: {exc}")
         results.append(result)

@@ -8,11 +8,16 @@ in images.yaml to the functions.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import requests
+
+CHECK_DEADLINE_S = 600.0  # one check, all its requests: a hung, slow or endless server fails it by then
+RUN_DEADLINE_S = 3600.0  # every check of one run
+MAX_BODY_BYTES = 32 << 20  # the largest answer a check reads (a 64-prompt completion is well under 1 MiB)
 
 
 @dataclass
@@ -35,18 +40,36 @@ class Context:
     gpu: bool = False  # whether the target has a GPU (a GPU-only check is skipped otherwise)
     logs: Callable[[], list[str]] | None = None  # the server's log lines, when known
     healthy_line: int = 0  # index of the first log line after the server became healthy
-    timeout_s: float = 300
+    timeout_s: float = 300  # how long one request may wait between bytes
+    check_deadline_s: float = CHECK_DEADLINE_S
+    max_body_bytes: int = MAX_BODY_BYTES
 
     def headers(self) -> dict:
         return {"Authorization": f"Bearer {self.api_key}"}
 
-    def post(self, path: str, body: dict, timeout: float | None = None, session=None) -> requests.Response:
-        return (session or requests).post(f"{self.url}{path}", json=body, headers=self.headers(),
-                                          timeout=timeout or self.timeout_s)
+    def fetch(self, method: str, path: str, session=None, keyless: bool = False, **kw) -> requests.Response:
+        """One request whose body is read in pieces and refused past max_body_bytes (a server cannot make the
+        checks hold its answer in memory); the check's deadline bounds the whole of it (run_check)."""
+        headers = {} if keyless else self.headers()
+        resp = (session or requests).request(method, f"{self.url}{path}", headers=headers, stream=True,
+                                             timeout=(10, self.timeout_s), **kw)
+        body, size = [], 0
+        with resp:
+            for piece in resp.iter_content(64 << 10):
+                size += len(piece)
+                if size > self.max_body_bytes:
+                    raise CheckFailure(f"{method} {path}: the response passed {self.max_body_bytes >> 20} MiB; "
+                                       "not read further")
+                body.append(piece)
+        resp._content, resp._content_consumed = b"".join(body), True  # read: .json() and .text work on it
+        return resp
+
+    def post(self, path: str, body: dict, session=None) -> requests.Response:
+        return self.fetch("POST", path, session=session, json=body)
 
     def metric_totals(self, pattern) -> dict[str, float]:
         """Sum each /metrics series whose name `pattern` captures (group 1; the value is group 2) over labels."""
-        text = requests.get(f"{self.url}/metrics", headers=self.headers(), timeout=10).text
+        text = self.fetch("GET", "/metrics").text
         out: dict[str, float] = {}
         for name, value in pattern.findall(text):
             out[name] = out.get(name, 0.0) + float(value)
@@ -111,21 +134,35 @@ def param_problems(name: str, params: dict) -> list[str]:
     return problems
 
 
-def run_check(name: str, ctx: Context, params: dict) -> Result:
+def _verdict(name: str, func: Callable, ctx: Context, params: dict) -> Result:
+    try:
+        figures = func(ctx, **params)
+        return (Result(name, "passed", "", figures) if figures else
+                Result(name, "failed", "the check did no work: it reported no figures"))
+    except CheckFailure as exc:
+        return Result(name, "failed", str(exc), exc.figures)
+    except Skip as exc:
+        return Result(name, "skipped", str(exc))
+    except requests.RequestException as exc:
+        return Result(name, "failed", f"request failed: {type(exc).__name__}: {str(exc)[:200]}")
+
+
+def run_check(name: str, ctx: Context, params: dict, deadline_s: float | None = None) -> Result:
+    """The check's verdict within its deadline (the context's, or less when the run has less left): a server
+    that never answers, trickles or streams without end fails it then, named as such."""
     func, gpu_only = CHECKS[name]
     started = time.monotonic()
     if gpu_only and not ctx.gpu:
         return Result(name, "skipped", "needs a GPU target")
-    try:
-        figures = func(ctx, **params)
-        result = (Result(name, "passed", "", figures) if figures else
-                  Result(name, "failed", "the check did no work: it reported no figures"))
-    except CheckFailure as exc:
-        result = Result(name, "failed", str(exc), exc.figures)
-    except Skip as exc:
-        result = Result(name, "skipped", str(exc))
-    except requests.RequestException as exc:
-        result = Result(name, "failed", f"request failed: {type(exc).__name__}: {str(exc)[:200]}")
+    limit = min(ctx.check_deadline_s, deadline_s if deadline_s is not None else ctx.check_deadline_s)
+    box: list[Result] = []
+    # A daemon thread: a request stuck in a read cannot be interrupted, but it no longer holds the run.
+    worker = threading.Thread(target=lambda: box.append(_verdict(name, func, ctx, params)), daemon=True,
+                              name=f"check-{name}")
+    worker.start()
+    worker.join(max(limit, 0.0))
+    result = box[0] if box else Result(name, "failed", f"no verdict within {limit:.0f} s: the server is hung, too "
+                                       "slow or sends without end")
     result.seconds = round(time.monotonic() - started, 2)
     return result
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import requests
 
 from . import Context, check, ensure
 
@@ -15,8 +14,8 @@ HELLO = [{"role": "user", "content": "Say hello."}]
 
 @check("health")
 def health(ctx: Context) -> dict:
-    keyless = {p: requests.get(f"{ctx.url}{p}", timeout=10).status_code for p in KEYLESS}
-    guarded = {p: requests.get(f"{ctx.url}{p}", timeout=10).status_code for p in GUARDED}
+    keyless = {p: ctx.fetch("GET", p, keyless=True).status_code for p in KEYLESS}
+    guarded = {p: ctx.fetch("GET", p, keyless=True).status_code for p in GUARDED}
     ensure(all(code == 200 for code in keyless.values()), f"a keyless route did not answer 200: {keyless}",
            keyless=keyless)
     ensure(all(code == 401 for code in guarded.values()), f"a route answered without the key: {guarded}",
@@ -27,7 +26,7 @@ def health(ctx: Context) -> dict:
 @check("models")
 def models(ctx: Context, expect: str = "") -> dict:
     """`expect` overrides the target's model name (a profile that serves another name)."""
-    resp = requests.get(f"{ctx.url}/v1/models", headers=ctx.headers(), timeout=10)
+    resp = ctx.fetch("GET", "/v1/models")
     resp.raise_for_status()
     served = [m["id"] for m in resp.json()["data"]]
     wanted = expect or ctx.model
@@ -60,10 +59,9 @@ def sampled(ctx: Context, tries: int = 4, max_tokens: int = 24) -> dict:
 def streaming(ctx: Context, max_tokens: int = 16) -> dict:
     body = {"model": ctx.model, "messages": HELLO, "max_tokens": max_tokens, "stream": True,
             "stream_options": {"include_usage": True}}
-    with requests.post(f"{ctx.url}/v1/chat/completions", json=body, headers=ctx.headers(), stream=True,
-                       timeout=ctx.timeout_s) as resp:
-        resp.raise_for_status()
-        events = [line[len(b"data: "):].decode() for line in resp.iter_lines() if line.startswith(b"data: ")]
+    resp = ctx.post("/v1/chat/completions", body)
+    resp.raise_for_status()
+    events = [line[len(b"data: "):].decode() for line in resp.content.splitlines() if line.startswith(b"data: ")]
     ensure(bool(events) and events[-1] == "[DONE]", "the stream did not end with [DONE]")
     chunks = [json.loads(e) for e in events[:-1]]
     usage = [c["usage"] for c in chunks if c.get("usage")]
