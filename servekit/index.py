@@ -8,7 +8,9 @@ offline once it has run online.
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import re
 import zipfile
 from dataclasses import dataclass
@@ -18,6 +20,7 @@ from urllib.parse import unquote
 
 import requests
 
+from .atomic import write_text
 from .trust import requests_verify
 
 TIMEOUT = 30
@@ -115,10 +118,12 @@ def _wheel_entry(session: requests.Session, name: str, version: str, index_url: 
 
 def fetch_metadata(name: str, version: str, index_url: str, cache_dir: Path,
                    platform: str = "x86_64") -> Metadata:
-    """The METADATA of `name==version` as the index serves it; cached under cache_dir."""
-    cached = cache_dir / f"{normalize(name)}-{version}.METADATA"
-    if cached.is_file():
-        return _parse(cached.read_text())
+    """The METADATA of `name==version` as the index serves it; cached under cache_dir (written whole, and checked
+    against its own digest when read: a damaged copy is fetched again, never believed)."""
+    cached = cache_dir / f"{normalize(name)}-{version}.metadata.json"
+    text = _cached_metadata(cached, name, version)
+    if text is not None:
+        return _parse(text)
     session = requests.Session()
     try:
         wheel = _wheel_entry(session, name, version, index_url, platform)
@@ -132,9 +137,22 @@ def fetch_metadata(name: str, version: str, index_url: str, cache_dir: Path,
                 text = whl.read(member).decode("utf-8")
     except requests.RequestException as exc:
         raise IndexUnreachable(f"{index_url} could not be reached ({type(exc).__name__})") from None
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    cached.write_text(text)
-    return _parse(text)
+    parsed = _parse(text)
+    if normalize(parsed.name or "") != normalize(name) or parsed.version != version:
+        raise IndexUnreachable(f"{index_url} served metadata of {parsed.name} {parsed.version} for {name} {version}")
+    write_text(cached, json.dumps({"name": name, "version": version, "sha256": hashlib.sha256(text.encode()).hexdigest(),
+                                   "metadata": text}) + "\n")
+    return parsed
+
+
+def _cached_metadata(path: Path, name: str, version: str) -> str | None:
+    try:
+        doc = json.loads(path.read_text())
+        text = doc["metadata"]
+        whole = hashlib.sha256(text.encode()).hexdigest() == doc["sha256"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return text if whole and doc.get("name") == name and doc.get("version") == version else None
 
 
 def release_exists(name: str, version: str, index_url: str) -> bool:

@@ -112,7 +112,7 @@ def mirror_problems(matrix: Matrix, root: Path) -> Findings:
     for path in versioned_files(matrix, root):
         named = VERSIONED_NAME.search(path.name)
         if named and named[1] != matrix.vllm:
-            out.problems.append(f"{path.relative_to(root)}: the name carries vLLM {mo[1]}, the pin is {matrix.vllm}")
+            out.problems.append(f"{path.relative_to(root)}: the name carries vLLM {named[1]}, the pin is {matrix.vllm}")
     return out
 
 

