@@ -392,11 +392,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--host", default=default, metavar="KIND", help="a host of images.yaml whose defaults apply, "
                        f"or auto: WSL2 or native, asked of the engine (default: {default})")
 
-    def add(name: str, func, help: str, json_out: bool = True) -> argparse.ArgumentParser:
+    def add(name: str, func, help: str, json_out: bool = True, locked: bool = False) -> argparse.ArgumentParser:
+        """A command; `locked`: it builds, boots or releases, so it waits for another such command to end."""
         p = sub.add_parser(name, help=help, description=help, parents=[shared])
         if json_out:
             p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-        p.set_defaults(func=func)
+        p.set_defaults(func=func, locked=locked)
         return p
 
     p = add("plan", cmd_plan, "show what each target would build: base, pins, content digest, tag, already built")
@@ -411,12 +412,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to", required=True, metavar="VERSION", help="the new vLLM version, e.g. 0.32.0")
     p.add_argument("--dry-run", action="store_true", help="report only; write nothing")
     p = add("image", cmd_image, "build the image of a target (content-addressed: an image already built for "
-            "its digest is not rebuilt)")
+            "its digest is not rebuilt)", locked=True)
     add_target(p, many=True)
     p.add_argument("--force", action="store_true", help="rebuild even if the image exists")
     add("demo-model", cmd_demo_model, "train the shipped demo model again (a few CPU minutes, in the image of the "
-        "target that serves it) and replace its folder (images.yaml models.<name>.dir)", json_out=False)
-    p = add("up", cmd_up, "start a profile through Compose and watch it until it is healthy or has failed")
+        "target that serves it) and replace its folder (images.yaml models.<name>.dir)", json_out=False, locked=True)
+    p = add("up", cmd_up, "start a profile through Compose and watch it until it is healthy or has failed", locked=True)
     p.add_argument("profile", metavar="PROFILE", help="a profile of images.yaml (default, batch, alternative, ...)")
     add_target(p)
     add_host(p)
@@ -433,7 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", type=float, default=0.05, metavar="S", help="NVML sampling interval (default 0.05)")
     p.add_argument("--adapter", metavar="LUID", help="the WSL2 adapter to report (default: the one matching NVML)")
     p = add("run", cmd_run, "image, up, smoke checks, down and a report for each profile, on one engine or on "
-            "several in parallel; exit 0 only when every check passed")
+            "several in parallel; exit 0 only when every check passed", locked=True)
     add_target(p)
     p.add_argument("--profile", action="append", metavar="NAME", help="a profile (repeatable; default: the "
                    "target's first)")
@@ -455,7 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("report_b", metavar="REPORT_B")
     p.add_argument("--threshold", type=float, default=0.10, help="relative difference to mark (default 0.10)")
     p = add("release", cmd_release, "push each target's checked image: immutable and moving tags, digests read "
-            "back, then releases/v<vllm>.json")
+            "back, then releases/v<vllm>.json", locked=True)
     p.add_argument("--registry", metavar="HOST[:PORT]/NAMESPACE", help="default: release.registry in images.yaml")
     add_target(p, many=True, help="only this target (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="check and report; push nothing")
@@ -469,7 +470,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="k8s", metavar="DIR", help="folder to write into (default: k8s/)")
     p.add_argument("--kube-version", default="1.31", metavar="X.Y", help="schema version to validate against")
     p = add("sweep", cmd_sweep, "boot a profile across knob values, several boots a cell, and print the table "
-            "(boots survived, margin, KV pool, tokens/s, and whether the spread is below the gap)", json_out=False)
+            "(boots survived, margin, KV pool, tokens/s, and whether the spread is below the gap)", json_out=False, locked=True)
     p.add_argument("profile", metavar="PROFILE")
     p.add_argument("--knob", action="append", required=True, metavar="NAME=V1,V2", help="a knob and its values "
                    "(repeatable: every combination is booted)")
@@ -510,7 +511,11 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(args, "func", None):
             parser.print_help()
             return 2
-        return args.func(args)
+        if not args.locked:
+            return args.func(args)
+        from .lock import exclusive
+        with exclusive(Path(args.matrix).resolve().parent / ".cache", args.command, say=_say()):
+            return args.func(args)
     except (UserError, CheckFailed, EnvironmentProblem) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code

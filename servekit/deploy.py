@@ -8,6 +8,7 @@ bind-mounts nothing from this disk.
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
 import os
 import re
@@ -92,11 +93,13 @@ def ensure_secrets(dep: Deployment) -> Path:
     folder = dep.api_key_file.parent
     folder.mkdir(parents=True, exist_ok=True)
     folder.chmod(0o700)  # Compose bind-mounts the file itself, so the folder can stay private
-    if _key_in(dep.api_key_file) is None:
-        write_text(dep.api_key_file, f"sk-{secrets.token_urlsafe(32)}\n", mode=0o600)
     token = folder / "hf_token"
-    if token.is_symlink() or not token.is_file():
-        write_text(token, "", mode=0o600)
+    with open(os.open(folder / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)) as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two commands at once make one key, not two (the second reads the first's)
+        if _key_in(dep.api_key_file) is None:
+            write_text(dep.api_key_file, f"sk-{secrets.token_urlsafe(32)}\n", mode=0o600)
+        if token.is_symlink() or not token.is_file():
+            write_text(token, "", mode=0o600)
     for path in (dep.api_key_file, token):  # both regular files now: neither chmod nor chown follows a link
         path.chmod(0o600)
         _owned_by_container(path)
@@ -165,6 +168,11 @@ def find_container(profile: str, engine: Engine | None = None):
     found = (engine or resolve(None)).containers(label=[f"com.docker.compose.project={PROJECT}",
                                                         f"com.docker.compose.service={profile}"])
     return found[0] if found else None
+
+
+def is_running(profile: str, engine: Engine | None = None) -> bool:
+    container = find_container(profile, engine)
+    return container is not None and container.status == "running"
 
 
 def published_port(container) -> int | None:

@@ -66,21 +66,22 @@ def run_fleet(matrix, deps: list, profiles: list[str], key_file: Path, out: Path
                 t.join(0.5)
     except KeyboardInterrupt:
         stop.set()
-        _down_everywhere(runs)  # a compose up waiting on prepare fails at once; a boot then stops at its next poll
+        _down_everywhere(runs, profiles)  # a compose up waiting on prepare fails at once; a boot then stops at its next poll
         deadline = time.monotonic() + STOP_WAIT_S
         for t in threads:
             t.join(max(0.0, deadline - time.monotonic()))
-        _down_everywhere(runs)  # whatever a compose up in flight created after the first round
+        _down_everywhere(runs, profiles)  # whatever a compose up in flight created after the first round
         raise
     return runs
 
 
-def _down_everywhere(runs: list[EngineRun]) -> None:
+def _down_everywhere(runs: list[EngineRun], profiles: list[str]) -> None:
     for run in runs:
-        try:
-            deploy.down(run.dep, None)
-        except Exception:  # an engine that went away has nothing left to take down
-            pass
+        for profile in profiles:
+            try:
+                deploy.down(run.dep, profile)
+            except Exception:  # an engine that went away has nothing left to take down
+                pass
 
 
 def summary(runs: list[EngineRun]) -> tuple[dict, str]:

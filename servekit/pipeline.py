@@ -150,7 +150,7 @@ def boot(dep: deploy.Deployment, profile: str, timeout_s: float, say=None, knobs
         return b
     except BaseException:
         b.stop_samplers()
-        deploy.down(dep, None)  # a failed boot, Ctrl-C included, leaves nothing running
+        deploy.down(dep, profile)  # a failed boot, Ctrl-C included, leaves nothing of its own running
         raise
 
 
@@ -194,6 +194,9 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
         report["notes"].append("served WITHOUT an API key: the profile says auth: none in images.yaml")
     b = None
     try:
+        if deploy.is_running(profile, dep.engine):  # somebody's server (an `up`): never restarted or stopped by a run
+            raise BootFailed(f"{profile} is already running on engine {dep.engine.given}, started by someone else "
+                             f"(`up`?); left alone: stop it with `python build.py down {profile}` first", "", [])
         b = boot(dep, profile, matrix.serve.boot_timeout_s, knobs=knobs, note=say, stop=stop)
         say(f"  healthy in {b.record.time_to_healthy_s} s (KV pool {b.record.kv_pool_tokens} tokens)")
         b.mark("traffic")
@@ -211,7 +214,7 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
         if b:
             b.stop_samplers()
             report["image"]["id"] = (b.container.image.id if b.container else None)
-            deploy.down(dep, None)
+            deploy.down(dep, profile)  # what this run started, and nothing else
     memory = b.memory() if b else {"gpus": [], "shared_usage": None, "phases": [], "notes": [], "container": None}
     report["boot"] = {"time_to_healthy_s": b.record.time_to_healthy_s if b else None,
                       "kv_pool_tokens": b.record.kv_pool_tokens if b else None,

@@ -85,7 +85,7 @@ def test_the_cuda_image_says_flashinfer_compiles_at_first_use(cuda_image):
 def test_the_cuda_images_verify_passes_again_with_the_jit_compile(cuda_image):
     """The verify step the build ran, run once more in the image: every check, the JIT compile for sm_86
     and sm_89 included, as the image's own user."""
-    done = _in_image(cuda_image, "/opt/servekit/verify_image.py", "--build-info", "/opt/servekit/build-info.json",
+    done = _in_image(cuda_image, "/opt/servekit/verify.py", "--build-info", "/opt/servekit/build-info.json",
                      "--profiles", "/opt/servekit/profiles.json", "--series-dir", "/opt/servekit/patches")
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert "compiled and linked a curand kernel for sm 8.6, 8.9" in done.stdout

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, WORK, run_build_py, tracked_copy
+from conftest import ROOT, WORK, project_containers, run_build_py, tracked_copy
 
 pytestmark = pytest.mark.engine
 
@@ -44,3 +44,33 @@ def test_run_writes_the_three_files_and_compare_reads_two(tmp_path):
     table = run_build_py("compare", str(runs[0]), str(runs[1]))
     assert table.returncode == 0
     assert "time to healthy" in table.stdout and "burst: tokens_per_s" in table.stdout
+
+
+@pytest.mark.slow
+def test_two_runs_at_once_both_finish_with_their_own_reports():
+    """The second waits for the first (one boot at a time in a checkout), says for whom, then runs."""
+    command = [sys.executable, str(ROOT / "build.py"), "run", "--target", "cpu", "--profile", "default", "--json"]
+    procs = [subprocess.Popen(command, cwd=WORK, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=3000) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
+    reports = [Path(json.loads(out)["reports"][0]) for out, _ in outs]
+    assert reports[0] != reports[1] and all((r / "report.json").is_file() for r in reports)
+    assert sum("waiting for pid" in err for _, err in outs) == 1
+    assert project_containers() == []
+
+
+@pytest.mark.slow
+def test_run_leaves_a_server_started_by_up_alone():
+    up = run_build_py("up", "default", "--target", "cpu", "--json", timeout=3000)
+    assert up.returncode == 0, up.stderr[-3000:]
+    try:
+        container = json.loads(up.stdout)["container"]
+        result = run_build_py("run", "--target", "cpu", "--profile", "default", timeout=3000)
+        assert result.returncode == 1 and "already running" in result.stderr, result.stderr[-2000:]
+        state = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}} {{.RestartCount}}", container],
+                               capture_output=True, text=True).stdout.split()
+        assert state == ["true", "0"]
+    finally:
+        run_build_py("down")
+    assert project_containers() == []
