@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,8 @@ import yaml
 
 from .image import components as components_mod
 from .image import series as series_mod
+from . import credentials
+from .atomic import write_text
 from .bases import ensure_made_base
 from .engines import local
 from .errors import EnvironmentProblem, UserError
@@ -104,7 +107,7 @@ def _ensure_base(matrix: Matrix, plan: TargetPlan, root: Path, say) -> None:
 
 def preflight(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSettings,
               say) -> tuple[list[str], dict[str, Path]]:
-    """Fail early, in one line, on what would fail twenty minutes into a build. Returns the extra
+    """Fail early, in one line, on what would fail twenty minutes into a build. Returns the keys of the extra
     indexes the build must ask (those of pins no folder of wheels holds) and the wheels offered."""
     local().check()
     try:
@@ -118,9 +121,10 @@ def preflight(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSetti
             say(f"{dist}=={version} from {wheels[dist]}")
             continue
         pin = pin_name(matrix, plan.target, dist)
-        index = matrix.index_of(plan.target, pin).url
+        key = matrix.index_key_of(plan.target, pin)
+        index = matrix.indexes[key].url
         try:
-            present = release_exists(dist, version, index)
+            present = release_exists(dist, version, index, credentials.auth(key))
         except IndexUnreachable:
             if pin in matrix.may_omit:
                 raise UserError(f"{dist}=={version} is on {index} only, which cannot be reached from here: put its "
@@ -130,8 +134,8 @@ def preflight(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSetti
                                      f"wheel in a folder named by --wheels ({ENV_WHEELS})") from None
         if not present:
             raise UserError(f"pins: {dist}=={version} is not on {index}; fix the pin in images.yaml")
-        if index != matrix.indexes["pypi"].url:
-            extra.add(index)
+        if key != "pypi":
+            extra.add(key)
     _ensure_base(matrix, plan, root, say)
     spec = matrix.targets[plan.target]
     pristine = sorted((root / ".cache" / "pristine").glob(f"{spec.vllm_distribution.replace('-', '_')}-"
@@ -245,32 +249,33 @@ def labels(matrix: Matrix, plan: TargetPlan, root: Path) -> dict[str, str]:
     return out
 
 
-def build_args(plan: TargetPlan, extra_indexes: list[str]) -> dict[str, str]:
+def build_args(plan: TargetPlan) -> dict[str, str]:
     """Everything that differs between targets and bases, as the Dockerfile's arguments: read from the facts
     the digest covers (build-info.json), so the tag and the build cannot disagree."""
     info = plan.build_info
     return {"TARGET": plan.target, "BASE": info["base"]["image"], "BASE_APT_PACKAGES": " ".join(info["base"]["apt"]),
-            "MODEL_SOURCE": info["model"]["source"], "PIP_EXTRA_INDEX_URL": " ".join(extra_indexes),
+            "MODEL_SOURCE": info["model"]["source"],
             "PIP_UNINSTALL": " ".join(info["uninstall"])}
 
 
-def _command(matrix: Matrix, plan: TargetPlan, root: Path, workdir: Path, extra_indexes: list[str]) -> list[str]:
-    args, labs = build_args(plan, extra_indexes), labels(matrix, plan, root)
+def _command(matrix: Matrix, plan: TargetPlan, root: Path, workdir: Path, secret_files: dict[str, Path],
+             no_cache: bool = False) -> list[str]:
+    """The build command; `secret_files` (id -> file) reach the Dockerfile's secret mounts, nothing else does."""
+    args, labs = build_args(plan), labels(matrix, plan, root)
     bundle = ca_bundle()
+    secret_files = {**secret_files, **({"cacert": bundle} if bundle else {})}
     if has_buildx():
         cmd = ["docker", "buildx", "build", "--load", "--progress", "plain", "-f", DOCKERFILE, "--target", "runtime",
-               "-t", plan.tag]
+               "-t", plan.tag, *(["--no-cache"] if no_cache else [])]
         cmd += [x for k, v in args.items() for x in ("--build-arg", f"{k}={v}")]
         cmd += [x for k, v in labs.items() for x in ("--label", f"{k}={v}")]
-        if bundle:
-            cmd += ["--secret", f"id=cacert,src={bundle}"]
+        cmd += [x for name, path in secret_files.items() for x in ("--secret", f"id={name},src={path}")]
         return cmd + [str(root)]
     # Compose v2 embeds a BuildKit client: the build is described in a compose file of its own.
-    build = {"context": str(root), "dockerfile": DOCKERFILE, "target": "runtime", "args": args, "labels": labs}
-    doc: dict = {"name": "servekit-build", "services": {"image": {"image": plan.tag, "build": build}}}
-    if bundle:
-        build["secrets"] = ["cacert"]
-        doc["secrets"] = {"cacert": {"file": str(bundle)}}
+    build = {"context": str(root), "dockerfile": DOCKERFILE, "target": "runtime", "args": args, "labels": labs,
+             "no_cache": no_cache, "secrets": list(secret_files)}
+    doc: dict = {"name": "servekit-build", "services": {"image": {"image": plan.tag, "build": build}},
+                 "secrets": {name: {"file": str(path)} for name, path in secret_files.items()}}
     compose_file = workdir / "compose.build.yaml"
     compose_file.write_text(yaml.safe_dump(doc, sort_keys=False))
     return ["docker", "compose", "-f", str(compose_file), "build", "--progress", "plain", "image"]
@@ -310,7 +315,7 @@ def _failure_summary(log_path: Path) -> str:
 
 
 def build_image(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSettings, force: bool = False,
-                show=None, say=None) -> BuildResult:
+                show=None, say=None, no_cache: bool = False) -> BuildResult:
     show = show or (lambda line: print(line, file=sys.stderr))
     say = say or show
     if not force and local().image_exists(plan.tag):
@@ -321,7 +326,13 @@ def build_image(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSet
     logs.mkdir(exist_ok=True)
     log_path = logs / f"build-{plan.target}-{time.strftime('%Y%m%d-%H%M%S')}.log"
     started = time.monotonic()
-    code = _stream(_command(matrix, plan, root, workdir, extra_indexes), log_path, root, show)
+    # The indexes, credentials included, as a pip configuration file outside the build context, for this build only.
+    with tempfile.TemporaryDirectory(prefix="servekit-secrets-") as private:
+        pip_conf = Path(private) / "pip.conf"
+        write_text(pip_conf, credentials.pip_config(
+            credentials.with_auth(matrix.indexes["pypi"].url, "pypi"),
+            [credentials.with_auth(matrix.indexes[key].url, key) for key in extra_indexes]), mode=0o600)
+        code = _stream(_command(matrix, plan, root, workdir, {"pip_conf": pip_conf}, no_cache), log_path, root, show)
     seconds = time.monotonic() - started
     if code != 0:
         raise EnvironmentProblem(f"build of {plan.target} failed after {seconds:.0f} s, nothing tagged: "
@@ -330,7 +341,7 @@ def build_image(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSet
 
 
 def build_targets(session, targets: list[str] | None = None, force: bool = False, say=print,
-                  show=None) -> list[BuildResult]:
+                  show=None, no_cache: bool = False) -> list[BuildResult]:
     """`image`: each target's image (the engine's default target when none is named), content-addressed; then
     compose/.env points a plain `docker compose up PROFILE` in compose/ at the last one."""
     from .deploy import write_env
@@ -346,6 +357,7 @@ def build_targets(session, targets: list[str] | None = None, force: bool = False
         for note in plan.notes:
             say(f"{plan.target}: {note}")
         say(f"{plan.target} on base {plan.base_name} ({plan.base}) -> {plan.tag}")
-        results.append(build_image(matrix, plan, session.root, session.settings, force=force, show=show, say=say))
+        results.append(build_image(matrix, plan, session.root, session.settings, force=force, show=show, say=say,
+                                   no_cache=no_cache))
     write_env(session.deployment(names[-1], local(), tag=results[-1].tag))
     return results

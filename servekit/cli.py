@@ -177,7 +177,8 @@ def cmd_doctor(args) -> int:
 
 def cmd_image(args) -> int:
     from .builder import build_targets
-    results = build_targets(_session(args), args.target, args.force, say=_say("image: "), show=_step_printer())
+    results = build_targets(_session(args), args.target, args.force or args.no_cache, say=_say("image: "),
+                            show=_step_printer(), no_cache=args.no_cache)
     if args.json:
         _emit_json({"images": [{"target": r.target, "tag": r.tag, "built": r.built, "seconds": round(r.seconds, 1),
                                 "log": str(r.log) if r.log else None} for r in results]})
@@ -415,6 +416,8 @@ def build_parser() -> argparse.ArgumentParser:
             "its digest is not rebuilt)", locked=True)
     add_target(p, many=True)
     p.add_argument("--force", action="store_true", help="rebuild even if the image exists")
+    p.add_argument("--no-cache", action="store_true", help="with --force: run every step again, BuildKit's cache "
+                   "unused (slow: every wheel is installed again)")
     add("demo-model", cmd_demo_model, "train the shipped demo model again (a few CPU minutes, in the image of the "
         "target that serves it) and replace its folder (images.yaml models.<name>.dir)", json_out=False, locked=True)
     p = add("up", cmd_up, "start a profile through Compose and watch it until it is healthy or has failed", locked=True)

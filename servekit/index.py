@@ -155,11 +155,11 @@ def _cached_metadata(path: Path, name: str, version: str) -> str | None:
     return text if whole and doc.get("name") == name and doc.get("version") == version else None
 
 
-def release_exists(name: str, version: str, index_url: str) -> bool:
+def release_exists(name: str, version: str, index_url: str, auth: tuple[str, str] | None = None) -> bool:
     """Whether the index lists any file of that release; raises IndexUnreachable."""
     try:
         listing = requests.get(f"{index_url.rstrip('/')}/{normalize(name)}/", headers={"Accept": JSON_ACCEPT},
-                               timeout=TIMEOUT, verify=requests_verify())
+                               timeout=TIMEOUT, verify=requests_verify(), auth=auth)
     except requests.RequestException as exc:
         raise IndexUnreachable(f"{index_url} could not be reached ({type(exc).__name__})") from None
     if listing.status_code == 404:

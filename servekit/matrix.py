@@ -10,6 +10,7 @@ import ipaddress
 import json
 import re
 from pathlib import Path, PurePosixPath
+from urllib.parse import urlsplit
 from typing import Annotated, Any, Literal
 
 from packaging.version import InvalidVersion, Version
@@ -17,6 +18,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from smoke import param_problems
 
+from . import credentials
 from .errors import UserError
 from .image.knobs import KNOBS
 from .yamlload import LoadedYaml, load_yaml
@@ -212,10 +214,12 @@ class Matrix(Strict):
     def vllm(self) -> str:
         return self.pins["vllm"]
 
+    def index_key_of(self, target: str, pin: str) -> str:
+        """The key of the index `pin` is installed from on `target`: the target's choice, the matrix's, else pypi."""
+        return self.targets[target].package_index.get(pin) or self.package_index.get(pin, "pypi")
+
     def index_of(self, target: str, pin: str) -> Index:
-        """The index `pin` is installed from on `target`: the target's choice, the matrix's, else PyPI."""
-        key = self.targets[target].package_index.get(pin) or self.package_index.get(pin, "pypi")
-        return self.indexes[key]
+        return self.indexes[self.index_key_of(target, pin)]
 
     def target_pins(self, target: str) -> dict[str, str]:
         """Distribution name to the exact version installed on `target` (what pip is asked for)."""
@@ -265,6 +269,10 @@ def _cross_references(m: Matrix, root: Path) -> list[tuple[tuple, str]]:
             if not SAFE_NAME.match(name):
                 problems.append(((section, name), f"name {name!r}: expected lowercase letters, digits and '-', "
                                  "starting with a letter, at most 40 characters"))
+    for name, spec in m.indexes.items():
+        if urlsplit(spec.url).username or urlsplit(spec.url).password:
+            problems.append((("indexes", name, "url"), f"credentials in images.yaml would be committed: remove them "
+                             f"from the URL and set {credentials.env_name(name)}=user:token in the environment"))
     for name in m.checks:
         if not CHECK_NAME.match(name):
             problems.append((("checks", name), f"name {name!r}: expected lowercase letters, digits and '_'"))

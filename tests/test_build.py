@@ -6,6 +6,7 @@ import json
 import re
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -203,3 +204,55 @@ def test_the_image_refuses_to_serve_without_a_key(cpu_image, tmp_path):
         done = _docker("run", "--rm", "--network", "none", *extra, cpu_image, "serve", "default")
         assert done.returncode == 2, done.stderr
         assert "refusing to start: no API key" in done.stderr and "Uvicorn" not in done.stderr
+
+
+TOKEN = "tok-1f0c9a77e2b54d0f"  # the index credential the next two tests look for everywhere
+
+
+def test_index_credentials_reach_the_build_only_as_a_secret_file(tmp_path, monkeypatch):
+    """No build argument, label or build file names them; the pip configuration secret, outside the context, does."""
+    import yaml
+
+    from servekit.builder import _command
+    from servekit.credentials import pip_config, with_auth
+    from servekit.session import Session
+    monkeypatch.setenv("SERVEKIT_INDEX_AUTH_PYPI", f"servekit-test:{TOKEN}")
+    session = Session.open(ROOT / "images.yaml")
+    plan = session.plan("cpu")
+    secret = tmp_path / "pip.conf"
+    secret.write_text(pip_config(with_auth(session.matrix.indexes["pypi"].url, "pypi"), []))
+    assert TOKEN in secret.read_text()
+    workdir = tmp_path / "build"
+    workdir.mkdir()
+    cmd = _command(session.matrix, plan, ROOT, workdir, {"pip_conf": secret})
+    written = "".join(p.read_text() for p in workdir.iterdir())
+    assert TOKEN not in " ".join(cmd) + written
+    if (workdir / "compose.build.yaml").exists():
+        doc = yaml.safe_load((workdir / "compose.build.yaml").read_text())
+        assert doc["secrets"]["pip_conf"] == {"file": str(secret)} and "pip_conf" in doc["services"]["image"]["build"]["secrets"]
+
+
+@pytest.mark.slow
+def test_a_build_with_a_credentialed_index_leaves_the_credential_nowhere(tmp_path):
+    """Every step run again with PyPI's URL carrying a credential: not in a layer, a label, the history or the log."""
+    root = tracked_copy(tmp_path)
+    matrix = root / "images.yaml"
+    matrix.write_text(matrix.read_text().replace("  name: vllm-serve\n", "  name: servekit-secret-test\n", 1))
+    env = dict(os.environ, SERVEKIT_INDEX_AUTH_PYPI=f"servekit-test:{TOKEN}")
+    done = subprocess.run([sys.executable, str(ROOT / "build.py"), "image", "--target", "cpu", "--no-cache", "--json"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=3000)
+    assert done.returncode == 0, done.stderr[-3000:]
+    tag = json.loads(done.stdout)["images"][0]["tag"]
+    try:
+        assert tag.startswith("servekit-secret-test:")
+        logs = "".join(p.read_text(errors="replace") for p in (root / "logs").glob("build-*.log"))
+        assert "pypi.org" in logs or "Successfully installed" in logs  # pip really ran
+        inspect = _docker("image", "inspect", tag).stdout + _docker("history", "--no-trunc", tag).stdout
+        staged = "".join(p.read_text(errors="replace") for p in (root / ".cache" / "build").rglob("*")
+                         if p.is_file() and p.stat().st_size < 1 << 20)
+        assert TOKEN not in done.stdout + done.stderr + logs + inspect + staged
+        saved = subprocess.run(f"docker save {tag} | grep -c -a -F {TOKEN}", shell=True, capture_output=True,
+                               text=True, timeout=1200)
+        assert saved.stdout.strip() == "0", "the credential is in a layer"
+    finally:
+        _docker("image", "rm", "-f", tag)

@@ -149,6 +149,8 @@ BAD = [
      ["tool_required", "seeds=0 is out of range: at least 1"], "seeds: 0"),
     ("check-share-above-one", _sub("min_cached_share: 0.5}", "min_cached_share: 1.5}"),
      ["min_cached_share=1.5", "at most 1"], "min_cached_share: 1.5"),
+    ("index-with-credentials", _sub("    url: https://pypi.org/simple", "    url: https://me:s3cr3t@pypi.org/simple"),
+     ["indexes.pypi.url", "SERVEKIT_INDEX_AUTH_PYPI"], "me:s3cr3t"),
     ("target-package-not-pinned", _sub("    packages: [vllm, torch, transformers, huggingface_hub, xgrammar]",
                                        "    packages: [vllm, torch, tokenizers]"),
      ["targets.cpu.packages.2", "pinned package 'tokenizers'"], "tokenizers"),
