@@ -1,4 +1,5 @@
-"""Prefix caching: two long conversations in flight at once, and the same answer cold and warm."""
+"""Prefix caching: long conversations in flight at once reusing their prefix on turn 2, and the same answer cold
+and warm."""
 
 from __future__ import annotations
 
@@ -17,12 +18,17 @@ def _conversation(seed: int, words: int) -> list[dict]:
     return [{"role": "user", "content": f"Document {seed}:\n{text}\nSummarise it."}]
 
 
-@check("two_conversations", bounds={"min_cached_share": (0.01, 1.0)})
-def two_conversations(ctx: Context, tokens: int = 60000, min_cached_share: float = 0.9, max_tokens: int = 16) -> dict:
+@check("long_conversations", bounds={"conversations": (1, 4), "min_cached_share": (0.01, 1.0)})
+def long_conversations(ctx: Context, conversations: int = 2, tokens: int = 60000, min_cached_share: float = 0.9,
+                       max_tokens: int = 16) -> dict:
+    """`conversations` long conversations at once (as that many users), each asked a second turn: every turn 2 must
+    find at least `min_cached_share` of its prompt in the prefix cache. The source measured, per profile, what the
+    pool holds: one ~60K conversation reuses 97-99% at CTX=fast and 94.5% at CTX=huge, where two at once reuse
+    nothing by design; alternative.sh reuses 93.5% for two at once."""
     words = max(16, tokens // 3)  # about three tokens a word with this vocabulary
-    convs = [_conversation(seed, words) for seed in (1, 2)]
+    convs = [_conversation(seed, words) for seed in range(1, conversations + 1)]
     before = ctx.metric_totals(METRIC)
-    with ThreadPoolExecutor(2) as pool:  # both in flight at once, as two users would be
+    with ThreadPoolExecutor(conversations) as pool:  # all in flight at once, as that many users would be
         turn1 = list(pool.map(lambda m: ctx.chat(m, temperature=0, max_tokens=max_tokens), convs))
         turn2_msgs = [m + [{"role": "assistant", "content": r["choices"][0]["message"]["content"]},
                            {"role": "user", "content": "And in one word?"}] for m, r in zip(convs, turn1)]
