@@ -187,7 +187,9 @@ def test_an_image_reaches_another_engine_by_stream_then_by_registry(second, tmp_
         repository = f"127.0.0.1:{port}/test/bookworm-python"
         digest = push(docker.from_env(), docker.from_env().images.get(cpu_base), repository, "3.11", say=said.append)
         _on_second(second, "image", "rm", "-f", cpu_base)
-        release = {"repository": repository, "registry_digest": digest, "image_id": local_id}
+        from servekit.records import ReleaseRecord
+        release = ReleaseRecord(target="cpu", repository=repository, tags=["3.11"], registry_digest=digest,
+                                image_id=local_id, content_digest="test", pins={}, smoke={})
         assert ensure_image(engine, cpu_base, release=release).startswith("pulled from the registry")
         assert _on_second(second, "image", "inspect", cpu_base, "--format", "{{.Id}}").stdout.strip() == local_id
     finally:
