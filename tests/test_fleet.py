@@ -175,7 +175,7 @@ def test_an_image_reaches_another_engine_by_stream_then_by_registry(second, tmp_
     local_id = subprocess.run(["docker", "image", "inspect", cpu_base, "--format", "{{.Id}}"], capture_output=True,
                               text=True).stdout.strip()
     _on_second(second, "image", "rm", "-f", cpu_base)
-    said = []
+    said: list[str] = []
     assert ensure_image(engine, cpu_base, say=said.append).startswith("sent (save+load)")
     assert _on_second(second, "image", "inspect", cpu_base, "--format", "{{.Id}}").stdout.strip() == local_id
     assert ensure_image(engine, cpu_base) == "already there"

@@ -47,7 +47,7 @@ def test_applies_in_order_and_reports_offsets(tree, capsys):
     # Cut against a file with two lines fewer at the top: the hunk says line 11, lands at 13, at fuzz 0.
     _write(series, "two.patch", _hunk("line 14", "line fourteen", 13).replace("@@ -13,3 +13,3 @@", "@@ -11,3 +11,3 @@"))
     (series / "series").write_text("# comment\none.patch\n\ntwo.patch  # trailing comment\n")
-    lines = []
+    lines: list[str] = []
     applied = apply_series(series, vllm, "cpu", say=lines.append)
     assert lines == ["== one.patch", "== two.patch (1 hunk at an offset)"]
     assert applied == [("one.patch", 0), ("two.patch", 1)]
@@ -74,7 +74,7 @@ def test_targets_trailer_limits_a_patch(tree):
     vllm, series = tree
     _write(series, "cpu-only.patch", _hunk("line 3", "line three", 2), extra="Targets: cpu")
     (series / "series").write_text("cpu-only.patch\n")
-    said = []
+    said: list[str] = []
     assert apply_series(series, vllm, "cuda", say=said.append) == []
     assert said == ["-- cpu-only.patch (not for cuda)"]
     assert (vllm / "greet.py").read_text() == ORIGINAL

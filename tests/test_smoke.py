@@ -78,14 +78,14 @@ def test_the_official_openai_client_chats_streams_and_calls_a_tool(server):
                     timeout=60, max_retries=0)
     chat = client.chat.completions.create(model="servekit-demo", messages=[{"role": "user", "content": "Say hello."}],
                                           temperature=0, max_tokens=16)
-    assert chat.choices[0].message.content.strip()
+    assert (chat.choices[0].message.content or "").strip()
     stream = client.chat.completions.create(model="servekit-demo", messages=[{"role": "user", "content": "Say hello."}],
                                             max_tokens=16, stream=True, stream_options={"include_usage": True})
     chunks = list(stream)
-    assert chunks[-1].usage.completion_tokens > 0
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
     tool = {"type": "function", "function": {"name": "get_time", "description": "Get the time.",
                                              "parameters": {"type": "object", "properties": {}}}}
-    called = client.chat.completions.create(model="servekit-demo", tools=[tool], tool_choice="required",
+    called = client.chat.completions.create(model="servekit-demo", tools=[tool], tool_choice="required",  # type: ignore[call-overload]
                                             messages=[{"role": "user", "content": "What time is it?"}], max_tokens=64)
     calls = called.choices[0].message.tool_calls
     assert len(calls) == 1 and calls[0].function.name == "get_time" and json.loads(calls[0].function.arguments) == {}

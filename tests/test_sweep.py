@@ -67,7 +67,7 @@ def test_sizing_advice_takes_the_largest_value_with_margin_on_every_boot():
     cells = [_cell("0.94", [1, 1], [174 * mib, 180 * mib]), _cell("0.945", [1, 1], [54 * mib, 60 * mib]),
              _cell("0.95", [1, 1], [150 * mib, 20 * mib])]
     advice = sizing_advice(cells, "GPU_UTIL", 100 * mib, "0.94")
-    assert advice.startswith("recommended GPU_UTIL default: 0.94 ") and "current default: 0.94" in advice
+    assert advice is not None and advice.startswith("recommended GPU_UTIL default: 0.94 ") and "current default: 0.94" in advice
 
 
 def test_a_dtype_sweep_boots_each_cell_with_its_own_dtype():
