@@ -77,6 +77,24 @@ def _profile_table(matrix: Matrix) -> list[str]:
     return rows + [""]
 
 
+def _profile_flags(matrix: Matrix) -> list[str]:
+    """What each profile runs, per target and host: the launcher's own argv and environment (after --model, --host
+    and --port), with no knob set in the environment."""
+    import shlex
+
+    from .image.launcher import build_command
+    from .profiles import render_profiles
+    out = [""]
+    for target in matrix.targets:
+        rendered = render_profiles(matrix, target)
+        for profile in rendered["profiles"]:
+            for host in matrix.hosts:
+                argv, env = build_command(rendered, profile, host, {})
+                out.append(f"- `{profile}` on {target}, {host}: `vllm serve {shlex.join(argv[8:])}`"
+                           + (f"; environment `{' '.join(f'{k}={v}' for k, v in sorted(env.items()))}`" if env else ""))
+    return out + [""]
+
+
 def _knob_table(matrix: Matrix) -> list[str]:
     rows = ["", "| knob | values | sets |", "|---|---|---|"]
     return rows + [f"| `{k.name}` | {_allowed(k)} | {_cell(k.help)} |" for k in KNOBS.values()] + [""]
@@ -94,7 +112,7 @@ PARTS = {
     ".dockerignore": {"context": _context},
     "compose/compose.yaml": {"knobs": _compose_knobs, "profiles": _compose_services},
     "compose/compose.wsl2.yaml": {"profiles": _compose_wsl2_services},
-    "docs/profiles.md": {"profile-table": _profile_table, "knob-table": _knob_table},
+    "docs/profiles.md": {"profile-table": _profile_table, "profile-flags": _profile_flags, "knob-table": _knob_table},
 }
 
 

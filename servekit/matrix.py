@@ -68,11 +68,23 @@ class Base(Strict):
         "/usr/local/cuda as in NVIDIA's devel images")
 
 
+COMMIT = r"^[0-9a-f]{40}$"
+
+
+class Drafter(Strict):
+    repo: str = Field(description="Hugging Face repository of the draft model")
+    revision: str | None = Field(None, pattern=COMMIT, description="the commit to fetch (40 hex digits; a branch "
+                                 "moves)")
+
+
 class Model(Strict):
     source: Literal["huggingface", "generated"]
     served_name: str
     repo: str | None = Field(None, description="Hugging Face repository, for source: huggingface")
-    revision: str | None = None
+    revision: str | None = Field(None, pattern=COMMIT, description="the commit to fetch (40 hex digits; a branch "
+                                 "moves)")
+    drafters: dict[Literal["dflash"], Drafter] = Field({}, description="draft models a profile may need: dflash "
+                                                       "for SPEC=dflash2")
     max_len: int | None = Field(None, ge=1, description="the longest context the model allows")
     dir: str | None = Field(None, description="for source: generated, the folder of this repository that holds the "
                             "model, baked into the image (`make demo-model` regenerates it)")

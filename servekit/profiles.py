@@ -30,10 +30,13 @@ def render_profiles(matrix: Matrix, target: str) -> dict:
         "target": target,
         "model": {"served_name": model.served_name, "source": model.source, "repo": model.repo,
                   "revision": model.revision, "path": f"/app/models/{spec.model}",
-                  "baked": "/opt/models/demo" if model.source == "generated" else None},
+                  "baked": "/opt/models/demo" if model.source == "generated" else None,
+                  "drafters": {name: {"repo": d.repo, "revision": d.revision,
+                                      "path": f"/app/models/{spec.model}-{name}"} for name, d in model.drafters.items()}},
         "env": spec.env,
         "hosts": {name: {"env": h.env} for name, h in matrix.hosts.items()},
         "profiles": {name: {host: resolve_knobs(matrix, name, target, host) for host in matrix.hosts}
                      for name, p in matrix.profiles.items() if target in p.targets},
         "without_key": [name for name, p in matrix.profiles.items() if target in p.targets and p.auth == "none"],
+        "needs": {name: p.components for name, p in matrix.profiles.items() if target in p.targets and p.components},
     }

@@ -206,12 +206,13 @@ def run_sweep(matrix, dep, profile: str, key_file: Path, knobs: list[tuple[str, 
 def sweep_document(matrix, dep, profile: str, image: str, knobs: list[tuple[str, list[str]]], boots: int,
                    cells: list[Cell], interrupted: bool) -> tuple[dict, str]:
     """The sweep's report.json content and its Markdown."""
-    from .profiles import resolve_knobs
+    from .image.launcher import build_command
+    from .profiles import render_profiles
     names = [k for k, _ in knobs]
-    resolved = resolve_knobs(matrix, profile, dep.target, dep.host)
-    header, rows = table_rows(cells, resolved.get("SPEC", "off") != "off")
-    advice = sizing_advice(cells, names[0], matrix.sweep.min_margin_mib * 2**20, resolved.get("GPU_UTIL")) \
-        if len(names) == 1 else None
+    argv, _ = build_command(render_profiles(matrix, dep.target), profile, dep.host, {})  # what it runs untouched
+    current = argv[argv.index("--gpu-memory-utilization") + 1] if "--gpu-memory-utilization" in argv else None
+    header, rows = table_rows(cells, "--speculative-config" in argv)
+    advice = sizing_advice(cells, names[0], matrix.sweep.min_margin_mib * 2**20, current) if len(names) == 1 else None
     notes = ["interrupted: the table holds the boots that finished"] if interrupted else []
     title = f"sweep of {profile} on {dep.target} ({dep.host}): {', '.join(names)}, {boots} boots a cell"
     doc = {"schema_version": 1, "kind": "sweep", "profile": profile, "target": dep.target, "host": dep.host,

@@ -37,7 +37,9 @@ def test_kvarn_profiles_get_the_wsl2_component_default():
 
 def test_alternative_on_wsl2_and_dflash2_pinned_memory():
     argv, env = build_command(CUDA, "alternative", "wsl2", {})
-    assert json.loads(_flag(argv, "--speculative-config") or "") == {"method": "dflash2", "num_speculative_tokens": 7}
+    assert json.loads(_flag(argv, "--speculative-config") or "") == {
+        "method": "dflash", "model": "/app/models/qwen38-27b-dflash", "num_speculative_tokens": 7,
+        "draft_sample_method": "probabilistic"}
     assert "--enable-prefix-caching" in argv
     assert _flag(argv, "--max-num-seqs") == "4" and _flag(argv, "--max-model-len") == "160000"
     assert env["VLLM_WSL2_ENABLE_PIN_MEMORY"] == "1"
@@ -62,10 +64,12 @@ def test_extra_args_win_over_knobs():
 @pytest.mark.parametrize("value,expected", [("1", True), ("TRUE", True), ("yes", True), ("On", True),
                                             ("0", False), ("false", False), ("NO", False), ("off", False)])
 def test_boolean_knobs_accept_the_documented_words(value, expected):
-    argv, env = build_command(CUDA, "default", "native", {"PREFIX_CACHE": value, "LOOKUP": value})
-    assert ("--enable-prefix-caching" in argv) is expected
-    assert ("--no-enable-prefix-caching" in argv) is not expected
+    argv, env = build_command(CUDA, "dflash2", "native", {"PREFIX_CACHE": value, "LOOKUP": value})
+    # as the source's launcher: PREFIX_CACHE=1 adds align mode; off leaves vLLM's own default (no flag)
+    assert ("--enable-prefix-caching" in argv) is expected and ("--mamba-cache-mode" in argv) is expected
     assert env["VLLM_DFLASH2_LOOKUP"] == ("1" if expected else "0")
+    plain, _ = build_command(CPU, "default", "native", {"PREFIX_CACHE": value})
+    assert ("--enable-prefix-caching" in plain) is expected and ("--no-enable-prefix-caching" in plain) is not expected
 
 
 @pytest.mark.parametrize("env,fragment", [

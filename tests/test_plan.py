@@ -34,7 +34,7 @@ def _edit(path: Path, old: str, new: str) -> None:
 # Each kind of input the image bakes, changed once: (what, target, change).
 CHANGES = [
     ("a profile knob in images.yaml", "cuda",
-     lambda r: _edit(r / "images.yaml", "        GPU_UTIL: 0.94", "        GPU_UTIL: 0.93")),
+     lambda r: _edit(r / "images.yaml", "        MAX_SEQS: 4", "        MAX_SEQS: 5")),
     ("a host's environment", "cuda",
      lambda r: _edit(r / "images.yaml", '"expandable_segments:False"', '"expandable_segments:True"')),
     ("a host's card (the arch verify compiles for)", "cuda",

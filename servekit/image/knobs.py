@@ -47,10 +47,32 @@ class Knob:
 
 
 KNOBS: dict[str, Knob] = {k.name: k for k in (
-    Knob("SPEC", "enum", "speculative decoding method", choices=("off", "mtp", "dflash2")),
-    Knob("DRAFT_TOKENS", "int", "draft tokens per step for SPEC", minimum=1, maximum=32),
-    Knob("CTX", "enum", "context preset: max length, KV cache dtype, attention backend",
-         choices=("default", "fast", "long", "huge")),
+    Knob("MODE", "enum", "which of the source's launchers the profile is: single (start_qwen.sh), batch, "
+         "alternative (alternative.sh), or plain (only what the knobs ask: the cpu target)",
+         choices=("single", "batch", "alternative", "plain")),
+    Knob("SPEC", "enum", "speculative decoding: mtp (the checkpoint's own head), dflash2 (the DFlash2 drafter, "
+         "method dflash), off", choices=("off", "mtp", "dflash2")),
+    Knob("DRAFT_TOKENS", "int", "draft tokens per step (default by SPEC and CTX: mtp 4 fast, 3 long and huge; "
+         "dflash2 7)", minimum=1, maximum=32),
+    Knob("DRAFT_SAMPLE", "enum", "draft_sample_method of the speculative config (probabilistic: greedy drafts cut "
+         "DFlash2's acceptance from 3.23 to 2.66 tokens a step)", choices=("probabilistic", "greedy")),
+    Knob("CTX", "enum", "single-user context preset: attention backend, KV dtype, block size, max length, draft "
+         "count", choices=("fast", "long", "huge")),
+    Knob("KV", "enum", "batch's KV cache: fp8, kvarn (KVarN pool) or int4pth (int4 per token and head)",
+         choices=("fp8", "kvarn", "int4pth")),
+    Knob("KV_MEM", "int", "--kv-cache-memory in bytes where the recipe pins it (dflash2); 0 sizes from GPU_UTIL",
+         minimum=0),
+    Knob("PREFIX_RETENTION", "str", "--prefix-cache-retention-interval (default by profile: None, 0 on "
+         "alternative, 13056/14592 at CTX=huge with dflash2 k7/k15)"),
+    Knob("CUDAGRAPH_MODE", "enum", "cudagraph_mode of the compilation config (PIECEWISE at CTX=huge without "
+         "dflash2)", choices=("PIECEWISE", "FULL", "FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "NONE")),
+    Knob("SPEC_ATTN", "bool", "VLLM_SPEC_DECODE_ATTN with mtp"),
+    Knob("INT8_ACT", "enum", "int8 activations in Marlin (VLLM_MARLIN_INPUT_DTYPE; batch's default)",
+         choices=("int8", "off")),
+    Knob("INT4_MQ_3D", "bool", "VLLM_INT4_MQ_3D on alternative"),
+    Knob("VISION", "bool", "serve images too (drops --language-model-only)"),
+    Knob("SSE_KEEP_ALIVE", "int", "--sse-keep-alive-interval in seconds on the single-user launcher; 0 drops it",
+         minimum=0),
     Knob("PREFIX_CACHE", "bool", "--enable-prefix-caching, with Mamba alignment"),
     Knob("MAX_SEQS", "int", "--max-num-seqs", minimum=1),
     Knob("MAX_LEN", "int", "--max-model-len", minimum=1),

@@ -14,36 +14,29 @@ import sys
 from pathlib import Path
 
 try:
-    from .knobs import FALSE_WORDS, KNOBS, TRUE_WORDS
-except ImportError:  # run as a script inside the image, beside knobs.py
-    from knobs import FALSE_WORDS, KNOBS, TRUE_WORDS  # type: ignore[no-redef]
+    from . import recipe
+    from .knobs import KNOBS
+except ImportError:  # run as a script inside the image, beside knobs.py and recipe.py
+    import recipe  # type: ignore[no-redef]
+    from knobs import KNOBS  # type: ignore[no-redef]
 
 MIN_KEY_CHARS = 16  # a shorter key (an empty file above all) is no key: the host regenerates one this short or shorter
 PROFILES_FILE = Path(os.environ.get("SERVEKIT_PROFILES", Path(__file__).resolve().parent / "profiles.json"))
 VLLM = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
-CTX_PRESETS = {  # CTX -> (max length, KV cache dtype)
-    "default": (None, None), "fast": (32768, None), "long": (131072, "fp8"), "huge": (262144, "fp8"),
-}
-SPEC_METHODS = {"mtp": ("mtp", 4), "dflash2": ("dflash2", 7)}
 # Every flag this launcher can emit; the image's verify step checks each against `vllm serve --help`.
 FLAGS = ("--model", "--served-model-name", "--host", "--port", "--max-model-len", "--max-num-seqs",
          "--gpu-memory-utilization", "--kv-cache-dtype", "--enable-prefix-caching", "--no-enable-prefix-caching",
          "--speculative-config", "--tool-strict-level", "--enable-auto-tool-choice", "--tool-call-parser",
-         "--kv-offloading-size", "--default-chat-template-kwargs", "--async-scheduling", "--api-server-count",
-         "--enforce-eager", "--dtype", "--enable-prompt-tokens-details")
+         "--kv-offloading-size", "--default-chat-template-kwargs", "--async-scheduling", "--no-async-scheduling",
+         "--api-server-count", "--enforce-eager", "--dtype", "--enable-prompt-tokens-details", "--attention-backend",
+         "--block-size", "--kv-cache-memory-bytes", "--mamba-ssm-cache-dtype", "--max-num-batched-tokens",
+         "--compilation-config", "--reasoning-parser", "--sse-keep-alive-interval", "--mamba-cache-mode",
+         "--prefix-match-unit", "--prefix-cache-retention-interval", "--language-model-only",
+         "--limit-mm-per-prompt", "--mm-processor-kwargs")
 
 
 class KnobError(Exception):
     pass
-
-
-def truthy(name: str, value: str) -> bool:
-    word = value.strip().lower()
-    if word in TRUE_WORDS:
-        return True
-    if word in FALSE_WORDS:
-        return False
-    raise KnobError(f"{name}={value!r}: expected one of {'/'.join(sorted(TRUE_WORDS | FALSE_WORDS))} (any case)")
 
 
 def merged_knobs(profile_knobs: dict[str, str], environ: dict[str, str]) -> dict[str, str]:
@@ -61,57 +54,30 @@ def _flag_name(token: str) -> str:
     return token.split("=", 1)[0]
 
 
-def build_command(profiles: dict, profile: str, host: str, environ: dict[str, str]) -> tuple[list[str], dict]:
-    """(argv, extra environment) for `vllm serve`."""
+def build_command(profiles: dict, profile: str, host: str, environ: dict[str, str],
+                  warn=None) -> tuple[list[str], dict]:
+    """(argv, extra environment) for `vllm serve`: the profile's knobs under the environment's, through the
+    recipe of its MODE (recipe.py), then KV_OFFLOAD_GB and EXTRA_ARGS, which win. `warn` hears of each flag of
+    the profile's that EXTRA_ARGS shadows."""
     if profile not in profiles["profiles"]:
         raise KnobError(f"PROFILE={profile!r}: expected one of {', '.join(profiles['profiles'])}")
     if host not in profiles["hosts"]:
         raise KnobError(f"HOST={host!r}: expected one of {', '.join(profiles['hosts'])}")
     k = merged_knobs(profiles["profiles"][profile][host], environ)
     model = profiles["model"]
-    env = {**profiles.get("env", {}), **profiles["hosts"][host]["env"]}
+    try:
+        flags, recipe_env = recipe.command(k, host, model)
+    except recipe.RecipeError as exc:
+        raise KnobError(str(exc)) from None
+    env = {**recipe_env, **profiles.get("env", {}), **profiles["hosts"][host]["env"]}
     args = ["--model", model["path"], "--served-model-name", model["served_name"], "--host", "0.0.0.0",
-            "--port", k.get("PORT", "8000"), "--enable-prompt-tokens-details"]
-    max_len, kv_dtype = CTX_PRESETS[k.get("CTX", "default")]
-    if "MAX_LEN" in k:
-        max_len = int(k["MAX_LEN"])
-    if max_len:
-        args += ["--max-model-len", str(max_len)]
-    if kv_dtype:
-        args += ["--kv-cache-dtype", kv_dtype]
-    if "MAX_SEQS" in k:
-        args += ["--max-num-seqs", k["MAX_SEQS"]]
-    if "GPU_UTIL" in k:
-        args += ["--gpu-memory-utilization", k["GPU_UTIL"]]
-    if "PREFIX_CACHE" in k:
-        args.append("--enable-prefix-caching" if truthy("PREFIX_CACHE", k["PREFIX_CACHE"])
-                    else "--no-enable-prefix-caching")
-    spec = k.get("SPEC", "off")
-    if spec != "off":
-        method, default_k = SPEC_METHODS[spec]
-        drafts = int(k.get("DRAFT_TOKENS", default_k))
-        args += ["--speculative-config", json.dumps({"method": method, "num_speculative_tokens": drafts})]
-        if spec == "dflash2" and host == "wsl2":
-            env["VLLM_WSL2_ENABLE_PIN_MEMORY"] = "1"  # else "UVA is not available" under WSL2
-    if "LOOKUP" in k:
-        env["VLLM_DFLASH2_LOOKUP"] = "1" if truthy("LOOKUP", k["LOOKUP"]) else "0"
-    args += ["--tool-strict-level", k.get("TOOL_STRICT", "parameter")]
-    if truthy("TOOLS", k.get("TOOLS", "1")):
-        args += ["--enable-auto-tool-choice", "--tool-call-parser", k.get("TOOL_PARSER", "qwen3_coder")]
-    if "KV_OFFLOAD_GB" in k:
-        args += ["--kv-offloading-size", k["KV_OFFLOAD_GB"]]
-    if "ENABLE_THINKING" in k:
-        thinking = truthy("ENABLE_THINKING", k["ENABLE_THINKING"])
-        args += ["--default-chat-template-kwargs", json.dumps({"enable_thinking": thinking})]
-    if truthy("ASYNC_SCHED", k.get("ASYNC_SCHED", "0")):
-        args.append("--async-scheduling")
-    if "API_SERVERS" in k:
-        args += ["--api-server-count", k["API_SERVERS"]]
-    if truthy("ENFORCE_EAGER", k.get("ENFORCE_EAGER", "0")):
-        args.append("--enforce-eager")
-    if "DTYPE" in k:
-        args += ["--dtype", k["DTYPE"]]
-    extra = shlex.split(k.get("EXTRA_ARGS", ""))
+            "--port", k.get("PORT", "8000"), *flags]
+    extra = (["--kv-offloading-size", k["KV_OFFLOAD_GB"]] if "KV_OFFLOAD_GB" in k else []) + \
+        shlex.split(k.get("EXTRA_ARGS", ""))
+    if warn:
+        mine = {_flag_name(t) for t in args}
+        for flag in sorted({_flag_name(t) for t in extra if t.startswith("--")} & mine & set(recipe.WATCHED)):
+            warn(f"EXTRA_ARGS sets {flag}, which the profile sets too; EXTRA_ARGS wins")
     return _extra_wins(args, extra), env
 
 
@@ -161,7 +127,8 @@ def main(argv: list[str]) -> int:
         return 0
     profile = argv[2] if len(argv) > 2 else os.environ.get("PROFILE", "default")
     try:
-        args, env = build_command(profiles, profile, os.environ.get("HOST", "native"), dict(os.environ))
+        args, env = build_command(profiles, profile, os.environ.get("HOST", "native"), dict(os.environ),
+                                  warn=lambda line: print(f"launcher: warning: {line}", file=sys.stderr))
     except KnobError as exc:
         print(f"launcher: refusing to start: {exc}", file=sys.stderr)
         return 2

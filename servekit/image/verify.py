@@ -96,19 +96,54 @@ def serve_flags() -> set[str]:
     return set(re.findall(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*)", done.stdout))
 
 
-def check_flags(accepted: set[str], profiles_file: Path) -> list[str]:
-    """Every flag the launcher can emit, and every flag of every profile's command line on every host."""
+# Each argv through `vllm serve`'s own parser, then into EngineArgs: the values too (enum choices, the KV dtypes,
+# the JSON of --speculative-config and --compilation-config), not only the flag names. No model is loaded.
+PARSE_ARGV = r"""
+import contextlib, io, json, os, re, sys, tempfile
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.entrypoints.launchers.cli_args import make_arg_parser
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+stub = tempfile.mkdtemp()  # the models are not in a build: a local folder stands in for each path under /app/models
+for label, argv in json.load(sys.stdin):
+    argv = [t.replace("/app/models/", stub + "/") for t in argv]
+    for t in argv:
+        for path in re.findall(stub + r"/[\w.-]+", t):
+            os.makedirs(path, exist_ok=True)
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            AsyncEngineArgs.from_cli_args(parser.parse_args(argv))
+    except SystemExit:
+        lines = said.getvalue().strip().splitlines() or ["refused"]
+        print(f"{label}: {next((line for line in lines if 'error:' in line), lines[-1])}")
+    except Exception as exc:
+        print(f"{label}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+"""
+
+
+def check_flags(accepted: set[str], profiles_file: Path, components: dict[str, str]) -> list[str]:
+    """Every flag the launcher can emit, and every profile's whole command line on every host, as vLLM parses it
+    (a profile that needs a component this image lacks is not available, so not asked)."""
     sys.path.insert(0, str(HERE))
     from launcher import FLAGS, build_command
     problems = [f"the launcher can emit {flag}, which the pinned `vllm serve` does not accept"
                 for flag in FLAGS if flag not in accepted]
     profiles = json.loads(profiles_file.read_text())
+    absent = {name for name, state in components.items() if state != "present"}
+    argvs = []
     for name, hosts in profiles["profiles"].items():
+        if absent & set(profiles.get("needs", {}).get(name, [])):
+            print(f"verify: note: profile {name} needs {', '.join(sorted(absent))}, absent here; not asked")
+            continue
         for host in hosts:
             argv, _ = build_command(profiles, name, host, {})
-            problems += [f"profile {name} on {host}: `vllm serve` does not accept {token.split('=')[0]}"
-                         for token in argv if token.startswith("--") and token.split("=")[0] not in accepted]
-    return problems
+            argvs.append((f"profile {name} on {host}", argv))
+    done = subprocess.run([sys.executable, "-c", PARSE_ARGV], input=json.dumps(argvs), capture_output=True,
+                          text=True, timeout=900, env={**os.environ, **NO_GPU_ENV})
+    if done.returncode != 0:
+        return problems + [f"vLLM's parser could not be asked: {(done.stderr.strip().splitlines() or ['?'])[-1]}"]
+    return problems + [f"{line}" for line in done.stdout.splitlines() if line.startswith("profile ")]
 
 
 def _flashinfer_cuda_home() -> Path:
@@ -181,7 +216,7 @@ def main() -> int:
     problems += check_series(args.series_dir, info["target"])
     problems += check_components()
     problems += check_imports(["vllm"] + (["flashinfer"] if "flashinfer-python" in info["pins"] else []))
-    problems += check_flags(serve_flags(), args.profiles)
+    problems += check_flags(serve_flags(), args.profiles, info["components"])
     if info["gpu"]:
         problems += check_cuda_toolchain(info["cuda_archs"])
     for name, what in info["omitted"].items():

@@ -1,0 +1,211 @@
+"""What `vllm serve` is told, per launcher mode: the source's three launchers (single-user, batch,
+alternative.sh) as tables, plus `plain` (no GPU recipe: the cpu target). Standard library only.
+
+Read a mode top to bottom: its defaults, then the row its SPEC and CTX (or KV) pick, then the
+rules that depend on the draft count. Every value here is the source's (../shared/source-recipe.md,
+sections 2 and 3); where the source is silent the choice is said in docs/profiles.md.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+try:
+    from .knobs import TRUE_WORDS
+except ImportError:  # run as a script inside the image, beside knobs.py
+    from knobs import TRUE_WORDS  # type: ignore[no-redef]
+
+# Mode defaults: each is overridden by a knob of the same name set in images.yaml or the environment.
+MODES: dict[str, dict[str, str]] = {
+    "single": {"SPEC": "mtp", "CTX": "fast", "GPU_UTIL": "0.93", "DRAFT_SAMPLE": "probabilistic", "TOOLS": "1",
+               "SSE_KEEP_ALIVE": "30", "INT8_ACT": "off"},
+    "batch": {"SPEC": "off", "KV": "fp8", "MAX_SEQS": "64", "TOOLS": "1", "INT8_ACT": "int8"},
+    "alternative": {"SPEC": "dflash2", "GPU_UTIL": "0.95", "MAX_LEN": "256000", "MAX_SEQS": "1",
+                    "DRAFT_SAMPLE": "probabilistic", "PREFIX_CACHE": "1", "ENABLE_THINKING": "0", "INT8_ACT": "off"},
+    "plain": {"SPEC": "off"},
+}
+
+# single-user: (SPEC, CTX) -> attention backend, KV dtype, block size, max length (and with more than 7 drafts),
+# max sequences (and with more than 7), draft tokens, --kv-cache-memory bytes, environment, and the CUDA-graph
+# capture size where the source fixes it (MTP: 32); elsewhere min(64, sequences x (drafts + 1)).
+SINGLE: dict[tuple[str, str], dict[str, Any]] = {
+    ("mtp", "fast"): dict(attention="FLASH_ATTN", kv="bfloat16", max_len=65536, seqs=8, drafts=4, cudagraphs=32),
+    ("mtp", "long"): dict(kv="fp8", max_len=150000, seqs=8, drafts=3, cudagraphs=32),
+    ("mtp", "huge"): dict(kv="kvarn_k4v2_g128", block=128, max_len=200000, seqs=8, drafts=3, cudagraphs=32,
+                          env={"KVARN_POOL_MEM_FRAC": "0.15"}, cudagraph_mode="PIECEWISE"),
+    ("dflash2", "fast"): dict(attention="FLASH_ATTN", kv="bfloat16", max_len=65536, max_len_many=57344, seqs=8,
+                              seqs_many=4, drafts=7, kv_memory=5583457484),
+    ("dflash2", "long"): dict(attention="TRITON_ATTN", kv="int8_per_token_head", max_len=131072, seqs=4, drafts=7,
+                              kv_memory=5583457484),
+    ("dflash2", "huge"): dict(kv="kvarn_k4v2_g128", block=128, max_len=245760, max_len_many=221184, seqs=2, drafts=7,
+                              kv_memory=5261334938, env={"VLLM_SPEC_DECODE_ATTN": "0", "KVARN_POOL_MEM_FRAC": "0.15"}),
+}
+SINGLE.update({("off", ctx): {k: v for k, v in row.items() if k != "drafts"} for (spec, ctx), row in SINGLE.items()
+               if spec == "mtp"})
+
+# batch: KV -> KV dtype, attention backend, block size, max length (and on WSL2), GPU_UTIL native and on WSL2.
+BATCH: dict[str, dict[str, Any]] = {
+    "fp8": dict(kv="fp8", max_len=150000, util="0.94", util_wsl2="0.91"),
+    "kvarn": dict(kv="kvarn_k4v2_g128", block=128, max_len=262144, max_len_wsl2=131072, util="0.93",
+                  util_wsl2="0.88", env={"KVARN_POOL_MEM_FRAC": "0.25"}),
+    "int4pth": dict(kv="int4_per_token_head", attention="TRITON_ATTN", max_len=262144, util="0.93", util_wsl2="0.91"),
+}
+
+# alternative.sh: int4 per-token-head KV on Triton attention, DFlash2 with k7.
+ALTERNATIVE: dict[str, Any] = dict(attention="TRITON_ATTN", kv="int4_per_token_head", drafts=7)
+
+# --prefix-cache-retention-interval for CTX=huge with DFlash2, by draft count; any other speculating profile: None.
+RETENTION_HUGE_DFLASH = {7: "13056", 15: "14592"}
+# Flags a profile sets that EXTRA_ARGS may shadow; the launcher warns when it does (resolve_config.sh's list).
+WATCHED = ("--port", "--host", "--max-model-len", "--max-num-seqs", "--gpu-memory-utilization", "--kv-cache-dtype",
+           "--attention-backend", "--served-model-name", "--api-server-count", "--block-size",
+           "--mamba-ssm-cache-dtype", "--tool-strict-level")
+CUSTOM_OPS = ["+rms_norm", "+silu_and_mul"]
+VISION_ARGS = ["--limit-mm-per-prompt", json.dumps({"image": {"count": 1}}),
+               "--mm-processor-kwargs", json.dumps({"size": {"shortest_edge": 65536, "longest_edge": 2097152}})]
+
+
+class RecipeError(Exception):
+    """A combination the source's launchers refuse (resolve_config.sh), said in one line."""
+
+
+def _on(value: str | None) -> bool:
+    """A boolean knob (its value already checked against the knob table)."""
+    return (value or "").strip().lower() in TRUE_WORDS
+
+
+def command(k: dict[str, str], host: str, model: dict) -> tuple[list[str], dict[str, str]]:
+    """(flags after --model/--host/--port, environment) for knobs `k` (mode defaults under them) on `host`."""
+    mode = k.get("MODE", "plain")
+    k = {**MODES[mode], **k}
+    if mode == "plain":
+        return _plain(k), {}
+    spec = k["SPEC"]
+    if spec == "dflash2" and not model.get("drafters", {}).get("dflash"):
+        raise RecipeError("SPEC=dflash2 needs the DFlash2 drafter, and the model names none (images.yaml "
+                          "models.<name>.drafters.dflash)")
+    env = {"FLASHINFER_DISABLE_VERSION_CHECK": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0",
+           "PYTORCH_CUDA_ALLOC_CONF": f"expandable_segments:{'False' if host == 'wsl2' else 'True'}"}
+    row: dict[str, Any]
+    if mode == "batch":
+        if spec != "off":
+            raise RecipeError(f"SPEC={spec}: batch serves without speculation (SPEC=off)")
+        row = BATCH[k["KV"]]
+        drafts, seqs = 0, int(k["MAX_SEQS"])
+        util = k.get("GPU_UTIL") or (row["util_wsl2"] if host == "wsl2" else row["util"])
+        max_len = k.get("MAX_LEN") or str(row["max_len_wsl2" if host == "wsl2" and "max_len_wsl2" in row else "max_len"])
+        cudagraphs = 64
+    elif mode == "alternative":
+        if spec not in ("dflash2", "off"):
+            raise RecipeError(f"SPEC={spec}: alternative.sh speculates with dflash2 or not at all (off)")
+        row = ALTERNATIVE
+        drafts = int(k.get("DRAFT_TOKENS", row["drafts"])) if spec != "off" else 0
+        seqs, util, max_len = int(k["MAX_SEQS"]), k["GPU_UTIL"], k["MAX_LEN"]
+        cudagraphs = min(64, seqs * 8)
+    else:
+        if k.get("CTX") not in ("fast", "long", "huge"):
+            raise RecipeError(f"CTX={k.get('CTX')!r}: the single-user launcher takes fast, long or huge")
+        row = SINGLE[(spec, k["CTX"])]
+        drafts = int(k.get("DRAFT_TOKENS", row.get("drafts", 0))) if spec != "off" else 0
+        many = drafts > 7
+        seqs = int(k.get("MAX_SEQS") or row["seqs_many" if many and "seqs_many" in row else "seqs"])
+        util = k["GPU_UTIL"]
+        max_len = k.get("MAX_LEN") or str(row["max_len_many" if many and "max_len_many" in row else "max_len"])
+        cudagraphs = row.get("cudagraphs") or min(64, seqs * (drafts + 1))
+    if k.get("DTYPE") == "float16" and spec != "off":
+        raise RecipeError("DTYPE=float16 with a speculator: the source's launcher refuses it")
+    lookup = _on(k.get("LOOKUP", "1"))
+    async_default = not (drafts > 7 and lookup and spec == "dflash2")
+    args = ["--gpu-memory-utilization", util, "--max-model-len", max_len, "--max-num-seqs", str(seqs),
+            "--api-server-count", k.get("API_SERVERS", "1")]
+    args += VISION_ARGS if _on(k.get("VISION")) else ["--language-model-only"]
+    if row.get("attention"):
+        args += ["--attention-backend", row["attention"]]
+    args += ["--kv-cache-dtype", row["kv"]]
+    if row.get("block"):
+        args += ["--block-size", str(row["block"])]
+    if mode == "single" and row.get("kv_memory") and k.get("KV_MEM") != "0":
+        # The source writes --kv-cache-memory=, a prefix argparse expands; the full name survives a new flag
+        # that shares the prefix.
+        args.append(f"--kv-cache-memory-bytes={k.get('KV_MEM') or row['kv_memory']}")
+    args += ["--mamba-ssm-cache-dtype", "float16"]
+    args.append("--async-scheduling" if _on(k.get("ASYNC_SCHED", "1" if async_default else "0"))
+                else "--no-async-scheduling")
+    args += ["--max-num-batched-tokens", "2048"]
+    env.update(row.get("env", {}))
+    if spec != "off":
+        sample = k["DRAFT_SAMPLE"]
+        if spec == "mtp":
+            config = {"method": "mtp", "num_speculative_tokens": drafts, "draft_sample_method": sample}
+            env.setdefault("VLLM_SPEC_DECODE_ATTN", k.get("SPEC_ATTN", "1"))
+        else:
+            config = {"method": "dflash", "model": model["drafters"]["dflash"]["path"], "num_speculative_tokens": drafts,
+                      "draft_sample_method": sample}
+            env["VLLM_DFLASH2_LOOKUP"] = "1" if lookup else "0"
+            if mode == "single":
+                env["VLLM_SPEC_DECODE_ATTN_QMAX"] = str(drafts + 1)
+            if host == "wsl2":
+                env["VLLM_WSL2_ENABLE_PIN_MEMORY"] = "1"  # else "UVA is not available" under WSL2
+        args += ["--speculative-config", json.dumps(config)]
+    compilation: dict = {"max_cudagraph_capture_size": cudagraphs, "custom_ops": CUSTOM_OPS}
+    mode_of_graphs = k.get("CUDAGRAPH_MODE") or (row.get("cudagraph_mode") if spec != "dflash2" else None)
+    if mode_of_graphs:
+        compilation["cudagraph_mode"] = mode_of_graphs
+    args += ["--compilation-config", json.dumps(compilation)]
+    args += ["--reasoning-parser", "qwen3", "--enable-prompt-tokens-details"]
+    if mode == "alternative" or _on(k.get("TOOLS")):
+        args += ["--enable-auto-tool-choice", "--tool-call-parser", k.get("TOOL_PARSER", "qwen3_coder")]
+    args += ["--tool-strict-level", k.get("TOOL_STRICT", "parameter")]
+    if mode == "single" and k.get("SSE_KEEP_ALIVE", "0") != "0":
+        args += ["--sse-keep-alive-interval", k["SSE_KEEP_ALIVE"]]
+    if "ENABLE_THINKING" in k:
+        args += ["--default-chat-template-kwargs", json.dumps({"enable_thinking": _on(k["ENABLE_THINKING"])})]
+    if _on(k.get("PREFIX_CACHE")):
+        args += ["--enable-prefix-caching", "--mamba-cache-mode", "align"]
+        if k.get("CTX") == "huge" and mode == "single":
+            args += ["--prefix-match-unit", "128"]
+        if spec != "off":
+            args += ["--prefix-cache-retention-interval", _retention(k, mode, spec, drafts)]
+        if mode == "single" and k.get("CTX") == "huge" and drafts > 7 and spec == "dflash2":
+            env["VLLM_DFLASH2_LOOKUP_ADAPTIVE"] = "0"
+    if mode == "alternative":
+        env["VLLM_INT4_MQ_3D"] = k.get("INT4_MQ_3D", "1")
+    if k.get("INT8_ACT") == "int8":
+        env["VLLM_MARLIN_INPUT_DTYPE"] = "int8"
+        env["VLLM_MARLIN_INT8_INCLUDE_RE"] = "mlp" if mode == "batch" else "mlp|linear_attn|self_attn"
+    if _on(k.get("VISION")):
+        env["VLLM_VISION_CPU_OFFLOAD_GB"] = "1"
+    return args, env
+
+
+def _retention(k: dict[str, str], mode: str, spec: str, drafts: int) -> str:
+    if k.get("PREFIX_RETENTION"):
+        return k["PREFIX_RETENTION"]
+    if mode == "alternative":
+        return "None" if k.get("KV_OFFLOAD_GB") else "0"
+    if spec == "dflash2" and k.get("CTX") == "huge":
+        return RETENTION_HUGE_DFLASH.get(drafts, "None")
+    return "None"
+
+
+def _plain(k: dict[str, str]) -> list[str]:
+    """No GPU recipe: only what the knobs ask (the cpu target)."""
+    args = ["--enable-prompt-tokens-details"]
+    for knob, flag in (("MAX_LEN", "--max-model-len"), ("MAX_SEQS", "--max-num-seqs"),
+                       ("GPU_UTIL", "--gpu-memory-utilization"), ("API_SERVERS", "--api-server-count"),
+                       ("DTYPE", "--dtype")):
+        if knob in k:
+            args += [flag, k[knob]]
+    if "PREFIX_CACHE" in k:
+        args.append("--enable-prefix-caching" if _on(k["PREFIX_CACHE"]) else "--no-enable-prefix-caching")
+    args += ["--tool-strict-level", k.get("TOOL_STRICT", "parameter")]
+    if _on(k.get("TOOLS", "1")):
+        args += ["--enable-auto-tool-choice", "--tool-call-parser", k.get("TOOL_PARSER", "qwen3_coder")]
+    if "ENABLE_THINKING" in k:
+        args += ["--default-chat-template-kwargs", json.dumps({"enable_thinking": _on(k["ENABLE_THINKING"])})]
+    if _on(k.get("ASYNC_SCHED", "0")):
+        args.append("--async-scheduling")
+    if _on(k.get("ENFORCE_EAGER", "0")):
+        args.append("--enforce-eager")
+    return args
