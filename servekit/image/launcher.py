@@ -119,11 +119,15 @@ def main(argv: list[str]) -> int:
         return 2
     profiles = json.loads(PROFILES_FILE.read_text())
     try:
-        from .prepare import is_complete, prepare
+        from .prepare import PrepareError, is_complete, parts, prepare
     except ImportError:  # run as a script inside the image, beside prepare.py
-        from prepare import is_complete, prepare  # type: ignore[no-redef]
+        from prepare import PrepareError, is_complete, parts, prepare  # type: ignore[no-redef]
     if command == "prepare":
-        prepare(profiles["model"], say=lambda line: print(line, file=sys.stderr, flush=True))
+        try:
+            prepare(profiles["model"], say=lambda line: print(line, file=sys.stderr, flush=True))
+        except PrepareError as exc:
+            print(f"prepare: error: {exc}", file=sys.stderr)
+            return 1
         return 0
     profile = argv[2] if len(argv) > 2 else os.environ.get("PROFILE", "default")
     try:
@@ -142,8 +146,12 @@ def main(argv: list[str]) -> int:
               "and set API_KEY_FILE to it (compose/ does), or give the profile auth: none in images.yaml",
               file=sys.stderr)
         return 2
-    if not is_complete(profiles["model"]) and os.environ.get("PRINT_ARGV") != "1":
-        print(f"launcher: refusing to start: the model in {profiles['model']['path']} is missing or incomplete; "
+    speculative = json.loads(args[args.index("--speculative-config") + 1]) if "--speculative-config" in args else {}
+    needed = [profiles["model"]] + [p for p in parts(profiles["model"])[1:] if speculative.get("model") == p["path"]]
+    missing = [p for p in needed if not is_complete(p)]
+    if missing and os.environ.get("PRINT_ARGV") != "1":
+        what = "the model" if missing[0] is profiles["model"] else "the drafter this profile needs"
+        print(f"launcher: refusing to start: {what} in {missing[0]['path']} is missing or incomplete; "
               "run the prepare step first (docker compose runs it before every profile)", file=sys.stderr)
         return 2
     if os.environ.get("PRINT_ARGV") == "1":

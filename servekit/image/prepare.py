@@ -1,10 +1,10 @@
-"""Put the profile's model into the models volume, once, under a lock; never leave a half one.
+"""Put the profile's model (and the drafters its profiles need) into the models volume, once, under a
+lock; never leave a half one where the launcher would serve it.
 
-A model folder counts as complete only when it holds the marker this step writes last, naming the
-very model the image asks for (the generated model's hash, or repo@revision): a newer image's model
-replaces a volume's older copy. A download that stopped half way has no marker: the next run
-resumes it (huggingface_hub keeps what it fetched) and only then writes the marker. Runs inside
-the image; standard library plus huggingface_hub, which the image has.
+A folder counts as complete only when it holds the marker this step writes last, naming the very
+model the image asks for (the generated model's hash, or repo@revision): a newer image's model
+replaces a volume's older copy. A download that stopped resumes where it stopped (hub.py); the
+safetensors index is fetched last and the marker written after it. Standard library only.
 """
 
 from __future__ import annotations
@@ -16,9 +16,20 @@ import os
 import shutil
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
+try:
+    from . import hub
+except ImportError:  # run as a script inside the image, beside hub.py
+    import hub  # type: ignore[no-redef]
+
 COMPLETE = ".servekit-complete"
+LOCK_WAIT_S = float(os.environ.get("PREPARE_LOCK_WAIT", "600"))
+
+
+class PrepareError(Exception):
+    """The model cannot be prepared; the message says what and how to go on."""
 
 
 def identity(model: dict) -> str:
@@ -32,32 +43,73 @@ def identity(model: dict) -> str:
     return f"sha256:{digest.hexdigest()}"
 
 
+def parts(model: dict) -> list[dict]:
+    """The model and each of its drafters, each a folder of its own to prepare."""
+    return [model] + [{"source": "huggingface", **d} for d in (model.get("drafters") or {}).values()]
+
+
+@contextmanager
+def _locked(folder: Path, wait_s: float = LOCK_WAIT_S):
+    """One prepare at a time per models volume; a second waits (up to wait_s), then finds the work done."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".prepare.lock", "w") as lock:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise PrepareError(f"another prepare held {folder} for {wait_s:.0f} s (PREPARE_LOCK_WAIT)") \
+                        from None
+                time.sleep(0.5)
+        yield
+
+
 def prepare(model: dict, say=print) -> Path:
+    """Each part complete in its folder; raises PrepareError (one line) when one cannot be."""
     dest = Path(model["path"])
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with open(dest.parent / f".{dest.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # two prepares at once: the second waits, then finds it complete
-        if is_complete(model):
-            say(f"prepare: {dest} is complete")
-            return dest
-        if (dest / COMPLETE).is_file():
-            say(f"prepare: {dest} holds another model than this image's ({identity(model)}); replacing it")
-            (dest / COMPLETE).unlink()
-        started = time.monotonic()
-        if model["source"] == "generated":
-            if dest.exists():
-                shutil.rmtree(dest)
-            shutil.copytree(model["baked"], dest)
-        else:
-            from huggingface_hub import snapshot_download
-            token_file = os.environ.get("HF_TOKEN_FILE")
-            token = Path(token_file).read_text().strip() if token_file and Path(token_file).is_file() else None
-            say(f"prepare: downloading {model['repo']} into {dest} (resumes a partial download)")
-            snapshot_download(model["repo"], revision=model.get("revision"), local_dir=dest, token=token or None)
-        (dest / COMPLETE).write_text(json.dumps({"source": model["source"], "identity": identity(model),
-                                                 "seconds": round(time.monotonic() - started, 1)}) + "\n")
-        say(f"prepare: {dest} ready in {time.monotonic() - started:.1f} s")
-        return dest
+    with _locked(dest.parent):
+        for part in parts(model):
+            _prepare_one(part, say)
+    return dest
+
+
+def _prepare_one(part: dict, say) -> None:
+    dest = Path(part["path"])
+    if is_complete(part):
+        say(f"prepare: {dest} is complete")
+        return
+    if (dest / COMPLETE).is_file():
+        say(f"prepare: {dest} holds another model than this image's ({identity(part)}); replacing it")
+        shutil.rmtree(dest)
+    started = time.monotonic()
+    if part["source"] == "generated":
+        staging = dest.with_name(f".{dest.name}.new")
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(part["baked"], staging)
+        _mark(staging, part, started)
+        shutil.rmtree(dest, ignore_errors=True)
+        os.replace(staging, dest)  # whole or not there
+    else:
+        if os.environ.get("HF_HUB_OFFLINE") == "1":
+            raise PrepareError(f"{dest} is not prepared and HF_HUB_OFFLINE=1 forbids the download of {part['repo']}")
+        token_file = os.environ.get("HF_TOKEN_FILE")
+        token = Path(token_file).read_text().strip() if token_file and Path(token_file).is_file() else None
+        dest.mkdir(parents=True, exist_ok=True)
+        try:
+            hub.download(part["repo"], part.get("revision"), dest, token or None, say=say)
+        except hub.HubError as exc:
+            raise PrepareError(str(exc)) from None
+        _mark(dest, part, started)
+    say(f"prepare: {dest} ready in {time.monotonic() - started:.1f} s")
+
+
+def _mark(folder: Path, part: dict, started: float) -> None:
+    marker = folder / f".{COMPLETE}.tmp"
+    marker.write_text(json.dumps({"source": part["source"], "identity": identity(part),
+                                  "seconds": round(time.monotonic() - started, 1)}) + "\n")
+    os.replace(marker, folder / COMPLETE)
 
 
 def is_complete(model: dict) -> bool:
