@@ -18,6 +18,11 @@ def verify(session, offline: bool = False, series: bool = True, resolve: bool = 
     if offline:
         findings.notes.append("--offline: co-pins checked only from the metadata cache")
     findings.extend(copin_problems(matrix, session.cache / "metadata"))
+    for name, model in matrix.models.items():
+        unpinned = [model.repo] if model.repo and not model.revision else []
+        unpinned += [d.repo for d in model.drafters.values() if not d.revision]
+        findings.notes += [f"models.{name}: {repo} is fetched at main, not a commit; pin revision: in images.yaml"
+                           for repo in unpinned]
     if series:
         findings.extend(prove_series(session, offline, say))
     if resolve:

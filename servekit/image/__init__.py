@@ -1,8 +1,7 @@
 """The code that runs inside the image: launcher, knobs, model prepare, series apply, component
-install and the in-image verify. Each module loads with the standard library alone (a test
-enforces it): the series and the components are applied by the base's own Python before any
-wheel is there, and the host imports the knob table without the serving stack. Only inside a
-function may one use a pinned package of the image (prepare downloads with huggingface_hub).
-This folder is what the Dockerfile copies to /opt/servekit, what .dockerignore admits and what
+install, the hub client, the launch recipe and the in-image verify. Each module loads with the
+standard library alone (a test enforces it): the series and the components are applied by the
+base's own Python before any wheel is there, and the host imports the knob table without the
+serving stack. Only inside a function may one use a pinned package of the image. This folder is what the Dockerfile copies to /opt/servekit, what .dockerignore admits and what
 the image's digest covers.
 """
