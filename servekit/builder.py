@@ -343,8 +343,8 @@ def build_image(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSet
 def build_targets(session, targets: list[str] | None = None, force: bool = False, say=print,
                   show=None, no_cache: bool = False) -> list[BuildResult]:
     """`image`: each target's image (the engine's default target when none is named), content-addressed; then
-    compose/.env points a plain `docker compose up PROFILE` in compose/ at the last one."""
-    from .deploy import write_env
+    compose/.env and the secrets are there for a plain `docker compose up PROFILE` in compose/ on the last one."""
+    from .deploy import ensure_secrets, write_env
     from .engines import local
     matrix = session.matrix
     names = [session.check_target(t) for t in targets or [session.default_target()]]
@@ -359,5 +359,7 @@ def build_targets(session, targets: list[str] | None = None, force: bool = False
         say(f"{plan.target} on base {plan.base_name} ({plan.base}) -> {plan.tag}")
         results.append(build_image(matrix, plan, session.root, session.settings, force=force, show=show, say=say,
                                    no_cache=no_cache))
-    write_env(session.deployment(names[-1], local(), tag=results[-1].tag))
+    dep = session.deployment(names[-1], local(), tag=results[-1].tag)
+    ensure_secrets(dep)  # `docker compose up PROFILE` in compose/ needs them and nothing else
+    write_env(dep)
     return results

@@ -70,10 +70,19 @@ class Deployment:
         return self.compose_dir / "secrets" / "api_key"
 
 
+def run_as() -> tuple[int, int]:
+    """The uid:gid the containers run as: SERVEKIT_UID/SERVEKIT_GID when set, else yours when you are not root
+    (so that your 0600 key file is readable inside), else the image's user."""
+    if os.environ.get("SERVEKIT_UID"):
+        uid = int(os.environ["SERVEKIT_UID"])
+        return uid, int(os.environ.get("SERVEKIT_GID") or uid)
+    return (os.getuid(), os.getgid()) if os.geteuid() != 0 else (IMAGE_UID, IMAGE_UID)
+
+
 def _owned_by_container(path: Path) -> None:
-    """Compose bind-mounts file secrets as they are (no uid/mode outside swarm): make it the image user's."""
+    """Compose bind-mounts file secrets as they are (no uid/mode outside swarm): make it the containers' user's."""
     if os.geteuid() == 0:
-        os.chown(path, IMAGE_UID, IMAGE_UID, follow_symlinks=False)
+        os.chown(path, *run_as(), follow_symlinks=False)
 
 
 def _key_in(path: Path) -> str | None:
@@ -121,8 +130,9 @@ def write_env(dep: Deployment) -> Path:
         f"COMPOSE_PROJECT_NAME={PROJECT}",
         f"COMPOSE_FILE={os.pathsep.join(p.name for p in dep.compose_files)}",
     ]
-    if os.geteuid() != 0 and dep.engine.same_machine:  # run as you, so that your 0600 key file is readable inside
-        lines += [f"SERVEKIT_UID={os.getuid()}", f"SERVEKIT_GID={os.getgid()}"]
+    uid, gid = run_as()
+    if (uid, gid) != (IMAGE_UID, IMAGE_UID) and dep.engine.same_machine:  # another machine's engine: the image's user
+        lines += [f"SERVEKIT_UID={uid}", f"SERVEKIT_GID={gid}"]
     write_text(dep.env_file, "\n".join(lines) + "\n")
     return dep.env_file
 

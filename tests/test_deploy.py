@@ -291,3 +291,29 @@ def test_ctrl_c_or_sigterm_during_up_leaves_nothing_running(cpu_built, sig):
     assert proc.returncode == 130, err[-2000:]
     assert project_containers() == []
 
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_up_as_another_uid_on_fresh_volumes(cpu_built):
+    """Docker Desktop and a non-root host run the containers as the user's uid, not the image's 10001: prepare
+    must write into fresh volumes and the server must read its key as that uid."""
+    project = f"{TEST_PROJECT}-uid"
+    env = dict(os.environ, SERVEKIT_PROJECT=project, SERVEKIT_UID="4321", SERVEKIT_GID="4321")
+    from servekit.engines import free_port
+    try:
+        up = subprocess.run([sys.executable, str(ROOT / "build.py"), "up", "default", "--target", "cpu", "--json",
+                             "--port", str(free_port())], cwd=WORK, env=env, capture_output=True, text=True,
+                            timeout=1200)
+        assert up.returncode == 0, up.stderr[-3000:]
+        container = json.loads(up.stdout)["container"]
+        user = subprocess.run(["docker", "inspect", "-f", "{{.Config.User}}", container], capture_output=True,
+                              text=True).stdout.strip()
+        assert user == "4321:4321"
+    finally:
+        subprocess.run([sys.executable, str(ROOT / "build.py"), "down"], cwd=WORK, env=env, capture_output=True,
+                       timeout=600)
+        volumes = subprocess.run(["docker", "volume", "ls", "-q", "--filter", f"label=com.docker.compose.project={project}"],
+                                 capture_output=True, text=True).stdout.split()
+        if volumes:
+            subprocess.run(["docker", "volume", "rm", *volumes], capture_output=True)
