@@ -170,3 +170,29 @@ def test_a_profile_whose_drafter_is_missing_is_refused_before_vllm_starts(tmp_pa
     assert done.stderr.strip() == (f"launcher: refusing to start: the drafter this profile needs in {drafter['path']} "
                                    "is missing or incomplete; run the prepare step first (docker compose runs it "
                                    "before every profile)")
+
+
+def test_a_model_you_already_have_is_used_where_it_is_and_checked_whole(tmp_path, hub):
+    from servekit.matrix import load_matrix
+    from servekit.profiles import render_profiles
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for name, body in Hub.repos["org/model"].items():
+        (mine / name).write_bytes(body)
+    rendered = render_profiles(load_matrix(ROOT / "images.yaml"), "cuda")
+    profiles, key = tmp_path / "profiles.json", tmp_path / "key"
+    profiles.write_text(json.dumps(rendered))
+    key.write_text("sk-a-key-long-enough-to-serve")
+    env = {"SERVEKIT_PROFILES": str(profiles), "API_KEY_FILE": str(key), "MODEL_DIR": str(mine),
+           "PATH": os.environ["PATH"], "HF_ENDPOINT": hub}
+    printed = subprocess.run([sys.executable, str(LAUNCHER), "serve", "batch"], env={**env, "PRINT_ARGV": "1"},
+                             capture_output=True, text=True, timeout=60)
+    assert printed.returncode == 0 and f"--model {mine} " in printed.stdout
+    shard = next(mine.glob("*.safetensors"))
+    shard.write_bytes(shard.read_bytes()[:-10])  # a copy cut short
+    done = subprocess.run([sys.executable, str(LAUNCHER), "serve", "batch"], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2 and f"the model in {mine} is missing or incomplete" in done.stderr
+    prepared = subprocess.run([sys.executable, str(LAUNCHER), "prepare"], env=env, capture_output=True, text=True,
+                              timeout=60)
+    assert prepared.returncode == 1 and "not a whole model" in prepared.stderr and shard.name in prepared.stderr

@@ -119,9 +119,10 @@ def main(argv: list[str]) -> int:
         return 2
     profiles = json.loads(PROFILES_FILE.read_text())
     try:
-        from .prepare import PrepareError, is_complete, parts, prepare
+        from .prepare import PrepareError, is_complete, parts, prepare, provided
     except ImportError:  # run as a script inside the image, beside prepare.py
-        from prepare import PrepareError, is_complete, parts, prepare  # type: ignore[no-redef]
+        from prepare import PrepareError, is_complete, parts, prepare, provided  # type: ignore[no-redef]
+    profiles["model"] = provided(profiles["model"], dict(os.environ))
     if command == "prepare":
         try:
             prepare(profiles["model"], say=lambda line: print(line, file=sys.stderr, flush=True))

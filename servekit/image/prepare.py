@@ -43,6 +43,36 @@ def identity(model: dict) -> str:
     return f"sha256:{digest.hexdigest()}"
 
 
+def provided(model: dict, environ: dict[str, str]) -> dict:
+    """The model with the folders you already have in place of the volume's: MODEL_DIR for the model,
+    DRAFTER_DIR for the DFlash2 drafter (bind-mounted, read-only is fine); each is checked, never downloaded into."""
+    out = dict(model)
+    if environ.get("MODEL_DIR"):
+        out.update(path=environ["MODEL_DIR"], provided=True)
+    drafter = (model.get("drafters") or {}).get("dflash")
+    if environ.get("DRAFTER_DIR") and drafter:
+        out["drafters"] = {**model["drafters"], "dflash": {**drafter, "path": environ["DRAFTER_DIR"], "provided": True}}
+    return out
+
+
+def folder_problem(folder: Path) -> str | None:
+    """Why a model folder is not whole (no config, a shard its index names is missing or short), or None."""
+    if not (folder / "config.json").is_file():
+        return f"{folder} has no config.json"
+    index = folder / hub.INDEX
+    try:
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else \
+            sorted(p.name for p in folder.glob("*.safetensors"))
+    except (OSError, ValueError, KeyError) as exc:
+        return f"{index}: not a readable index ({exc})"
+    for name in shards:
+        if not (folder / name).is_file():
+            return f"{folder}/{name}, which the index names, is missing"
+        if problem := hub.shard_problem(folder / name):
+            return f"{folder}/{problem}"
+    return None if shards else f"{folder} holds no safetensors shard"
+
+
 def parts(model: dict) -> list[dict]:
     """The model and each of its drafters, each a folder of its own to prepare."""
     return [model] + [{"source": "huggingface", **d} for d in (model.get("drafters") or {}).values()]
@@ -77,6 +107,11 @@ def prepare(model: dict, say=print) -> Path:
 
 def _prepare_one(part: dict, say) -> None:
     dest = Path(part["path"])
+    if part.get("provided"):
+        if problem := folder_problem(dest):
+            raise PrepareError(f"the folder you provide is not a whole model: {problem}")
+        say(f"prepare: {dest} is yours and whole; nothing to fetch")
+        return
     if is_complete(part):
         say(f"prepare: {dest} is complete")
         return
@@ -113,7 +148,9 @@ def _mark(folder: Path, part: dict, started: float) -> None:
 
 
 def is_complete(model: dict) -> bool:
-    """The folder holds all of this very model (its marker names it)."""
+    """The folder holds all of this very model (its marker names it; a folder you provide is checked whole)."""
+    if model.get("provided"):
+        return folder_problem(Path(model["path"])) is None
     try:
         marker = json.loads((Path(model["path"]) / COMPLETE).read_text())
     except (OSError, ValueError):
