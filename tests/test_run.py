@@ -56,7 +56,7 @@ def test_two_runs_at_once_both_finish_with_their_own_reports():
     assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
     reports = [Path(json.loads(out)["reports"][0]) for out, _ in outs]
     assert reports[0] != reports[1] and all((r / "report.json").is_file() for r in reports)
-    assert sum("waiting for pid" in err for _, err in outs) == 1
+    assert sum("waiting for" in err and "one build, boot or release at a time" in err for _, err in outs) == 1
     assert project_containers() == []
 
 
