@@ -232,6 +232,33 @@ def cmd_down(args) -> int:
     return 0 if not left else 1
 
 
+def cmd_ps(args) -> int:
+    from .deploy import status
+    session = _session(args)
+    rows = status(_engine(args), session.matrix.serve.bind)
+    if args.json:
+        _emit_json(rows)
+        return 0
+    if not rows:
+        print("ps: nothing runs")
+        return 0
+    _print_table(f"engine {args.engine or 'local'}", ["profile", "state", "up", "url", "image", "knobs"],
+                 [[r["profile"], r["state"] + (f" ({r['health']})" if r["health"] else ""),
+                   f"{r['up_s']} s" if r["up_s"] is not None else "", r["url"], r["image"],
+                   " ".join(f"{k}={v}" for k, v in r["knobs"].items())] for r in rows])
+    return 0
+
+
+def cmd_logs(args) -> int:
+    from .deploy import logs
+    try:
+        for line in logs(args.profile, _engine(args), follow=args.follow, tail=args.tail):
+            print(line, flush=True)
+    except KeyboardInterrupt:  # the way to stop following
+        pass
+    return 0
+
+
 def cmd_monitor(args) -> int:
     from .monitor import monitor
     result = monitor(args.seconds, args.interval, args.adapter, args.matrix, say=_say())
@@ -430,6 +457,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("down", cmd_down, "stop and remove a profile's containers (all profiles when none is named); "
             "volumes stay", json_out=False)
     p.add_argument("profile", nargs="?", metavar="PROFILE")
+    add_engine(p)
+    p = add("ps", cmd_ps, "list each profile's container on the engine: state and health, uptime, URL, image, knobs")
+    add_engine(p)
+    p = add("logs", cmd_logs, "print a profile's log (the last --tail lines), and with -f follow it until Ctrl-C",
+            json_out=False)
+    p.add_argument("profile", metavar="PROFILE")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
+    p.add_argument("--tail", type=int, default=200, metavar="N", help="lines from the end to start with (default 200)")
     add_engine(p)
     p = add("monitor", cmd_monitor, "sample GPU memory (NVML, every 50 ms) and, on WSL2, the Windows Shared "
             "Usage counter (every second) for N seconds or until Ctrl-C, then print the summary")

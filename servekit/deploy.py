@@ -198,6 +198,53 @@ def running_profiles(engine: Engine | None = None) -> list[str]:
                    for c in (engine or resolve(None)).containers(label=f"com.docker.compose.project={PROJECT}")})
 
 
+def status(engine: Engine | None = None, bind: str = "127.0.0.1") -> list[dict]:
+    """`ps`: each container of this Compose project on the engine: profile, state and health, uptime, image, where
+    it answers, and the knobs it was started with (its environment)."""
+    import datetime as dt
+
+    from .engines import address
+    from .image.knobs import KNOBS
+    engine = engine or resolve(None)
+    engine.check()
+    rows = []
+    for c in engine.containers(label=f"com.docker.compose.project={PROJECT}"):
+        state = c.attrs.get("State") or {}
+        started = (state.get("StartedAt") or "")[:26].rstrip("Z")  # RFC 3339 with nanoseconds: keep microseconds
+        try:
+            up_s = (dt.datetime.now(dt.timezone.utc) - dt.datetime.fromisoformat(started).replace(
+                tzinfo=dt.timezone.utc)).total_seconds() if state.get("Running") else None
+        except ValueError:
+            up_s = None
+        env = dict(e.split("=", 1) for e in (c.attrs.get("Config") or {}).get("Env") or [] if "=" in e)
+        port = published_port(c)
+        rows.append({"profile": c.labels.get("com.docker.compose.service"), "container": c.name,
+                     "state": state.get("Status"), "health": (state.get("Health") or {}).get("Status"),
+                     "up_s": round(up_s) if up_s is not None else None,
+                     "image": (c.attrs.get("Config") or {}).get("Image"),
+                     "url": address(engine, bind, port) if port else None,
+                     "knobs": {k: v for k, v in sorted(env.items()) if k in KNOBS}})
+    return sorted(rows, key=lambda r: r["profile"] or "")
+
+
+def logs(profile: str, engine: Engine | None = None, follow: bool = False, tail: int = 200):
+    """`logs`: the profile's log lines (the last `tail`), and with `follow` each new one until it stops."""
+    engine = engine or resolve(None)
+    engine.check()
+    container = find_container(profile, engine)
+    if container is None:
+        raise UserError(f"{profile} has no container on engine {engine.given}; `python build.py ps` lists what runs")
+    with docker_errors(f"logs of {profile} on engine {engine.given}"):
+        pending = b""
+        for chunk in container.logs(stream=True, follow=follow, tail=tail):
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                yield line.decode("utf-8", "replace")
+        if pending:
+            yield pending.decode("utf-8", "replace")
+
+
 def down_profiles(session, engine: Engine | None = None, profile: str | None = None) -> list[str]:
     """Stop and remove `profile`'s containers (every profile's when None) on `engine`; the profiles still there."""
     engine = engine or resolve(None)

@@ -239,6 +239,14 @@ def test_up_brings_the_real_server_to_healthy_and_down_removes_it(cpu_built):
     assert [m["id"] for m in models.json()["data"]] == ["servekit-demo"]
     user = subprocess.run(["docker", "exec", result["container"], "id", "-u"], capture_output=True, text=True)
     assert user.stdout.strip() == "10001"
+    ps = run_build_py("ps", "--json")
+    assert ps.returncode == 0, ps.stderr
+    row = next(r for r in json.loads(ps.stdout) if r["profile"] == "default")
+    assert row["state"] == "running" and row["url"] == result["url"] and row["up_s"] >= 0
+    assert row["knobs"] == {} and row["image"] == result["image"]
+    logs = run_build_py("logs", "default", "--tail", "1000")
+    assert logs.returncode == 0 and "launcher: profile default: vllm serve" in logs.stdout
+    assert key not in logs.stdout
     down = run_build_py("down")
     assert down.returncode == 0 and "nothing left running" in down.stdout
     assert project_containers() == []
