@@ -22,7 +22,7 @@ from .engines import EngineError
 from .errors import UserError
 from .records import ReleaseRecord
 from .gpu import NvmlSampler, NvmlUnavailable
-from .watch import BootFailed, BootRecord, watch_boot
+from .watch import BootFailed, BootRecord, milestone, watch_boot
 
 class ContainerMemory(threading.Thread):
     """The container's memory use about once a second (docker stats): the curve when there is no GPU."""
@@ -144,7 +144,7 @@ def boot(dep: deploy.Deployment, profile: str, timeout_s: float, say=None, knobs
             if any(WEIGHTS_LOADED.search(line) for line in list(rec.lines)[-50:]):
                 b.mark("warm-up")
             if say:
-                say(f"waiting for {profile}: {elapsed:.0f} s, {len(rec.lines)} log lines")
+                say(f"{profile} booting, {elapsed:.0f} s: {milestone(rec.lines) or f'{len(rec.lines)} log lines'}")
         watch_boot(b.container, dep.url, timeout_s, b.record, progress=progress)
         b.mark("healthy")
         return b
@@ -175,6 +175,18 @@ def smoke(ctx, checks: dict[str, dict], say=None, deadline_s: float | None = Non
     return results
 
 
+def _changes(say, every_s: float = 20.0):
+    """A progress printer for a log or a pipe: a line when the boot's stage changes, else one every `every_s`."""
+    shown: list[tuple[str, float]] = [("", 0.0)]  # (stage, when)
+
+    def show(text: str) -> None:
+        stage = text.split(": ", 1)[-1]
+        if stage != shown[-1][0] or time.monotonic() - shown[-1][1] >= every_s:
+            say(f"  {text}")
+            shown[-1] = (stage, time.monotonic())
+    return show
+
+
 def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=print, knobs: dict | None = None,
                 only: list[str] | None = None, stop: threading.Event | None = None) -> tuple[dict, dict]:
     """Boot, smoke, down: (the report, the series for its plot). Never raises for a failed boot or check.
@@ -197,7 +209,7 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
         if deploy.is_running(profile, dep.engine):  # somebody's server (an `up`): never restarted or stopped by a run
             raise BootFailed(f"{profile} is already running on engine {dep.engine.given}, started by someone else "
                              f"(`up`?); left alone: stop it with `python build.py down {profile}` first", "", [])
-        b = boot(dep, profile, matrix.serve.boot_timeout_s, knobs=knobs, note=say, stop=stop)
+        b = boot(dep, profile, matrix.serve.boot_timeout_s, knobs=knobs, note=say, stop=stop, say=_changes(say))
         say(f"  healthy in {b.record.time_to_healthy_s} s (KV pool {b.record.kv_pool_tokens} tokens)")
         b.mark("traffic")
         lines = lambda: list(b.record.lines)  # noqa: E731

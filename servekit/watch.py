@@ -43,6 +43,19 @@ class BootFailed(Exception):
         self.reason, self.line, self.last_lines = reason, line, last_lines
 
 
+# Lines that say where a boot is (weights, profiling, the KV pool, graphs, compiles, the server): shown as progress.
+MILESTONE = re.compile(r"prepare: |Loading (weights|model)|Model loading took|profil|KV cache|Capturing|[Cc]ompil|"
+                       r"Starting vLLM|Application startup|Uvicorn running|launcher: ")
+
+
+def milestone(lines) -> str | None:
+    """The latest line of `lines` that says where the boot is, without its logger prefix."""
+    for line in reversed(list(lines)[-200:]):
+        if MILESTONE.search(line):
+            return re.sub(r"^(\(\w+ pid=\d+\) )?(INFO|DEBUG) \S+ \S+ \[[^\]]*\] ", "", line).strip()[:120]
+    return None
+
+
 @dataclass
 class BootRecord:
     started: float  # time.time() when watching began (the container was just started)

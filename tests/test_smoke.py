@@ -62,6 +62,19 @@ def test_markdown_names_a_failed_check():
     assert "| burst | **FAILED** |" in text and "FAILED" in text.splitlines()[0]
 
 
+def test_markdown_shows_the_plot_escapes_cells_and_a_failed_boot_with_its_tail():
+    report = _report("a", 30.0, 500.0).model_copy(update={"checks": [], "passed": False})
+    report.boot.time_to_healthy_s = report.boot.detection_lag_s = None
+    from servekit.records import CheckResult
+    report.checks = [CheckResult(name="boot", status="failed", reason="not healthy | within 10 s",
+                                 figures={"last_lines": ["ValueError: max_model_len (100000) is too large"]})]
+    text = render_markdown(report)
+    assert "![" in text and "(memory.png)" in text
+    assert "None s" not in text and "| time to healthy | never healthy |" in text
+    assert "not healthy \\| within 10 s" in text  # a pipe in a reason does not end the cell
+    assert "```text\nValueError: max_model_len (100000) is too large\n```" in text
+
+
 @pytest.fixture(scope="module")
 def server():
     up = run_build_py("up", "default", "--target", "cpu", "--json", timeout=3000)
