@@ -23,7 +23,7 @@ class Record(BaseModel):
 
 class Document(Record):
     """A file of its own: what kind it is and which schema version wrote it."""
-    schema_version: Literal[1] = 1  # SCHEMA_VERSION
+    schema_version: Literal[1] = 1  # SCHEMA_VERSION: a Literal takes the number itself
 
 
 # --- a run -----------------------------------------------------------------------------------------
