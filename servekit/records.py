@@ -158,6 +158,8 @@ def load(path: Path, model: type[Document]):
         doc = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise UserError(f"{path}: not a readable {wanted} file ({type(exc).__name__}: {exc})") from None
+    if isinstance(doc, dict) and "kind" not in doc and model is ReleaseManifest and {"version", "targets"} <= set(doc):
+        doc = {**doc, "kind": "release", "schema_version": SCHEMA_VERSION}  # written before files said their kind
     if not isinstance(doc, dict) or doc.get("kind") not in KINDS:
         raise UserError(f"{path}: not a servekit file (a JSON object with kind: {', '.join(KINDS)})")
     if doc["kind"] != wanted:

