@@ -340,6 +340,16 @@ def build_image(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSet
     return BuildResult(plan.target, plan.tag, True, seconds, log_path)
 
 
+def ensure_built(session, target: str, show=None, say=None) -> TargetPlan:
+    """The target's plan under this machine's settings, its image built first unless it exists (run, sweep,
+    demo-model start here); `say` hears which image."""
+    plan = session.plan(target)
+    if say:
+        say(f"{target} image {plan.tag}")
+    build_image(session.matrix, plan, session.root, session.settings, show=show)
+    return plan
+
+
 def build_targets(session, targets: list[str] | None = None, force: bool = False, say=print,
                   show=None, no_cache: bool = False) -> list[BuildResult]:
     """`image`: each target's image (the engine's default target when none is named), content-addressed; then

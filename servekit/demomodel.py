@@ -204,7 +204,7 @@ def regenerate(engine, image: str, dest: Path, say=print) -> None:
 def regenerate_shipped(session, say=print, show=None) -> Path:
     """`demo-model`: train the generated model of the matrix again, in the image of the first target that serves
     it (built first if need be: its torch does the training), and replace the shipped folder."""
-    from .builder import build_image
+    from .builder import ensure_built
     from .engines import local
     from .errors import UserError
     matrix = session.matrix
@@ -213,8 +213,7 @@ def regenerate_shipped(session, say=print, show=None) -> Path:
     if not served:
         raise UserError("no target of images.yaml serves a generated model (models.<name>.source: generated)")
     target, model = served[0]
-    plan = session.plan(target)
-    build_image(matrix, plan, session.root, session.settings, show=show)
+    plan = ensure_built(session, target, show)
     dest = session.root / model.dir
     say(f"demo-model: training in {plan.tag} (a few CPU minutes), then replacing {model.dir}/")
     regenerate(local(), plan.tag, dest, say=say)

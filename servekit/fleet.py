@@ -124,14 +124,12 @@ def run(session, engines: list[Engine], target: str | None = None, profiles: lis
     """`run --engines`: build here once, then the profiles on every engine at once; (summary, its file, runs)."""
     import datetime as dt
 
-    from .builder import build_image
+    from .builder import ensure_built
     from .pipeline import profiles_of
     from .release import released
     target = session.target(target, engines[0])
     profiles = profiles_of(session, target, profiles)
-    plan = session.plan(target)
-    say(f"run: {target} image {plan.tag}")
-    build_image(session.matrix, plan, session.root, session.settings, show=show)
+    plan = ensure_built(session, target, show, say=lambda line: say(f"run: {line}"))
     first = port or session.matrix.serve.port  # each engine its own port: engines on one machine share its loopback
     deps = [session.deployment(target, e, host, first + i, tag=plan.tag) for i, e in enumerate(engines)]
     for dep in deps:  # here, not in the threads: the key file is one for all, and each env file is written once

@@ -308,7 +308,7 @@ def profiles_of(session, target: str, wanted: list[str] | None) -> list[str]:
 def run(session, target: str | None = None, profiles: list[str] | None = None, host: str | None = "auto",
         engine=None, port: int | None = None, say=print, show=None) -> list[tuple[dict, Path]]:
     """image, up, smoke, down and a report for each profile on one engine: (report, its folder) per profile."""
-    from .builder import build_image
+    from .builder import ensure_built
     from .release import released
     from .report import write_report
     engine = engine or engines.resolve(None)
@@ -316,9 +316,7 @@ def run(session, target: str | None = None, profiles: list[str] | None = None, h
     profiles = profiles_of(session, target, profiles)
     engine.check()
     session.require_gpu(target, engine, f"run: {', '.join(profiles)}")
-    plan = session.plan(target)
-    say(f"run: {target} image {plan.tag}")
-    build_image(session.matrix, plan, session.root, session.settings, show=show)
+    plan = ensure_built(session, target, show, say=lambda line: say(f"run: {line}"))
     dep = session.deployment(target, engine, host, port, tag=plan.tag)
     key_file = deploy.ensure_secrets(dep)
     deploy.write_env(dep)

@@ -244,7 +244,7 @@ def sweep(session, profile: str, knob_specs: list[str], boots: int = 2, target: 
     import datetime as dt
 
     from . import deploy
-    from .builder import build_image
+    from .builder import ensure_built
     from .engines import resolve
     matrix = session.matrix
     engine = resolve(None)
@@ -254,8 +254,7 @@ def sweep(session, profile: str, knob_specs: list[str], boots: int = 2, target: 
         if name not in matrix.checks:
             raise UserError(f"--checks {name}: expected one of {', '.join(matrix.checks)}")
     session.require_gpu(target, engine, f"sweep: {profile}")
-    plan = session.plan(target)
-    build_image(matrix, plan, session.root, session.settings, show=show)
+    plan = ensure_built(session, target, show)
     dep = session.deployment(target, engine, host, tag=plan.tag)
     key_file = deploy.ensure_secrets(dep)
     deploy.write_env(dep)
