@@ -31,9 +31,9 @@ class EngineError(EnvironmentProblem):
     """A Docker engine or Compose refused or failed; the message says what was being done and what it said,
     `output` keeps the client's last lines (Compose's own output) for a report."""
 
-    def __init__(self, message: str, output: list[str] | None = None):
+    def __init__(self, message: str, reason: str, output: list[str] | None = None):
         super().__init__(message)
-        self.reason = message.rsplit(": ", 1)[-1]
+        self.reason = reason  # what the engine or Compose said, alone
         self.output = output or []
 
 
@@ -64,7 +64,8 @@ def docker_errors(what: str):
             raise
         out = getattr(exc, "stderr", None) or ""
         out = out.decode(errors="replace") if isinstance(out, bytes) else str(out)
-        raise EngineError(f"{what}: {said(exc)}", out.strip().splitlines()[-12:]) from None
+        reason = said(exc)
+        raise EngineError(f"{what}: {reason}", reason, out.strip().splitlines()[-12:]) from None
 
 LOCAL = "local"
 SCHEMES = ("unix", "tcp", "ssh")
@@ -183,7 +184,7 @@ class Engine:
             finally:
                 container.remove(force=True)
         if code != 0:
-            raise EngineError(f"engine {self.given}: {' '.join(command[:2])} in {image} exited {code}")
+            raise EngineError(f"engine {self.given}: {' '.join(command[:2])} in {image} exited {code}", f"exit {code}")
 
     def check(self) -> None:
         """Raise EnvironmentProblem, naming the engine, when it does not answer."""
@@ -193,9 +194,8 @@ class Engine:
         try:
             self.sdk(timeout=15).ping()
         except Exception as exc:  # the SDK raises several kinds for an unreachable engine
-            said = str(exc).replace("Error while fetching server API version: ", "").splitlines()
             raise EnvironmentProblem(f"no Docker engine answers at {self.url} (engine {self.given}): "
-                                     f"{said[0][:200] if said else exc}") from None
+                                     f"{said(exc)[:200]}") from None
 
 
 def gpu_problem_of(info: dict) -> str | None:
