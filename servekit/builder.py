@@ -183,13 +183,13 @@ def _prepare_context(matrix: Matrix, plan: TargetPlan, root: Path, wheels: dict[
     _write(out / "requirements.txt", _requirements(root, plan))
     _write(out / "profiles.json", json.dumps(plan.profiles, indent=2) + "\n")
     _write(out / "build-info.json", json.dumps(plan.build_info, indent=2) + "\n")
-    _replace_tree(out / "patches", root / matrix.series.dir)
-    _stage_components(matrix, plan, root, out / "components")
-    _replace_tree(out / "model", root / plan.build_info["model"]["dir"] if plan.build_info["model"]["dir"] else None)
+    replace_tree(out / "patches", root / matrix.series.dir)
+    stage_components(matrix, plan, root, out / "components")
+    replace_tree(out / "model", root / plan.build_info["model"]["dir"] if plan.build_info["model"]["dir"] else None)
     return out
 
 
-def _replace_tree(dest: Path, source: Path | None) -> None:
+def replace_tree(dest: Path, source: Path | None) -> None:
     """dest becomes a copy of source (an empty folder when there is none: the Dockerfile copies it either way)."""
     if dest.exists():
         shutil.rmtree(dest)
@@ -199,7 +199,7 @@ def _replace_tree(dest: Path, source: Path | None) -> None:
         shutil.copytree(source, dest, ignore=shutil.ignore_patterns("__pycache__"))
 
 
-def _stage_components(matrix: Matrix, plan: TargetPlan, root: Path, dest: Path) -> None:
+def stage_components(matrix: Matrix, plan: TargetPlan, root: Path, dest: Path) -> None:
     """Copy each present component's source into the context, checked against its pinned digest."""
     if dest.exists():
         shutil.rmtree(dest)
@@ -340,10 +340,13 @@ def build_image(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSet
     return BuildResult(plan.target, plan.tag, True, seconds, log_path)
 
 
-def ensure_built(session, target: str, show=None, say=None) -> TargetPlan:
+def ensure_built(session, target: str, show=None, say=None, engine=None) -> TargetPlan:
     """The target's plan under this machine's settings, its image built first unless it exists (run, sweep,
-    demo-model start here); `say` hears which image."""
+    demo-model start here); `say` hears which image. A process engine serves from its environment: no image."""
+    from .processes import is_process_engine
     plan = session.plan(target)
+    if is_process_engine(engine):
+        return plan
     if say:
         say(f"{target} image {plan.tag}")
     build_image(session.matrix, plan, session.root, session.settings, show=show)

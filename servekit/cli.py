@@ -358,12 +358,22 @@ def cmd_sweep(args) -> int:
     from .sweep import sweep
     session = _session(args)
     out, doc, markdown = sweep(session, args.profile, args.knob, args.boots, args.target, args.host,
-                               args.checks.split(",") if args.checks else None, say=_say(), show=_step_printer())
+                               args.checks.split(",") if args.checks else None, say=_say(), show=_step_printer(),
+                               engine=_engine(args) if args.engine else None)
     _print_wide(doc["title"], doc["table"]["header"], doc["table"]["rows"], markdown)
     if sys.stdout.isatty() and doc["advice"]:
         print(doc["advice"])
     print(f"sweep: report in {out.relative_to(session.root)}/report.md")
     return 130 if doc["interrupted"] else 0
+
+
+def cmd_patch_env(args) -> int:
+    from .processes import patch_environment
+    session = _session(args)
+    applied = patch_environment(session, session.target(args.target), args.python, say=_say())
+    if args.json:
+        _emit_json({"applied": applied})
+    return 0
 
 
 def cmd_derive(args) -> int:
@@ -407,7 +417,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     def add_engine(p) -> None:
         p.add_argument("--engine", metavar="ENGINE", help="the Docker engine: a DOCKER_HOST URL (unix://, tcp://, "
-                       "ssh://user@host) or a context name (default: this machine's, `local`)")
+                       "ssh://user@host) or a context name (default: this machine's, `local`); or venv:PATH, the "
+                       "process engine: profiles served as processes of the Python environment at PATH, no Docker "
+                       "(docs/install.md)")
 
     def add_target(p, many: bool = False, help: str | None = None) -> None:
         """--target, the same words everywhere; the default follows the engine (a GPU target where it can
@@ -447,7 +459,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "unused (slow: every wheel is installed again)")
     add("demo-model", cmd_demo_model, "train the shipped demo model again (a few CPU minutes, in the image of the "
         "target that serves it) and replace its folder (images.yaml models.<name>.dir)", json_out=False, locked=True)
-    p = add("up", cmd_up, "start a profile through Compose and watch it until it is healthy or has failed", locked=True)
+    p = add("patch-env", cmd_patch_env, "apply the patch series and components to the vLLM of a Python environment "
+            "you installed from docs/install.md (what the image build does), for the process engine", locked=True)
+    p.add_argument("--python", required=True, metavar="PATH", help="the environment's interpreter, e.g. "
+                   "/opt/venv/bin/python")
+    add_target(p, help="the target whose series applies (default: the first GPU target where this machine has a "
+               "GPU, else the first without one)")
+    p = add("up", cmd_up, "start a profile (Compose, or a process with --engine venv:PATH) and watch it until it is "
+            "healthy or has failed", locked=True)
     p.add_argument("profile", metavar="PROFILE", help="a profile of images.yaml (default, batch, alternative, ...)")
     add_target(p)
     add_host(p)
@@ -516,6 +535,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_target(p)
     add_host(p)
     p.add_argument("--checks", metavar="C1,C2", help="checks to run per boot (default: the profile's own)")
+    add_engine(p)
     add("doctor", cmd_doctor, "check the engine, Compose, the builder, the NVIDIA runtime, WSL2 and GPUs")
     p = add("engine", cmd_engine, "make a Docker engine answer: install and start one on Debian/Ubuntu as root "
             "and add Compose v2 (idempotent); base images are made by the build that needs them", json_out=False)

@@ -15,10 +15,13 @@ import re
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from . import processes
 from .atomic import write_text
 from .errors import UserError
 from .engines import Engine, docker_errors, local_url, resolve
+from .processes import is_process_engine
 from .image.launcher import MIN_KEY_CHARS
 
 # The Compose project every command acts on; another name (the tests use their own) keeps two sets of
@@ -41,6 +44,7 @@ class Deployment:
     engine: Engine = field(default_factory=lambda: resolve(None))
     reached_at: str | None = None  # the URL through which this machine reaches it, when not the plain one
     overrides: tuple[str, ...] = ()  # the target's Compose override files in compose/ (images.yaml: compose)
+    matrix: Any = field(default=None, compare=False)  # the loaded images.yaml (the process engine renders from it)
 
     @property
     def compose_dir(self) -> Path:
@@ -118,8 +122,11 @@ def ensure_secrets(dep: Deployment) -> Path:
     return dep.api_key_file
 
 
-def write_env(dep: Deployment) -> Path:
-    """The env file (compose/.env for the local engine): image, host, address and the compose files."""
+def write_env(dep: Deployment) -> Path | None:
+    """The env file (compose/.env for the local engine): image, host, address and the compose files. A process
+    engine has no Compose and gets none."""
+    if is_process_engine(dep.engine):
+        return None
     lines = [
         "# Written by `python build.py image` / `up`; edit by hand if you like." if dep.engine.is_local else
         f"# Written by `python build.py --engine {dep.engine.given}`; docker compose --env-file reads it.",
@@ -156,16 +163,22 @@ def compose_client(dep: Deployment, profiles: list[str] | None = None, knobs: di
                               compose_profiles=profiles or [], client_call=call)
 
 
-def up(dep: Deployment, profile: str, knobs: dict[str, str] | None = None) -> None:
+def up(dep: Deployment, profile: str, knobs: dict[str, str] | None = None):
+    """Start the profile (its prepare step first); a process engine's server is returned, Compose's is looked up."""
+    if is_process_engine(dep.engine):
+        return processes.up(dep, profile, knobs)
     client = compose_client(dep, [profile], knobs)
     # A stopped container left by a run that was killed keeps its old mounts (a secret file that is gone),
     # and Compose would start it as it is: remove stopped ones first. A running server stays.
     with docker_errors(f"up {profile} on engine {dep.engine.given}"):
         client.compose.rm(stop=False)
         client.compose.up(services=[profile], detach=True, quiet=True)
+    return None
 
 
 def down(dep: Deployment, profile: str | None = None) -> None:
+    if is_process_engine(dep.engine):
+        return processes.down(dep.engine, profile)
     client = compose_client(dep, ["*"])
     with docker_errors(f"down {profile or ''} on engine {dep.engine.given}".replace("  ", " ")):
         if profile:

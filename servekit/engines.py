@@ -226,20 +226,26 @@ def _is_loopback(host: str) -> bool:
 
 
 def resolve(spec: str | None) -> Engine:
-    """`--engine` as typed to an Engine; None or "local" is this machine's default engine."""
+    """`--engine` as typed to an Engine; None or "local" is this machine's default engine, venv:PATH the process
+    engine of the Python environment there (processes.py)."""
+    if spec and spec.startswith("venv:"):
+        from .processes import resolve as process_engine
+        return process_engine(spec)
     if not spec or spec == LOCAL:
         return Engine(LOCAL, os.environ.get("DOCKER_HOST") or DEFAULT_SOCKET)
     if "://" in spec:
         parsed = urlparse(spec)
         if parsed.scheme not in SCHEMES:
-            raise UserError(f"--engine {spec}: expected a unix://, tcp:// or ssh:// URL, or a Docker context name")
+            raise UserError(f"--engine {spec}: expected a unix://, tcp:// or ssh:// URL, a Docker context name or "
+                            "venv:PATH")
         if parsed.scheme == "unix" and not parsed.path:
             raise UserError(f"--engine {spec}: a unix:// URL names a socket path, e.g. unix:///run/docker.sock")
         if parsed.scheme != "unix" and not parsed.hostname:
             raise UserError(f"--engine {spec}: no host in the URL, e.g. ssh://user@gpu-box or tcp://10.0.0.5:2376")
         return Engine(spec, spec)
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+-]*", spec):
-        raise UserError(f"--engine {spec!r}: expected a unix://, tcp:// or ssh:// URL, or a Docker context name")
+        raise UserError(f"--engine {spec!r}: expected a unix://, tcp:// or ssh:// URL, a Docker context name or "
+                        "venv:PATH")
     found = subprocess.run(["docker", "context", "inspect", spec, "--format", "{{json .Endpoints.docker}}"],
                            capture_output=True, text=True, timeout=20)
     if found.returncode != 0:

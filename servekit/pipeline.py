@@ -126,13 +126,13 @@ def boot(dep: deploy.Deployment, profile: str, timeout_s: float, say=None, knobs
         b.record.started = time.time()
         b.mark("load")
         try:
-            deploy.up(dep, profile, knobs)
+            started = deploy.up(dep, profile, knobs)
         except EngineError as exc:  # a port in use, a missing image, an engine that went away
             last = exc.reason
             if "could not select device driver" in last:  # the engine has no way to give it a GPU
                 last = f"no GPU: the engine has no NVIDIA runtime ({last.strip()})"
             raise BootFailed(f"compose up failed: {last}", "", exc.output) from None
-        b.container = deploy.find_container(profile, dep.engine)
+        b.container = started or deploy.find_container(profile, dep.engine)
         if b.container is None:
             raise BootFailed(f"compose started no container for {profile}", "", [])
         b.container_memory = ContainerMemory(b.container, b.record.started)
@@ -316,7 +316,7 @@ def run(session, target: str | None = None, profiles: list[str] | None = None, h
     profiles = profiles_of(session, target, profiles)
     engine.check()
     session.require_gpu(target, engine, f"run: {', '.join(profiles)}")
-    plan = ensure_built(session, target, show, say=lambda line: say(f"run: {line}"))
+    plan = ensure_built(session, target, show, say=lambda line: say(f"run: {line}"), engine=engine)
     dep = session.deployment(target, engine, host, port, tag=plan.tag)
     key_file = deploy.ensure_secrets(dep)
     deploy.write_env(dep)

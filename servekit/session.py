@@ -89,9 +89,12 @@ class Session:
     def deployment(self, target: str, engine: Engine, host: str | None = "auto", port: int | None = None,
                    tag: str | None = None):
         from .deploy import Deployment
-        return Deployment(self.root, target, self.host(host, engine), tag or self.plan(target).tag,
-                          self.matrix.serve.bind, port or self.matrix.serve.port, engine=engine,
-                          overrides=tuple(self.matrix.targets[target].compose))
+        from .processes import is_process_engine
+        image = engine.describe(self.matrix.target_pins(target)) if is_process_engine(engine) else \
+            tag or self.plan(target).tag
+        return Deployment(self.root, target, self.host(host, engine), image, self.matrix.serve.bind,
+                          port or self.matrix.serve.port, engine=engine,
+                          overrides=tuple(self.matrix.targets[target].compose), matrix=self.matrix)
 
     def require_gpu(self, target: str, engine: Engine, what: str) -> None:
         """A GPU target on an engine that cannot give it a GPU ends here, in one line, before anything starts."""

@@ -238,23 +238,24 @@ def parse_knobs(specs: list[str]) -> list[tuple[str, list[str]]]:
 
 
 def sweep(session, profile: str, knob_specs: list[str], boots: int = 2, target: str | None = None,
-          host: str | None = "auto", checks: list[str] | None = None, say=print, show=None) -> tuple[Path, dict, str]:
-    """Every combination of knob values, `boots` boots each, on this machine's engine; a failed cell is recorded
-    and the sweep goes on. (the report's folder, its document, its Markdown)."""
+          host: str | None = "auto", checks: list[str] | None = None, say=print, show=None,
+          engine=None) -> tuple[Path, dict, str]:
+    """Every combination of knob values, `boots` boots each, on `engine` (this machine's Docker engine when None);
+    a failed cell is recorded and the sweep goes on. (the report's folder, its document, its Markdown)."""
     import datetime as dt
 
     from . import deploy
     from .builder import ensure_built
     from .engines import resolve
     matrix = session.matrix
-    engine = resolve(None)
+    engine = engine or resolve(None)
     target = session.profile_target(profile, target, engine)
     knobs = parse_knobs(knob_specs)
     for name in checks or []:
         if name not in matrix.checks:
             raise UserError(f"--checks {name}: expected one of {', '.join(matrix.checks)}")
     session.require_gpu(target, engine, f"sweep: {profile}")
-    plan = ensure_built(session, target, show)
+    plan = ensure_built(session, target, show, engine=engine)
     dep = session.deployment(target, engine, host, tag=plan.tag)
     key_file = deploy.ensure_secrets(dep)
     deploy.write_env(dep)

@@ -194,9 +194,9 @@ def test_wsl2_env_file_selects_the_wsl2_overrides(tmp_path, monkeypatch):
     from servekit.deploy import Deployment, write_env
     (tmp_path / "compose").mkdir()
     dep = Deployment(tmp_path, "cuda", "wsl2", "vllm-serve:x", "127.0.0.1", 8000)
-    text = write_env(dep).read_text()
+    text = write_env(dep).read_text()  # type: ignore[union-attr]
     assert "COMPOSE_FILE=compose.yaml:compose.wsl2.yaml" in text and "SERVEKIT_HOST=wsl2" in text
-    assert "COMPOSE_FILE=compose.yaml:compose.cpu.yaml\n" in write_env(
+    assert "COMPOSE_FILE=compose.yaml:compose.cpu.yaml\n" in write_env(  # type: ignore[union-attr]
         Deployment(tmp_path, "cpu", "native", "x", "127.0.0.1", 8000, overrides=("compose.cpu.yaml",))).read_text()
 
 

@@ -35,7 +35,7 @@ def test_engine_names_give_labels_and_where_they_are():
     (["run", "--engine", "ftp://gpu1"], "expected a unix://, tcp:// or ssh:// URL"),
     (["up", "default", "--engine", "unix://"], "names a socket path"),
     (["down", "--engine", "ssh://"], "no host in the URL"),
-    (["smoke", "default", "--engine", "not a name"], "or a Docker context name"),
+    (["smoke", "default", "--engine", "not a name"], "a Docker context name or venv:PATH"),
     (["run", "--engines", "local,local"], "named twice"),
     (["run", "--engines", " , "], "name at least one engine"),
     (["run", "--engine", "local", "--engines", "local"], "not allowed with argument"),
@@ -76,7 +76,7 @@ def test_another_engine_gets_its_own_env_file_and_no_bind_mounted_secrets(tmp_pa
     dep = Deployment(tmp_path, "cpu", "native", "vllm-serve:x", "127.0.0.1", 8001,
                      engine=resolve("ssh://me@gpu1"), overrides=("compose.cpu.yaml",))
     path = write_env(dep)
-    assert path == tmp_path / ".cache/engines/ssh-gpu1.env" and not (tmp_path / "compose/.env").exists()
+    assert path is not None and path == tmp_path / ".cache/engines/ssh-gpu1.env" and not (tmp_path / "compose/.env").exists()
     assert "SERVEKIT_PORT=8001" in path.read_text() and "SERVEKIT_UID" not in path.read_text()
     assert [p.name for p in dep.compose_files] == ["compose.yaml", "compose.cpu.yaml", "compose.remote.yaml"]
 

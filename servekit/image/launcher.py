@@ -70,8 +70,8 @@ def build_command(profiles: dict, profile: str, host: str, environ: dict[str, st
     except recipe.RecipeError as exc:
         raise KnobError(str(exc)) from None
     env = {**recipe_env, **profiles.get("env", {}), **profiles["hosts"][host]["env"]}
-    args = ["--model", model["path"], "--served-model-name", model["served_name"], "--host", "0.0.0.0",
-            "--port", k.get("PORT", "8000"), *flags]
+    args = ["--model", model["path"], "--served-model-name", model["served_name"], "--host",
+            k.get("BIND", "0.0.0.0"), "--port", k.get("PORT", "8000"), *flags]
     extra = (["--kv-offloading-size", k["KV_OFFLOAD_GB"]] if "KV_OFFLOAD_GB" in k else []) + \
         shlex.split(k.get("EXTRA_ARGS", ""))
     if warn:

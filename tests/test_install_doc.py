@@ -1,0 +1,168 @@
+"""docs/install.md as written: its cpu section makes an environment from the pins in a fresh home folder, and
+its serving section runs the demo through the process engine on what that installed.
+
+The commands run unchanged, in the tests' copy of the repository; only the environment says where this
+machine differs: HOME is a fresh folder (so `~/vllm-cpu` is new), pip keeps its cache and configuration, and
+pip does not retry PyTorch's index, which this machine cannot reach (its torch wheel comes from the
+find-links pip is configured with).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, WORK
+
+pytestmark = [pytest.mark.slow, pytest.mark.network]
+
+DOC = ROOT / "docs" / "install.md"
+INSTALL_S = 1800
+COMMAND_S = 900
+
+
+def section_commands(heading: str) -> list[tuple[int, str]]:
+    """(line number, command) of each command in the bash blocks under the `## heading...` section; a
+    continued line is joined to its command, comment lines are left out."""
+    commands: list[tuple[int, str]] = []
+    in_section = in_block = False
+    pending: tuple[int, str] | None = None
+    for number, line in enumerate(DOC.read_text().splitlines(), 1):
+        if line.startswith("## "):
+            in_section = line[3:].startswith(heading)
+        elif in_section and line.strip() == "```bash":
+            in_block = True
+        elif in_block and line.strip() == "```":
+            in_block = False
+        elif in_block and not line.lstrip().startswith("#") and line.strip():
+            start, text = pending or (number, "")
+            text += line.rstrip().removesuffix("\\")
+            pending = (start, text) if line.rstrip().endswith("\\") else None
+            if pending is None:
+                commands.append((start, re.sub(r"\s+", " ", text).strip()))
+    assert commands, f"docs/install.md has no bash block under '## {heading}'"
+    return commands
+
+
+def _pip_cache() -> str:
+    return subprocess.run([sys.executable, "-m", "pip", "cache", "dir"], capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def doc_home(tmp_path_factory):
+    """A fresh home folder in which the cpu section has been run, as written; the environment for later commands."""
+    home = tmp_path_factory.mktemp("home")
+    env = {**os.environ, "HOME": str(home), "PIP_CACHE_DIR": _pip_cache(), "PIP_RETRIES": "0",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    if (Path.home() / ".pyenv").is_dir():  # pyenv's shims find their versions through HOME otherwise
+        env.setdefault("PYENV_ROOT", str(Path.home() / ".pyenv"))
+    for config in (Path.home() / ".config" / "pip" / "pip.conf", Path.home() / ".pip" / "pip.conf"):
+        if config.is_file():
+            env.setdefault("PIP_CONFIG_FILE", str(config))
+    for number, command in section_commands("cpu"):
+        done = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=WORK, env=env, capture_output=True,
+                              text=True, timeout=INSTALL_S)
+        assert done.returncode == 0, f"docs/install.md:{number}: {command}\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+    yield home, env
+    shutil.rmtree(home / "vllm-cpu", ignore_errors=True)
+
+
+def test_the_document_names_the_cpu_pins():
+    from servekit.matrix import load_matrix
+    from servekit.pins import mirror_problems
+    matrix = load_matrix(ROOT / "images.yaml")
+    problems = [p for p in mirror_problems(matrix, ROOT).problems if p.startswith("docs/install.md")]
+    assert problems == [], "\n".join(problems)  # each says the line and what the matrix pins
+    text = " ".join(command for _, command in section_commands("cpu"))
+    for name, version in matrix.target_pins("cpu").items():
+        assert f"{name}=={version}" in text, f"docs/install.md's cpu section does not install {name}=={version}"
+
+
+def test_the_cpu_section_serves_the_demo_through_the_process_engine(doc_home):
+    home, env = doc_home
+    environment = home / "vllm-cpu"
+    reports = WORK / "reports"
+    before = set(reports.iterdir()) if reports.is_dir() else set()
+    outputs = {}
+    try:
+        for number, command in section_commands("Serving from it"):
+            done = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=WORK, env=env,
+                                  capture_output=True, text=True, timeout=COMMAND_S)
+            assert done.returncode == 0, f"docs/install.md:{number}: {command}\n{done.stdout[-3000:]}" \
+                                         f"{done.stderr[-3000:]}"
+            outputs[command.split("#")[0].strip()] = done.stdout + done.stderr
+        [report_dir] = [p for p in set(reports.iterdir()) - before if not p.is_symlink()]
+        report = json.loads((report_dir / "report.json").read_text())
+        assert report["passed"] and report["engine"] == "venv:~/vllm-cpu", report
+        assert report["image"]["tag"].startswith(str(environment)) and report["boot"]["kv_pool_tokens"] > 0
+        assert report["memory"]["container"]["peak_bytes"] > 100e6  # the process group's memory was sampled
+        ps = next(text for command, text in outputs.items() if " ps " in f"{command} ")
+        assert re.search(r"default\s.*running", ps), ps
+        # down stopped the group and removed its record and log; no process of the environment is left
+        state = environment / "var" / "servekit" / os.environ["SERVEKIT_PROJECT"]
+        assert not list(state.glob("*.json")) and not list(state.glob("*.log"))
+        assert not _processes_of(environment)
+    finally:
+        subprocess.run([sys.executable, str(WORK / "build.py"), "down", "--engine", f"venv:{environment}"],
+                       cwd=WORK, env=env, capture_output=True, timeout=120)
+        for path in set(reports.iterdir()) - before if reports.is_dir() else ():
+            path.unlink() if path.is_symlink() else shutil.rmtree(path)
+
+
+def test_a_refused_boot_on_the_process_engine_says_why_and_leaves_nothing(doc_home):
+    home, env = doc_home
+    environment = home / "vllm-cpu"
+    done = subprocess.run([sys.executable, str(WORK / "build.py"), "up", "default", "--engine",
+                           f"venv:{environment}", "--target", "cpu"], cwd=WORK,
+                          env={**env, "MAX_SEQS": "many"}, capture_output=True, text=True, timeout=COMMAND_S)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "launcher refused" in done.stderr and "MAX_SEQS='many'" in done.stderr, done.stderr
+    records = environment / "var" / "servekit" / os.environ["SERVEKIT_PROJECT"]
+    assert not list(records.glob("*.json")) and not _processes_of(environment)
+
+
+def test_a_sweep_runs_on_the_process_engine(doc_home):
+    home, env = doc_home
+    environment = home / "vllm-cpu"
+    done = subprocess.run([sys.executable, str(WORK / "build.py"), "sweep", "default", "--knob", "MAX_SEQS=2,4",
+                           "--boots", "1", "--checks", "health,greedy", "--engine", f"venv:{environment}",
+                           "--target", "cpu"], cwd=WORK, env=env, capture_output=True, text=True,
+                          timeout=COMMAND_S)
+    try:
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        said = re.search(r"sweep: report in (\S+)/report.md", done.stdout + done.stderr)
+        assert said, done.stdout[-2000:]
+        out = WORK / said[1]
+        doc = json.loads((out / "report.json").read_text())
+        assert [[b["survived"] for b in c["boots"]] for c in doc["cells"]] == [[True], [True]], doc["cells"]
+        assert not _processes_of(environment)
+    finally:
+        for path in (WORK / "reports").glob("*-sweep-default-cpu"):
+            shutil.rmtree(path)
+
+
+def _processes_of(environment: Path) -> list[int]:
+    """Live processes whose interpreter is the environment's."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if str(environment) in Path(f"/proc/{pid}/cmdline").read_text(errors="replace"):
+                    found.append(int(pid))
+            except OSError:
+                continue
+    return [p for p in found if _alive(p)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

