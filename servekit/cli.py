@@ -279,6 +279,8 @@ def cmd_monitor(args) -> int:
 
 def cmd_run(args) -> int:
     session = _session(args)
+    if args.engines and (args.knob or args.check):
+        raise UserError("--knob and --check apply to one engine's run; leave out --engines")
     if args.engines:
         from .engines import parse_engines
         from . import fleet
@@ -292,8 +294,9 @@ def cmd_run(args) -> int:
             print(f"run: summary in {summary_md.relative_to(session.root)}")
         return 0 if doc["passed"] else 1
     from . import pipeline
+    from .sweep import parse_settings
     done = pipeline.run(session, args.target, args.profile, args.host, _engine(args), args.port, say=_say(),
-               show=_step_printer())
+                        show=_step_printer(), knobs=parse_settings(args.knob or []), only=args.check)
     for report, run_dir in done:
         failed = [c["name"] for c in report["checks"] if c["status"] == "failed"]
         print(f"run: {report['profile']}: {'passed' if report['passed'] else 'FAILED: ' + ', '.join(failed)}; report "
@@ -502,6 +505,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "takes it; `local` is this machine's): one report per engine and a summary table")
     p.add_argument("--port", type=int, metavar="N", help="publish on this port (default: serve.port; with "
                    "--engines, serve.port plus the engine's position)")
+    p.add_argument("--knob", action="append", metavar="NAME=VALUE", help="set a knob for every boot, over the "
+                   "profile's (repeatable; recorded in the report)")
+    p.add_argument("--check", action="append", metavar="NAME", help="run this check instead of the profile's own "
+                   "(repeatable; its parameters from images.yaml)")
     p = add("smoke", cmd_smoke, "run a profile's smoke checks against a running server (local or --url)")
     p.add_argument("profile", metavar="PROFILE")
     p.add_argument("--url", help="the server's base URL (default: the profile's container on --engine)")

@@ -45,6 +45,7 @@ class Deployment:
     reached_at: str | None = None  # the URL through which this machine reaches it, when not the plain one
     overrides: tuple[str, ...] = ()  # the target's Compose override files in compose/ (images.yaml: compose)
     matrix: Any = field(default=None, compare=False)  # the loaded images.yaml (the process engine renders from it)
+    pins: dict[str, str] = field(default_factory=dict, compare=False)  # the target's, less what --without leaves out
 
     @property
     def compose_dir(self) -> Path:
@@ -206,6 +207,13 @@ def published_port(container) -> int | None:
     return None
 
 
+def knobs_of(container) -> dict[str, str]:
+    """The knobs a server runs with: those set in its environment (the image's, Compose's and the shell's)."""
+    from .image.knobs import KNOBS
+    env = dict(e.split("=", 1) for e in (container.attrs.get("Config") or {}).get("Env") or [] if "=" in e)
+    return {k: v for k, v in sorted(env.items()) if k in KNOBS}
+
+
 def running_profiles(engine: Engine | None = None) -> list[str]:
     return sorted({c.labels.get("com.docker.compose.service")
                    for c in (engine or resolve(None)).containers(label=f"com.docker.compose.project={PROJECT}")})
@@ -217,7 +225,6 @@ def status(engine: Engine | None = None, bind: str = "127.0.0.1") -> list[dict]:
     import datetime as dt
 
     from .engines import address
-    from .image.knobs import KNOBS
     engine = engine or resolve(None)
     engine.check()
     rows = []
@@ -229,14 +236,13 @@ def status(engine: Engine | None = None, bind: str = "127.0.0.1") -> list[dict]:
                 tzinfo=dt.timezone.utc)).total_seconds() if state.get("Running") else None
         except ValueError:
             up_s = None
-        env = dict(e.split("=", 1) for e in (c.attrs.get("Config") or {}).get("Env") or [] if "=" in e)
         port = published_port(c)
         rows.append({"profile": c.labels.get("com.docker.compose.service"), "container": c.name,
                      "state": state.get("Status"), "health": (state.get("Health") or {}).get("Status"),
                      "up_s": round(up_s) if up_s is not None else None,
                      "image": (c.attrs.get("Config") or {}).get("Image"),
                      "url": address(engine, bind, port) if port else None,
-                     "knobs": {k: v for k, v in sorted(env.items()) if k in KNOBS}})
+                     "knobs": knobs_of(c)})
     return sorted(rows, key=lambda r: r["profile"] or "")
 
 

@@ -236,18 +236,20 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
               "shared": shared.pop("series") if shared else None}
     report["memory"] = {"gpus": memory["gpus"], "shared_usage": shared, "container": memory.get("container")}
     report["notes"] += memory["notes"]
-    report["knobs"] = knobs or {}
+    # what the server ran with (the shell's knobs included), else what this run asked for
+    report["knobs"] = deploy.knobs_of(b.container) if b and b.container else (knobs or {})
     report["checks"] = [r.to_json() for r in results]
     report["passed"] = all(r.status != "failed" for r in results)
     return report, series
 
 
 def run_profiles(matrix, dep: deploy.Deployment, profiles: list[str], key_file, write, say=print,
-                 release: ReleaseRecord | None = None, stop: threading.Event | None = None) -> list[tuple[dict, Path]]:
+                 release: ReleaseRecord | None = None, stop: threading.Event | None = None,
+                 knobs: dict | None = None, only: list[str] | None = None) -> list[tuple[dict, Path]]:
     """On dep's engine: the image put there if need be, then each profile booted, checked and written.
 
     `write(report, series)` stores one report and returns where; the list pairs each report with that.
-    `stop`, when set, ends the work at the next boot or profile with Stopped."""
+    `stop`, when set, ends the work at the next boot or profile with Stopped; `knobs` and `only` as run_profile."""
     arrived = transfer.ensure_image(dep.engine, dep.image, release, say=say)
     if arrived != "already there":
         say(f"image {arrived}")
@@ -258,7 +260,7 @@ def run_profiles(matrix, dep: deploy.Deployment, profiles: list[str], key_file, 
             if stop and stop.is_set():
                 raise Stopped("stopped")
             say(f"run: {profile}")
-            report, series = run_profile(matrix, dep, profile, key_file, say=say, stop=stop)
+            report, series = run_profile(matrix, dep, profile, key_file, say=say, stop=stop, knobs=knobs, only=only)
             report["image"]["arrived"] = arrived
             written.append((report, write(report, series)))
     return written
@@ -306,21 +308,26 @@ def profiles_of(session, target: str, wanted: list[str] | None) -> list[str]:
 
 
 def run(session, target: str | None = None, profiles: list[str] | None = None, host: str | None = "auto",
-        engine=None, port: int | None = None, say=print, show=None) -> list[tuple[dict, Path]]:
-    """image, up, smoke, down and a report for each profile on one engine: (report, its folder) per profile."""
+        engine=None, port: int | None = None, say=print, show=None, knobs: dict[str, str] | None = None,
+        only: list[str] | None = None) -> list[tuple[dict, Path]]:
+    """image, up, smoke, down and a report for each profile on one engine: (report, its folder) per profile.
+    `knobs` are set for every boot (and recorded); `only` runs those checks instead of each profile's own."""
     from .builder import ensure_built
     from .release import released
     from .report import write_report
     engine = engine or engines.resolve(None)
     target = session.target(target, engine)
     profiles = profiles_of(session, target, profiles)
+    for name in only or []:
+        if name not in session.matrix.checks:
+            raise UserError(f"--check {name}: expected one of {', '.join(session.matrix.checks)}")
     engine.check()
     session.require_gpu(target, engine, f"run: {', '.join(profiles)}")
     plan = ensure_built(session, target, show, say=lambda line: say(f"run: {line}"), engine=engine)
     dep = session.deployment(target, engine, host, port, tag=plan.tag)
     key_file = deploy.ensure_secrets(dep)
     deploy.write_env(dep)
-    return run_profiles(session.matrix, dep, profiles, key_file, say=say,
+    return run_profiles(session.matrix, dep, profiles, key_file, say=say, knobs=knobs, only=only,
                         release=released(session.root, session.matrix, target, plan.digest),
                         write=lambda report, series: write_report(session.root / "reports" / report["run_id"],
                                                                   report, series))

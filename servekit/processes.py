@@ -250,12 +250,12 @@ def _profiles(dep, state: Path) -> dict:
 
 
 def check_environment(engine: ProcessEngine, dep) -> None:
-    """Refuse an environment that is not the target's: a pinned package at another version, or a patch of the
-    series that is not applied to its vLLM (docs/install.md says how to make one that is)."""
+    """Refuse an environment that is not the target's: a pinned package at another version (pins left out with
+    --without excepted), or a patch of the series not applied to its vLLM (docs/install.md says how to make one)."""
     from .image.series import check_applied, site_vllm_dir
     from packaging.utils import canonicalize_name
     have = engine.versions()
-    pins = dep.matrix.target_pins(dep.target)
+    pins = dep.pins
     wrong = [f"{name} {have.get(canonicalize_name(name), 'missing')} (pinned {version})"
              for name, version in pins.items() if have.get(canonicalize_name(name)) != version]
     if wrong:

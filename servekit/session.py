@@ -90,11 +90,11 @@ class Session:
                    tag: str | None = None):
         from .deploy import Deployment
         from .processes import is_process_engine
-        image = engine.describe(self.matrix.target_pins(target)) if is_process_engine(engine) else \
-            tag or self.plan(target).tag
+        plan = self.plan(target)
+        image = engine.describe(plan.pins) if is_process_engine(engine) else tag or plan.tag
         return Deployment(self.root, target, self.host(host, engine), image, self.matrix.serve.bind,
                           port or self.matrix.serve.port, engine=engine,
-                          overrides=tuple(self.matrix.targets[target].compose), matrix=self.matrix)
+                          overrides=tuple(self.matrix.targets[target].compose), matrix=self.matrix, pins=plan.pins)
 
     def require_gpu(self, target: str, engine: Engine, what: str) -> None:
         """A GPU target on an engine that cannot give it a GPU ends here, in one line, before anything starts."""

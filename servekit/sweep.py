@@ -237,6 +237,16 @@ def parse_knobs(specs: list[str]) -> list[tuple[str, list[str]]]:
     return knobs
 
 
+def parse_settings(specs: list[str]) -> dict[str, str]:
+    """`--knob NAME=VALUE` each (one value: a setting, not a sweep), checked by the knob table."""
+    settings = {}
+    for name, values in parse_knobs(specs):
+        if len(values) != 1:
+            raise UserError(f"--knob {name}={','.join(values)}: one value here (`sweep` takes several)")
+        settings[name] = values[0]
+    return settings
+
+
 def sweep(session, profile: str, knob_specs: list[str], boots: int = 2, target: str | None = None,
           host: str | None = "auto", checks: list[str] | None = None, say=print, show=None,
           engine=None) -> tuple[Path, dict, str]:

@@ -50,11 +50,10 @@ def ensure_image(engine: Engine, tag: str, release: ReleaseRecord | None = None,
 
     `release` is this build's record in releases/v<vllm>.json, when it was released: the engine then
     pulls it from the registry by digest (falling back to a stream if the registry is out of its reach)."""
-    import docker
-
     from .processes import is_process_engine
     if is_process_engine(engine):
         return "not needed: a process engine serves from its environment"
+    import docker
     this_machine = local_engine()
     local = this_machine.image(tag)
     if local is None:

@@ -9,7 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 from . import Context, check, ensure
 
-METRIC = re.compile(r"^(vllm:prefix_cache_(?:queries|hits)_total)\{[^}]*\} ([0-9.e+]+)$", re.M)
+# The prefix cache's counters, and a CPU KV tier's bytes moved (vLLM's offloading connector): store is GPU to
+# CPU, load is CPU to GPU.
+METRIC = re.compile(r"^(vllm:(?:prefix_cache_(?:queries|hits)|kv_offload_(?:store|load)_bytes)_total)(?:\{[^}]*\})? "
+                    r"([0-9.e+]+)$", re.M)
 
 
 def _conversation(seed: int, words: int) -> list[dict]:
@@ -39,11 +42,14 @@ def long_conversations(ctx: Context, conversations: int = 2, tokens: int = 60000
         details = r["usage"].get("prompt_tokens_details") or {}
         cached, prompt = details.get("cached_tokens") or 0, r["usage"]["prompt_tokens"]
         per.append({"prompt_tokens": prompt, "cached_tokens": cached, "share": round(cached / prompt, 4)})
-    queries = after.get("vllm:prefix_cache_queries_total", 0) - before.get("vllm:prefix_cache_queries_total", 0)
-    hits = after.get("vllm:prefix_cache_hits_total", 0) - before.get("vllm:prefix_cache_hits_total", 0)
+    moved = {name: after.get(name, 0) - before.get(name, 0) for name in after}
+    queries, hits = moved.get("vllm:prefix_cache_queries_total", 0), moved.get("vllm:prefix_cache_hits_total", 0)
     figures = {"turn2": per, "turn2_min_cached_share": min(p["share"] for p in per),
                "counter_queries": queries, "counter_hits": hits,
                "counter_hit_share": round(hits / queries, 4) if queries else None}
+    if "vllm:kv_offload_store_bytes_total" in after:  # a CPU KV tier is there
+        figures.update(offload_gpu_to_cpu_bytes=moved["vllm:kv_offload_store_bytes_total"],
+                       offload_cpu_to_gpu_bytes=moved.get("vllm:kv_offload_load_bytes_total", 0))
     low = [p for p in per if p["share"] < min_cached_share]
     ensure(not low, f"turn-2 cached share {', '.join(str(p['share']) for p in per)} below {min_cached_share}",
            **figures)

@@ -115,3 +115,24 @@ def test_smoke_command_against_the_running_server(server):
                           "--api-key-file", server["api_key_file"], "--json", timeout=600)
     by_name = {c["name"]: c for c in json.loads(remote.stdout)["checks"]}
     assert by_name["logs"]["status"] == "skipped"  # a remote server's log cannot be read
+
+
+def test_the_kv_tier_counters_are_read_from_vllms_exposition():
+    """vLLM's offloading connector counts bytes per direction (store: GPU to CPU, load: CPU to GPU); labelled or not,
+    series of one name add up, and the _created samples and histograms beside them are not counted."""
+    from smoke.cache import METRIC
+    exposition = "\n".join([
+        "# HELP vllm:kv_offload_store_bytes_total Number of bytes stored to the offload medium",
+        "# TYPE vllm:kv_offload_store_bytes_total counter",
+        'vllm:kv_offload_store_bytes_total{engine="0",model_name="m"} 1.048576e+06',
+        'vllm:kv_offload_store_bytes_created{engine="0",model_name="m"} 1.76e+09',
+        "vllm:kv_offload_load_bytes_total 524288.0",
+        'vllm:kv_offload_load_size_bucket{le="+Inf"} 4.0',
+        'vllm:prefix_cache_queries_total{engine="0"} 100.0',
+        'vllm:prefix_cache_queries_total{engine="1"} 20.0',
+        'vllm:prefix_cache_hits_total{engine="0"} 90.0', ""])
+    totals: dict[str, float] = {}
+    for name, value in METRIC.findall(exposition):
+        totals[name] = totals.get(name, 0.0) + float(value)
+    assert totals == {"vllm:kv_offload_store_bytes_total": 1048576.0, "vllm:kv_offload_load_bytes_total": 524288.0,
+                      "vllm:prefix_cache_queries_total": 120.0, "vllm:prefix_cache_hits_total": 90.0}

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The cuda target's acceptance on a GPU machine that has neither Docker nor a network (the lent H200): the
+# pinned stack installed beside what the machine has, patched as the image is, a generated model of the
+# served family, and every boot through the process engine (--engine venv:PATH). docs/gpu/README.md says
+# what was run with it and what it showed.
+#
+# From the repository root, on the GPU machine:
+#   bench/gpu/acceptance.sh install PARTS_DIR   # parts from `python bench/gpu/wheels.py PARTS_DIR` (here)
+#   bench/gpu/acceptance.sh run ARGS...         # python build.py run ARGS on it (reports under reports/)
+#   bench/gpu/acceptance.sh sweep ARGS...       # python build.py sweep ARGS on it
+set -euo pipefail
+
+ENV=${SERVEKIT_GPU_ENV:-$HOME/vllm-cuda}
+MODEL=${SERVEKIT_GPU_MODEL:-$HOME/models/qwen35-hybrid-mtp}
+export SERVEKIT_WITHOUT=flashinfer-cubin  # served only by FlashInfer's own index; its JIT builds what it needs
+say() { echo "acceptance: $*" >&2; }
+
+case "${1:-}" in
+install)
+    parts=$(cd "$2" && pwd)
+    say "checking $(ls "$parts" | grep -c '^part-') parts"
+    (cd "$parts" && sha256sum --check --quiet <(grep -v ' wheels/' SHA256SUMS))
+    rm -rf "$parts/wheels" && (cd "$parts" && cat part-* | tar -x && sha256sum --check --quiet \
+        <(grep ' wheels/' SHA256SUMS))
+    say "$(ls "$parts/wheels" | wc -l) wheels verified"
+    python3 -m venv --without-pip "$ENV"
+    site=$("$ENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    # The machine's own packages (its CUDA libraries, matplotlib) after the environment's, which win.
+    python3 -c 'import site; print("\n".join(site.getsitepackages()))' > "$site/zz-machine.pth"
+    python3 -m pip install --quiet --no-index --no-deps --no-compile --target "$site" "$parts"/wheels/*.whl
+    "$ENV/bin/python" - <<'EOF'
+import importlib.metadata as m, torch
+print("acceptance:", {d: m.version(d) for d in ("vllm", "torch", "triton", "flashinfer-python", "transformers")},
+      torch.cuda.get_device_name(0))
+EOF
+    command -v patch >/dev/null || { mkdir -p "$HOME/bin" && cp "$parts/patch" "$HOME/bin/" && say "patch from the parts"; }
+    PATH=$HOME/bin:$PATH "$ENV/bin/python" build.py patch-env --python "$ENV/bin/python" --target cuda
+    "$ENV/bin/python" bench/gpu/make_hybrid_model.py "$MODEL"
+    ;;
+run|sweep)
+    command=$1
+    shift
+    MODEL_DIR=$MODEL PATH=$HOME/bin:$PATH exec "$ENV/bin/python" build.py "$command" "$@" --engine "venv:$ENV" \
+        --target cuda --host native
+    ;;
+*)
+    sed -n '2,10p' "$0" >&2
+    exit 2
+    ;;
+esac

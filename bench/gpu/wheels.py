@@ -1,0 +1,101 @@
+"""The wheels a GPU machine without network needs for the cuda target, packed in parts small enough to carry.
+
+Resolves the cuda target's pins (images.yaml) for Python 3.12 on manylinux x86_64 with pip's resolver, leaves
+out what the lent GPU machine already has at a version torch accepts (its CUDA libraries but NCCL, OpenCV) and
+what no boot imports (the video codec, a second Triton, CUTLASS's DSL, TileLang), adds the host tool's own
+few, downloads each wheel once into a cache, and writes PARTS_DIR/part-NN (a tar split in parts of
+--part-mib) with SHA256SUMS over the parts and the wheels.
+
+    python bench/gpu/wheels.py OUT_DIR [--part-mib 56]
+
+On the GPU machine: cat part-* | tar -x; sha256sum -c; pip install --no-index --no-deps *.whl into a venv
+made with --system-site-packages (bench/gpu/acceptance.sh does all of it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import hashlib
+import json
+import subprocess
+import sys
+import tarfile
+import tempfile
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+# What the lent machine has (torch 2.11's CUDA 13 wheels, OpenCV, numba) or no boot of ours imports.
+LEAVE_OUT = ("nvidia-cublas", "nvidia-cufft", "nvidia-cusolver", "nvidia-cusparse", "nvidia-cusparselt-cu13",
+             "nvidia-cuda-nvrtc", "nvidia-nvvm", "nvidia-nvshmem-cu13", "nvidia-curand", "nvidia-cuda-nvcc",
+             "nvidia-nvjitlink", "nvidia-cuda-cupti", "nvidia-cuda-runtime", "nvidia-cufile", "nvidia-nvtx",
+             "nvidia-cuda-cccl", "nvidia-cuda-crt", "nvidia-cuda-nvdisasm", "nvidia-cudnn-cu13", "cuda-toolkit",
+             "opencv-python-headless", "pynvvideocodec", "tokenspeed-triton", "nvidia-cutlass-dsl-libs-cu12",
+             "nvidia-cutlass-dsl-libs-cu13", "llvmlite", "numba", "tilelang", "z3-solver", "torchcodec")
+HOST_TOOL = ("tenacity", "docker", "python-on-whales")  # the rest of requirements.lock is in vLLM's set or there
+# pip matches a platform tag exactly: every glibc a manylinux wheel may name, up to Ubuntu 24.04's 2.39.
+PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in range(5, 40)] + ["manylinux2014_x86_64", "linux_x86_64"]
+
+
+def resolve(requirements: list[str]) -> list[dict]:
+    """pip's resolution for the GPU machine's Python and platform: name, version, URL and hash per wheel."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--dry-run", "--ignore-installed",
+                        "--report", str(report), "--target", tmp, "--python-version", "3.12", "--implementation",
+                        "cp", "--only-binary=:all:", *(f"--platform={p}" for p in PLATFORMS), *requirements],
+                       check=True)
+        return [{"name": i["metadata"]["name"], "version": i["metadata"]["version"],
+                 "url": i["download_info"]["url"], "sha256": i["download_info"]["archive_info"]["hashes"]["sha256"]}
+                for i in json.loads(report.read_text())["install"]]
+
+
+def fetch(wheel: dict, cache: Path) -> Path:
+    path = cache / wheel["url"].rsplit("/", 1)[1]
+    if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != wheel["sha256"]:
+        urllib.request.urlretrieve(wheel["url"], path)
+        if hashlib.sha256(path.read_bytes()).hexdigest() != wheel["sha256"]:
+            raise SystemExit(f"{path.name}: sha256 differs from the index's")
+    return path
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--part-mib", type=int, default=56)
+    parser.add_argument("--cache", type=Path, default=ROOT / ".cache" / "gpu-wheels")
+    args = parser.parse_args()
+    from servekit.session import Session
+    session = Session.open(ROOT / "images.yaml", without=["flashinfer-cubin"])  # FlashInfer's index: not here
+    pins = session.plan("cuda").pins
+    lock = dict(line.split("==", 1) for line in (ROOT / "requirements.lock").read_text().split() if "==" in line)
+    wanted = [f"{n}=={v}" for n, v in pins.items()] + [f"{n}=={lock[n]}" for n in HOST_TOOL]
+    wheels = [w for w in resolve(wanted) if w["name"].lower().replace("_", "-") not in LEAVE_OUT]
+    args.cache.mkdir(parents=True, exist_ok=True)
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        paths = list(pool.map(lambda w: fetch(w, args.cache), wheels))
+    total = sum(p.stat().st_size for p in paths)
+    print(f"{len(paths)} wheels, {total / 1e6:.0f} MB", file=sys.stderr)
+    args.out.mkdir(parents=True, exist_ok=True)
+    bundle = args.out / "wheels.tar"
+    with tarfile.open(bundle, "w") as tar:
+        for path in paths:
+            tar.add(path, arcname=f"wheels/{path.name}")
+    sums = [f"{w['sha256']}  wheels/{p.name}" for w, p in zip(wheels, paths)]
+    size = args.part_mib << 20
+    with open(bundle, "rb") as whole:
+        for n, chunk in enumerate(iter(lambda: whole.read(size), b"")):
+            part = args.out / f"part-{n:02d}"
+            part.write_bytes(chunk)
+            sums.append(f"{hashlib.sha256(chunk).hexdigest()}  {part.name}")
+    bundle.unlink()
+    (args.out / "SHA256SUMS").write_text("\n".join(sums) + "\n")
+    print(f"{args.out}: {n + 1} parts of at most {args.part_mib} MiB", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
