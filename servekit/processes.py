@@ -34,8 +34,10 @@ IMAGE_CODE = Path(__file__).resolve().parent / "image"  # the launcher and its s
 STOP_GRACE_S = 30.0  # SIGTERM, then this long for vLLM to shut down, then SIGKILL
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # What a distribution's version is read with, inside the environment (importlib.metadata: no import of vLLM).
-VERSIONS = ("import importlib.metadata as m, json; "
-            "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))")
+# The first of a name wins, as import does: an environment can shadow what a folder later on its path holds.
+VERSIONS = ("import importlib.metadata as m, json; v = {}\n"
+            "for d in m.distributions(): v.setdefault(d.metadata['Name'], d.version)\n"
+            "print(json.dumps(v))")
 
 
 def _start_ticks(pid: int) -> int | None:
@@ -277,7 +279,8 @@ def _environment(dep, profiles_file: Path, knobs: dict[str, str]) -> dict[str, s
 
 
 def up(dep, profile: str, knobs: dict[str, str] | None = None) -> ProcessServer:
-    """Prepare the model, then start the profile's server in its own process group; its record written."""
+    """Prepare the model (and the drafter the profile serves with, no other), then start the profile's server in its
+    own process group; its record written."""
     from .watch import BootFailed
     engine: ProcessEngine = dep.engine
     engine.check()
@@ -293,7 +296,7 @@ def up(dep, profile: str, knobs: dict[str, str] | None = None) -> ProcessServer:
     log_path = state / f"{profile}.log"
     launcher = [str(engine.python), str(IMAGE_CODE / "launcher.py")]
     with open(log_path, "wb") as log:
-        prepared = subprocess.run([*launcher, "prepare"], env=env, stdin=subprocess.DEVNULL, stdout=log,
+        prepared = subprocess.run([*launcher, "prepare", profile], env=env, stdin=subprocess.DEVNULL, stdout=log,
                                   stderr=subprocess.STDOUT, cwd=state, timeout=24 * 3600)
     if prepared.returncode != 0:
         lines = log_path.read_text(errors="replace").splitlines()

@@ -80,6 +80,12 @@ class Context:
         resp.raise_for_status()
         return resp.json()
 
+    def answer(self, messages: list[dict], **kw) -> str:
+        """The first choice's text: its content, else what the reasoning parser took (content is null when an
+        answer never closed its thinking), else ""."""
+        message = self.chat(messages, **kw)["choices"][0]["message"]
+        return message.get("content") or message.get("reasoning_content") or message.get("reasoning") or ""
+
 
 class CheckFailure(Exception):
     """Raised inside a check: the check failed for the reason given."""
@@ -145,6 +151,8 @@ def _verdict(name: str, func: Callable, ctx: Context, params: dict) -> Result:
         return Result(name, "skipped", str(exc))
     except requests.RequestException as exc:
         return Result(name, "failed", f"request failed: {type(exc).__name__}: {str(exc)[:200]}")
+    except Exception as exc:  # a bug in the check, or an answer of a shape it did not expect: said, never hidden
+        return Result(name, "failed", f"the check itself broke: {type(exc).__name__}: {str(exc)[:200]}")
 
 
 def run_check(name: str, ctx: Context, params: dict, deadline_s: float | None = None) -> Result:

@@ -36,8 +36,7 @@ def models(ctx: Context, expect: str = "") -> dict:
 
 @check("greedy")
 def greedy(ctx: Context, max_tokens: int = 32) -> dict:
-    answers = [ctx.chat(HELLO, temperature=0, max_tokens=max_tokens)["choices"][0]["message"]["content"]
-               for _ in range(2)]
+    answers = [ctx.answer(HELLO, temperature=0, max_tokens=max_tokens) for _ in range(2)]
     ensure(answers[0] == answers[1], f"temperature 0 gave two answers: {answers[0]!r} / {answers[1]!r}")
     return {"answer": answers[0]}
 
@@ -48,8 +47,8 @@ def sampled(ctx: Context, tries: int = 4, max_tokens: int = 24) -> dict:
     # samples every one of the tokens, so a model sure of a short answer cannot end before sampling shows.
     prompt = [{"role": "user", "content": "Continue with random words: river, cobalt,"}]
     hot = {"temperature": 1.5, "max_tokens": max_tokens, "ignore_eos": True}
-    unseeded = {ctx.chat(prompt, **hot)["choices"][0]["message"]["content"] for _ in range(tries)}
-    seeded = {ctx.chat(prompt, seed=1234, **hot)["choices"][0]["message"]["content"] for _ in range(2)}
+    unseeded = {ctx.answer(prompt, **hot) for _ in range(tries)}
+    seeded = {ctx.answer(prompt, seed=1234, **hot) for _ in range(2)}
     ensure(len(unseeded) > 1, f"{tries} unseeded sampled answers were all identical")
     ensure(len(seeded) == 1, "two answers with the same seed differ")
     return {"distinct_unseeded": len(unseeded), "tries": tries}
@@ -84,14 +83,14 @@ def api(ctx: Context, long_prompt_words: int = 1200) -> dict:
     r = ctx.chat(HELLO, max_tokens=8, n=2)
     part("n=2", len(r["choices"]) == 2, f"{len(r['choices'])} choices")
     r = ctx.chat(HELLO, max_tokens=32, temperature=0, stop=["demo"])
-    text = r["choices"][0]["message"]["content"]
+    text = r["choices"][0]["message"].get("content") or ""
     part("stop", "demo" not in text and r["choices"][0]["finish_reason"] == "stop", repr(text))
     # A schema whose every valid document ends by itself: unconstrained, no model here would answer with it.
     schema = {"enum": ["red", "green", "blue"]}
     r = ctx.chat([{"role": "user", "content": "Pick a colour as JSON."}], max_tokens=48, temperature=0,
                  response_format={"type": "json_schema", "json_schema": {"name": "colour", "schema": schema}})
     try:
-        parsed = json.loads(r["choices"][0]["message"]["content"])
+        parsed = json.loads(r["choices"][0]["message"].get("content") or "")
         part("json_schema", parsed in schema["enum"], repr(parsed))
     except ValueError as exc:
         part("json_schema", False, f"not JSON: {exc}")

@@ -7,6 +7,8 @@ import hashlib
 import re
 from concurrent.futures import ThreadPoolExecutor
 
+import requests
+
 from . import Context, check, ensure
 
 # The prefix cache's counters, and a CPU KV tier's bytes moved (vLLM's offloading connector): store is GPU to
@@ -21,6 +23,21 @@ def _conversation(seed: int, words: int) -> list[dict]:
     return [{"role": "user", "content": f"Document {seed}:\n{text}\nSummarise it."}]
 
 
+def _words_for(ctx: Context, tokens: int, max_tokens: int, sample_words: int = 300) -> int:
+    """Words a conversation needs for a prompt of about `tokens` tokens, its second turn still inside the server's
+    max_model_len: measured with the server's /tokenize (vLLM's answers the count and the limit), else about three
+    tokens a word (what the served model's vocabulary gives)."""
+    try:
+        resp = ctx.post("/tokenize", {"model": ctx.model, "messages": _conversation(0, sample_words)})
+        resp.raise_for_status()
+        body = resp.json()
+        per_word, limit = body["count"] / sample_words, body.get("max_model_len")
+    except (requests.RequestException, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return max(16, tokens // 3)
+    budget = min(tokens, limit - 2 * max_tokens - 128) if limit else tokens
+    return max(16, int(budget / per_word))
+
+
 @check("long_conversations", bounds={"conversations": (1, 4), "min_cached_share": (0.01, 1.0)})
 def long_conversations(ctx: Context, conversations: int = 2, tokens: int = 60000, min_cached_share: float = 0.9,
                        max_tokens: int = 16) -> dict:
@@ -28,12 +45,12 @@ def long_conversations(ctx: Context, conversations: int = 2, tokens: int = 60000
     find at least `min_cached_share` of its prompt in the prefix cache. The source measured, per profile, what the
     pool holds: one ~60K conversation reuses 97-99% at CTX=fast and 94.5% at CTX=huge, where two at once reuse
     nothing by design; alternative.sh reuses 93.5% for two at once."""
-    words = max(16, tokens // 3)  # about three tokens a word with this vocabulary
+    words = _words_for(ctx, tokens, max_tokens)
     convs = [_conversation(seed, words) for seed in range(1, conversations + 1)]
     before = ctx.metric_totals(METRIC)
     with ThreadPoolExecutor(conversations) as pool:  # all in flight at once, as that many users would be
         turn1 = list(pool.map(lambda m: ctx.chat(m, temperature=0, max_tokens=max_tokens), convs))
-        turn2_msgs = [m + [{"role": "assistant", "content": r["choices"][0]["message"]["content"]},
+        turn2_msgs = [m + [{"role": "assistant", "content": r["choices"][0]["message"].get("content") or ""},
                            {"role": "user", "content": "And in one word?"}] for m, r in zip(convs, turn1)]
         turn2 = list(pool.map(lambda m: ctx.chat(m, temperature=0, max_tokens=max_tokens), turn2_msgs))
     after = ctx.metric_totals(METRIC)
@@ -62,7 +79,7 @@ def prefix_cache(ctx: Context, repeats: int = 128, words: int = 400, max_tokens:
     prompt = _conversation(99, words)
     hashes = []
     for _ in range(repeats):
-        text = ctx.chat(prompt, temperature=0, max_tokens=max_tokens)["choices"][0]["message"]["content"]
+        text = ctx.answer(prompt, temperature=0, max_tokens=max_tokens)
         hashes.append(hashlib.sha256(text.encode()).hexdigest()[:16])
     distinct = sorted(set(hashes))
     broken = sum(1 for h in hashes if h != hashes[0])

@@ -6,7 +6,7 @@ import ast
 import re
 import shlex
 
-from . import Context, Skip, check, ensure
+from . import CheckFailure, Context, Skip, check, ensure
 
 TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
 OOM = re.compile(r"out of memory|OutOfMemoryError|No available memory for the cache blocks", re.I)
@@ -61,6 +61,9 @@ def _same(wanted, got) -> bool:
             str(wanted).replace(" ", "")
 
 
+ENUM_REPR = re.compile(r"<[\w.]+: ('[^']*'|-?\d+)>")
+
+
 @check("knobs")
 def knobs(ctx: Context) -> dict:
     """Every flag the launcher passed must appear, with its value, among the engine's logged arguments."""
@@ -70,7 +73,11 @@ def knobs(ctx: Context) -> dict:
     if not launch or not engine:
         raise Skip("the launcher's or the engine's argument line is not in the log")
     wanted = _flag_values(shlex.split(launch[1]))
-    got = ast.literal_eval(engine[1])
+    try:  # an enum is logged as its repr (<DynamicShapesType.BACKED: 'backed'>): read it as its value
+        got = ast.literal_eval(ENUM_REPR.sub(r"\1", engine[1]))
+    except (ValueError, SyntaxError) as exc:
+        raise CheckFailure(f"the engine's argument line cannot be read ({type(exc).__name__}): "
+                           f"{engine[1][:160]}") from None
     aliases = {"model": "model_tag", "enable_prefix_caching": "enable_prefix_caching"}
     missing, seen = {}, {}
     for name, value in wanted.items():

@@ -134,3 +134,12 @@ def test_a_profile_that_says_auth_none_serves_without_a_key_and_says_so(tmp_path
                           text=True)
     assert done.returncode == 0 and "VLLM_API_KEY" not in done.stdout
     assert "serves WITHOUT an API key" in done.stderr
+
+
+def test_a_cpu_kv_tier_boots_with_expandable_segments_off():
+    """vLLM 0.31 refuses its OffloadingConnector beside expandable segments (seen on the H200: mtp-long with
+    KV_OFFLOAD_GB=12 failed its boot with that ValidationError); the launcher turns them off for a tier alone."""
+    _, plain = build_command(CUDA, "mtp-long", "native", {})
+    argv, tiered = build_command(CUDA, "mtp-long", "native", {"KV_OFFLOAD_GB": "12"})
+    assert plain["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert tiered["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:False" and _flag(argv, "--kv-offloading-size") == "12"

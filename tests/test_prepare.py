@@ -196,3 +196,28 @@ def test_a_model_you_already_have_is_used_where_it_is_and_checked_whole(tmp_path
     prepared = subprocess.run([sys.executable, str(LAUNCHER), "prepare"], env=env, capture_output=True, text=True,
                               timeout=60)
     assert prepared.returncode == 1 and "not a whole model" in prepared.stderr and shard.name in prepared.stderr
+
+
+def test_prepare_for_a_profile_fetches_only_what_it_serves(tmp_path, hub):
+    """The process engine prepares per profile: mtp needs no drafter (nothing fetched for it, so a machine without
+    network serves it from MODEL_DIR); alternative's drafter is fetched."""
+    from servekit.matrix import load_matrix
+    from servekit.profiles import render_profiles
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for name, body in Hub.repos["org/model"].items():
+        (mine / name).write_bytes(body)
+    rendered = render_profiles(load_matrix(ROOT / "images.yaml"), "cuda")
+    drafter = rendered["model"]["drafters"]["dflash"]
+    drafter.update(repo="org/drafter", revision=COMMIT, path=str(tmp_path / "m-dflash"))
+    profiles = tmp_path / "profiles.json"
+    profiles.write_text(json.dumps(rendered))
+    env = {"SERVEKIT_PROFILES": str(profiles), "MODEL_DIR": str(mine), "PATH": os.environ["PATH"]}
+    offline = subprocess.run([sys.executable, str(LAUNCHER), "prepare", "mtp"], capture_output=True, text=True,
+                             env={**env, "HF_ENDPOINT": "http://127.0.0.1:9"}, timeout=60)
+    assert offline.returncode == 0, offline.stderr
+    assert not (tmp_path / "m-dflash").exists()
+    for_alternative = subprocess.run([sys.executable, str(LAUNCHER), "prepare", "alternative"], capture_output=True,
+                                     text=True, env={**env, "HF_ENDPOINT": hub}, timeout=60)
+    assert for_alternative.returncode == 0, for_alternative.stderr
+    assert (tmp_path / "m-dflash" / ".servekit-complete").is_file()

@@ -40,6 +40,7 @@ EOF
 run|sweep)
     command=$1
     shift
+    # No DFlash2 drafter exists for the generated model: the dflash2 profiles are not part of this acceptance.
     MODEL_DIR=$MODEL PATH=$HOME/bin:$PATH exec "$ENV/bin/python" build.py "$command" "$@" --engine "venv:$ENV" \
         --target cuda --host native
     ;;

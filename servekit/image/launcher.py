@@ -72,6 +72,11 @@ def build_command(profiles: dict, profile: str, host: str, environ: dict[str, st
     env = {**recipe_env, **profiles.get("env", {}), **profiles["hosts"][host]["env"]}
     args = ["--model", model["path"], "--served-model-name", model["served_name"], "--host",
             k.get("BIND", "0.0.0.0"), "--port", k.get("PORT", "8000"), *flags]
+    if "KV_OFFLOAD_GB" in k and "expandable_segments:True" in env.get("PYTORCH_CUDA_ALLOC_CONF", ""):
+        # vLLM 0.31 refuses its CPU KV tier beside expandable segments (the allocator may remap the KV cache's
+        # addresses under the copy engine): a tier boots with them off.
+        env["PYTORCH_CUDA_ALLOC_CONF"] = env["PYTORCH_CUDA_ALLOC_CONF"].replace("expandable_segments:True",
+                                                                                "expandable_segments:False")
     extra = (["--kv-offloading-size", k["KV_OFFLOAD_GB"]] if "KV_OFFLOAD_GB" in k else []) + \
         shlex.split(k.get("EXTRA_ARGS", ""))
     if warn:
@@ -109,13 +114,23 @@ def read_key(key_file: str | None) -> tuple[str | None, str]:
     return key, ""
 
 
+def _prepared(step, error: type[Exception]) -> int:
+    try:
+        step()
+    except error as exc:
+        print(f"prepare: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str]) -> int:
     command = argv[1] if len(argv) > 1 else "serve"
     if command == "flags":
         print("\n".join(FLAGS))
         return 0
     if command not in ("serve", "prepare"):
-        print(f"launcher: unknown command {command!r}; expected serve [PROFILE], prepare or flags", file=sys.stderr)
+        print(f"launcher: unknown command {command!r}; expected serve [PROFILE], prepare [PROFILE] or flags",
+              file=sys.stderr)
         return 2
     profiles = json.loads(PROFILES_FILE.read_text())
     try:
@@ -123,13 +138,9 @@ def main(argv: list[str]) -> int:
     except ImportError:  # run as a script inside the image, beside prepare.py
         from prepare import PrepareError, is_complete, parts, prepare, provided  # type: ignore[no-redef]
     profiles["model"] = provided(profiles["model"], dict(os.environ))
-    if command == "prepare":
-        try:
-            prepare(profiles["model"], say=lambda line: print(line, file=sys.stderr, flush=True))
-        except PrepareError as exc:
-            print(f"prepare: error: {exc}", file=sys.stderr)
-            return 1
-        return 0
+    say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    if command == "prepare" and len(argv) < 3:  # Compose's prepare service: the model and every drafter
+        return _prepared(lambda: prepare(profiles["model"], say=say), PrepareError)
     profile = argv[2] if len(argv) > 2 else os.environ.get("PROFILE", "default")
     try:
         args, env = build_command(profiles, profile, os.environ.get("HOST", "native"), dict(os.environ),
@@ -137,6 +148,10 @@ def main(argv: list[str]) -> int:
     except KnobError as exc:
         print(f"launcher: refusing to start: {exc}", file=sys.stderr)
         return 2
+    speculative = json.loads(args[args.index("--speculative-config") + 1]) if "--speculative-config" in args else {}
+    needed = [profiles["model"]] + [p for p in parts(profiles["model"])[1:] if speculative.get("model") == p["path"]]
+    if command == "prepare":  # `prepare PROFILE`: what that profile serves (the process engine), no more
+        return _prepared(lambda: prepare(profiles["model"], say=say, needed=needed), PrepareError)
     key, problem = read_key(os.environ.get("API_KEY_FILE"))
     if key:  # the key travels in the environment, never on the command line or in a log
         env["VLLM_API_KEY"] = key
@@ -147,8 +162,6 @@ def main(argv: list[str]) -> int:
               "and set API_KEY_FILE to it (compose/ does), or give the profile auth: none in images.yaml",
               file=sys.stderr)
         return 2
-    speculative = json.loads(args[args.index("--speculative-config") + 1]) if "--speculative-config" in args else {}
-    needed = [profiles["model"]] + [p for p in parts(profiles["model"])[1:] if speculative.get("model") == p["path"]]
     missing = [p for p in needed if not is_complete(p)]
     if missing and os.environ.get("PRINT_ARGV") != "1":
         what = "the model" if missing[0] is profiles["model"] else "the drafter this profile needs"

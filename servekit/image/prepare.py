@@ -96,11 +96,12 @@ def _locked(folder: Path, wait_s: float = LOCK_WAIT_S):
         yield
 
 
-def prepare(model: dict, say=print) -> Path:
-    """Each part complete in its folder; raises PrepareError (one line) when one cannot be."""
+def prepare(model: dict, say=print, needed: list[dict] | None = None) -> Path:
+    """Each part (those `needed`, else the model and every drafter) complete in its folder; raises PrepareError
+    (one line) when one cannot be."""
     dest = Path(model["path"])
     with _locked(dest.parent):
-        for part in parts(model):
+        for part in needed if needed is not None else parts(model):
             _prepare_one(part, say)
     return dest
 
