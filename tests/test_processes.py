@@ -108,3 +108,20 @@ def test_logs_follow_a_process_to_its_end(tmp_path):
     server.reload()
     assert server.attrs["State"] == {**server.attrs["State"], "Status": "exited", "ExitCode": 0}
     assert server.logs(tail=2) == b"3\n4\n"
+
+
+def test_the_gpu_page_quotes_its_reports():
+    """docs/gpu/README.md's table: each linked report reads as a run report, and the time to healthy and KV pool the
+    page gives are the report's own."""
+    import re
+
+    from servekit.records import RunReport, load
+    gpu = Path(__file__).resolve().parent.parent / "docs" / "gpu"
+    rows = re.findall(r"^\| \[[^\]]+\]\((\S+)/report\.md\)[^|]*\| ([\d.]+) s[^|]*\| ([\d,]+) tokens \|",
+                      (gpu / "README.md").read_text(), re.M)
+    assert len(rows) >= 4
+    for folder, healthy, pool in rows:
+        report = load(gpu / folder / "report.json", RunReport)
+        assert (gpu / folder / "memory.png").is_file()
+        assert round(report.boot.time_to_healthy_s or 0, 1) == float(healthy), folder
+        assert report.boot.kv_pool_tokens == int(pool.replace(",", "")), folder

@@ -34,7 +34,7 @@ LEAVE_OUT = ("nvidia-cublas", "nvidia-cufft", "nvidia-cusolver", "nvidia-cuspars
              "nvidia-nvjitlink", "nvidia-cuda-cupti", "nvidia-cuda-runtime", "nvidia-cufile", "nvidia-nvtx",
              "nvidia-cuda-cccl", "nvidia-cuda-crt", "nvidia-cuda-nvdisasm", "nvidia-cudnn-cu13", "cuda-toolkit",
              "opencv-python-headless", "pynvvideocodec", "tokenspeed-triton", "nvidia-cutlass-dsl-libs-cu12",
-             "nvidia-cutlass-dsl-libs-cu13", "llvmlite", "numba", "tilelang", "z3-solver", "torchcodec")
+             "llvmlite", "numba", "tilelang", "z3-solver", "torchcodec")  # the cu13 CUTLASS DSL stays: GDN prefill
 HOST_TOOL = ("tenacity", "docker", "python-on-whales")  # the rest of requirements.lock is in vLLM's set or there
 # pip matches a platform tag exactly: every glibc a manylinux wheel may name, up to Ubuntu 24.04's 2.39.
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in range(5, 40)] + ["manylinux2014_x86_64", "linux_x86_64"]
