@@ -11,25 +11,19 @@ from __future__ import annotations
 import datetime as dt
 import os
 import subprocess
+import sys
 from pathlib import Path
 
-import requests
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from .errors import CheckFailed, EnvironmentProblem, UserError
 from .matrix import Matrix
 from .plan import TargetPlan
+from . import registry
+from .registry import TransientRegistryError
 from .records import ProfileGate, ReleaseManifest, ReleaseRecord, RunReport, load, save
 from .report import load_report
-
-MANIFEST_ACCEPT = ", ".join(["application/vnd.docker.distribution.manifest.v2+json",
-                             "application/vnd.oci.image.manifest.v1+json"])
-
-
-class TransientRegistryError(Exception):
-    """The registry did not answer, or answered 5xx: worth another try."""
-
 
 def release_tags(matrix: Matrix, plan: TargetPlan) -> list[str]:
     base = f"v{matrix.vllm}-{plan.target}"
@@ -70,79 +64,37 @@ def gate(matrix: Matrix, target: str, image_id: str, root: Path) -> dict[str, Pr
     return found
 
 
-def _registry_base(repository: str) -> tuple[str, str]:
-    """(http base of the registry, repository path inside it)."""
-    host, _, path = repository.partition("/")
-    scheme = "http" if host.split(":")[0] in ("127.0.0.1", "localhost") else "https"
-    return f"{scheme}://{host}", path
-
-
-def _get(url: str, **kw) -> requests.Response:
-    try:
-        resp = requests.get(url, timeout=30, **kw)
-    except requests.RequestException as exc:
-        raise TransientRegistryError(f"{url}: {type(exc).__name__}") from None
-    if resp.status_code >= 500:
-        raise TransientRegistryError(f"{url}: HTTP {resp.status_code}")
-    return resp
-
-
-def check_registry(repository: str) -> None:
-    base, _ = _registry_base(repository)
-    try:
-        resp = requests.get(f"{base}/v2/", timeout=10)
-    except requests.RequestException:
-        raise EnvironmentProblem(f"the registry at {base} does not answer; start it (docs/release.md) or pass "
-                                 "--registry") from None
-    if resp.status_code not in (200, 401):
-        raise EnvironmentProblem(f"{base}/v2/ answered HTTP {resp.status_code}: not a Docker registry")
-
-
-def remote_digest(repository: str, tag: str) -> str | None:
-    base, path = _registry_base(repository)
-    resp = _get(f"{base}/v2/{path}/manifests/{tag}", headers={"Accept": MANIFEST_ACCEPT})
-    return resp.headers.get("Docker-Content-Digest") if resp.status_code == 200 else None
-
-
-def remote_vllm_version(repository: str, tag: str) -> Version | None:
-    """The vLLM version an existing tag carries (from its image config's labels), if the tag exists."""
-    base, path = _registry_base(repository)
-    manifest = _get(f"{base}/v2/{path}/manifests/{tag}", headers={"Accept": MANIFEST_ACCEPT})
-    if manifest.status_code != 200:
-        return None
-    config = _get(f"{base}/v2/{path}/blobs/{manifest.json()['config']['digest']}").json()
-    label = ((config.get("config") or {}).get("Labels") or {}).get("org.opencontainers.image.version", "")
-    try:
-        return Version(label.split("-")[0])
-    except InvalidVersion:
-        return None
-
-
 def _attempts() -> int:
     return int(os.environ.get("SERVEKIT_PUSH_ATTEMPTS", "5"))
 
 
 def push(client, image, repository: str, tag: str, say) -> str:
-    """Tag and push one tag, retried with backoff on transient errors; the registry's digest read back."""
+    """Tag and push one tag, retried with backoff on transient errors (never on refused credentials); the
+    registry's digest read back through the engine."""
     image.tag(repository, tag)
 
     @retry(retry=retry_if_exception_type(TransientRegistryError), stop=stop_after_attempt(_attempts()),
            wait=wait_exponential(multiplier=1, max=20), reraise=True,
            before_sleep=lambda state: say(f"  push {tag}: {state.outcome and state.outcome.exception()}; retrying"))
     def attempt() -> str:
-        pushed = None
-        try:
-            for event in client.images.push(repository, tag=tag, stream=True, decode=True):
-                if "error" in event:
-                    raise TransientRegistryError(event["error"])
-                pushed = (event.get("aux") or {}).get("Digest") or pushed
-        except requests.RequestException as exc:
-            raise TransientRegistryError(f"the engine lost the push: {type(exc).__name__}") from None
-        confirmed = remote_digest(repository, tag)
+        shown = registry.PushProgress(tag, lambda text, live: _show(say, text, live), sys.stderr.isatty())
+        pushed = registry.push(client, repository, tag, progress=shown)
+        _show(say, shown.line(), False)
+        confirmed = registry.digest(client, repository, tag)
         if not pushed or confirmed != pushed:
             raise TransientRegistryError(f"pushed {pushed}, the registry serves {confirmed}")
         return pushed
     return attempt()
+
+
+def _show(say, text: str, live: bool) -> None:
+    """A progress line: rewritten in place on a terminal while live, else said as a line of its own."""
+    if live and sys.stderr.isatty():
+        print(f"\r  {text}\033[K", end="", file=sys.stderr, flush=True)
+    else:
+        if sys.stderr.isatty():
+            print("\r\033[K", end="", file=sys.stderr)
+        say(f"  {text}")
 
 
 def git_tag(root: Path, name: str, message: str) -> None:
@@ -195,14 +147,14 @@ def summary_text(matrix: Matrix, releases: list[ReleaseRecord]) -> str:
     return "\n".join(lines)
 
 
-def release_targets(matrix: Matrix, root: Path, engine, registry: str, plans: dict[str, TargetPlan],
+def release_targets(matrix: Matrix, root: Path, engine, registry_path: str, plans: dict[str, TargetPlan],
                     explicit: bool, dry_run: bool, say) -> list[ReleaseRecord]:
     """Gate, check the moving tags, push and read back, per target; the records for the manifest.
 
     Everything that can refuse is checked for a target before any of its tags is pushed."""
     releases = []
     client = engine.sdk(timeout=600)
-    check_registry(f"{registry}/{matrix.image.name}")
+    registry.check_access(client, f"{registry_path}/{matrix.image.name}")
     for target, plan in plans.items():
         image = engine.image(plan.tag)
         if image is None:
@@ -212,10 +164,10 @@ def release_targets(matrix: Matrix, root: Path, engine, registry: str, plans: di
             say(f"release: {target}: no image {plan.tag} here; skipped")
             continue
         smoke = gate(matrix, target, image.id, root)
-        repository = f"{registry}/{matrix.image.name}"
+        repository = f"{registry_path}/{matrix.image.name}"
         tags = release_tags(matrix, plan)
         for moving in tags[1:]:
-            current = remote_vllm_version(repository, moving)
+            current = registry.vllm_version(client, repository, moving)
             if current and current > Version(matrix.vllm):
                 raise CheckFailed(f"{target}: {repository}:{moving} carries vLLM {current}; moving it to "
                                   f"{matrix.vllm} would go backwards (docs/release.md says how to roll back)")

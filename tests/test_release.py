@@ -145,3 +145,96 @@ def test_a_moving_tag_is_never_moved_backwards(checked_image, registry, tmp_path
     assert done.returncode == 1 and "carries vLLM 0.99.0" in done.stderr and "backwards" in done.stderr
     listed = requests.get(f"http://127.0.0.1:{port}/v2/newer/vllm-serve/tags/list", timeout=10).json()["tags"]
     assert listed == ["latest-cpu"]
+
+
+# --- a registry that needs a login (htpasswd), credentials from the engine's client config (DOCKER_CONFIG) ------
+
+USER, PASSWORD = "releaser", "a-password-for-the-test-registry"
+
+
+@pytest.fixture(scope="module")
+def locked_registry(tmp_path_factory):
+    from servekit.localregistry import htpasswd_line
+    folder = tmp_path_factory.mktemp("locked")
+    (folder / "htpasswd").write_text(htpasswd_line(USER, PASSWORD) + "\n")
+    port = _free_port()
+    proc = start_registry(folder / "storage", port, folder / "registry.log", htpasswd=folder / "htpasswd")
+    manifest = WORK / "releases" / "v0.31.0.json"
+    kept = manifest.read_bytes() if manifest.exists() else None  # the open registry's release stays the checkout's
+    yield {"port": port, "folder": folder}
+    proc.kill()
+    if kept is not None:
+        manifest.write_bytes(kept)
+    names = subprocess.run(["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True,
+                           text=True).stdout.split()
+    mine = [n for n in names if n.startswith(f"127.0.0.1:{port}/")]
+    if mine:
+        subprocess.run(["docker", "rmi", *mine], capture_output=True)
+
+
+def _client_config(tmp_path: Path, port: int, password: str | None) -> dict:
+    """A client config of our own (DOCKER_CONFIG), logged in with `docker login` when a password is given."""
+    config = tmp_path / f"docker-config-{password is not None}"
+    config.mkdir(exist_ok=True)
+    env = {**os.environ, "DOCKER_CONFIG": str(config)}
+    if password == PASSWORD:
+        done = subprocess.run(["docker", "login", f"127.0.0.1:{port}", "-u", USER, "--password-stdin"],
+                              input=password, capture_output=True, text=True, env=env, timeout=60)
+        assert done.returncode == 0, done.stderr
+    elif password is not None:  # what a stale or mistyped login leaves in the file
+        import base64
+        auth = base64.b64encode(f"{USER}:{password}".encode()).decode()
+        (config / "config.json").write_text(json.dumps({"auths": {f"127.0.0.1:{port}": {"auth": auth}}}))
+    return {"DOCKER_CONFIG": str(config)}
+
+
+def _locked_tags(port: int, namespace: str) -> list[str]:
+    resp = requests.get(f"http://127.0.0.1:{port}/v2/{namespace}/vllm-serve/tags/list", timeout=10,
+                        auth=(USER, PASSWORD))
+    return sorted(resp.json().get("tags") or []) if resp.status_code == 200 else []
+
+
+@pytest.mark.parametrize("password", [None, "not-the-password"])
+def test_no_login_or_a_wrong_one_is_refused_in_one_line_and_nothing_is_pushed(checked_image, locked_registry,
+                                                                             tmp_path, password):
+    port = locked_registry["port"]
+    done = _release("--registry", f"127.0.0.1:{port}/locked", "--target", "cpu",
+                    env=_client_config(tmp_path, port, password))
+    assert done.returncode == 1, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert f"registry 127.0.0.1:{port} refused" in last and f"docker login 127.0.0.1:{port}" in last, last
+    assert "Traceback" not in done.stderr
+    assert _locked_tags(port, "locked") == []
+
+
+def test_a_release_behind_a_login_pushes_reads_back_and_pulls_by_digest(checked_image, locked_registry, tmp_path):
+    port = locked_registry["port"]
+    env = _client_config(tmp_path, port, PASSWORD)
+    done = _release("--registry", f"127.0.0.1:{port}/locked", "--target", "cpu", env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    tags = [f"v0.31.0-cpu-{checked_image['digest'][:12]}", "v0.31.0-cpu", "latest-cpu"]
+    assert _locked_tags(port, "locked") == sorted(tags)
+    record = json.loads((WORK / "releases" / "v0.31.0.json").read_text())["targets"]["cpu"]
+    for tag in tags:  # every tag serves the digest the manifest names
+        served = requests.head(f"http://127.0.0.1:{port}/v2/locked/vllm-serve/manifests/{tag}", timeout=10,
+                               auth=(USER, PASSWORD), headers={
+                                   "Accept": "application/vnd.docker.distribution.manifest.v2+json"})
+        assert served.headers["Docker-Content-Digest"] == record["registry_digest"], tag
+    pulled = subprocess.run(["docker", "pull", f"127.0.0.1:{port}/locked/vllm-serve@{record['registry_digest']}"],
+                            capture_output=True, text=True, timeout=600, env={**os.environ, **env})
+    assert pulled.returncode == 0, pulled.stderr
+
+
+def test_behind_a_login_a_moving_tag_is_never_moved_backwards(checked_image, locked_registry, tmp_path):
+    port = locked_registry["port"]
+    env = {**os.environ, **_client_config(tmp_path, port, PASSWORD)}
+    repo = f"127.0.0.1:{port}/newer/vllm-serve"
+    tar = tmp_path / "empty.tar"
+    subprocess.run(["tar", "-cf", str(tar), "-T", "/dev/null"], check=True)
+    subprocess.run(["docker", "import", "--change", "LABEL org.opencontainers.image.version=0.99.0-cpu", str(tar),
+                    f"{repo}:latest-cpu"], check=True, capture_output=True)
+    subprocess.run(["docker", "push", f"{repo}:latest-cpu"], check=True, capture_output=True, timeout=300, env=env)
+    subprocess.run(["docker", "rmi", f"{repo}:latest-cpu"], check=True, capture_output=True)  # read from the registry
+    done = _release("--registry", f"127.0.0.1:{port}/newer", "--target", "cpu", env=env)
+    assert done.returncode == 1 and "carries vLLM 0.99.0" in done.stderr and "backwards" in done.stderr, done.stderr
+    assert _locked_tags(port, "newer") == ["latest-cpu"]
