@@ -332,8 +332,15 @@ def cmd_compare(args) -> int:
 
 
 def cmd_release(args) -> int:
-    from .release import release, summary_text
+    from .release import release, summary_text, verify_release
     session = _session(args)
+    if args.verify:
+        problems = verify_release(session, say=_say())
+        for problem in problems:
+            print(f"problem: {problem}")
+        print("release: the registry serves every digest the release names" if not problems else
+              f"release: {len(problems)} problem(s)")
+        return 1 if problems else 0
     manifest, releases = release(session, args.registry, args.target, args.dry_run, args.git_tag, say=_say())
     if manifest is None:
         print("release: dry run; nothing pushed")
@@ -525,6 +532,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_target(p, many=True, help="only this target (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="check and report; push nothing")
     p.add_argument("--git-tag", action="store_true", help="also create an annotated git tag v<vllm> with the summary")
+    p.add_argument("--verify", action="store_true", help="push nothing: read releases/v<vllm>.json back and check "
+                   "that the registry still serves each tag's digest")
     p = add("render", cmd_render, "render deployment manifests for one profile (Kubernetes), validated offline "
             "against the Kubernetes schemas", json_out=False)
     p.add_argument("kind", choices=["k8s"], help="what to render")

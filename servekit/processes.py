@@ -281,7 +281,7 @@ def _environment(dep, profiles_file: Path, knobs: dict[str, str]) -> dict[str, s
 def up(dep, profile: str, knobs: dict[str, str] | None = None) -> ProcessServer:
     """Prepare the model (and the drafter the profile serves with, no other), then start the profile's server in its
     own process group; its record written."""
-    from .watch import BootFailed
+    from .watch import BootFailed, classify
     engine: ProcessEngine = dep.engine
     engine.check()
     check_environment(engine, dep)
@@ -298,10 +298,12 @@ def up(dep, profile: str, knobs: dict[str, str] | None = None) -> ProcessServer:
     with open(log_path, "wb") as log:
         prepared = subprocess.run([*launcher, "prepare", profile], env=env, stdin=subprocess.DEVNULL, stdout=log,
                                   stderr=subprocess.STDOUT, cwd=state, timeout=24 * 3600)
-    if prepared.returncode != 0:
+    if prepared.returncode != 0:  # said as the watcher says a boot's failure (a refused knob: "launcher refused")
         lines = log_path.read_text(errors="replace").splitlines()
         log_path.unlink()
-        raise BootFailed(f"prepare failed (exit {prepared.returncode})", (lines or [""])[-1], lines[-12:])
+        found = next(filter(None, map(classify, lines)), None)
+        reason, line = found or (f"prepare failed (exit {prepared.returncode})", (lines or [""])[-1])
+        raise BootFailed(reason, line, lines[-12:])
     with open(log_path, "ab") as log:
         popen = subprocess.Popen([*launcher, "serve", profile], env={**env, "HF_HUB_OFFLINE": "1"},
                                  stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=state,

@@ -138,6 +138,8 @@ class ReleaseRecord(Record):
     series: list[str] = []
     components: dict[str, str] = {}
     smoke: dict[str, ProfileGate]
+    # profile -> what it serves: {"model": "repo@revision", "drafter": "repo@revision"} (revision "main" = unpinned)
+    models: dict[str, dict[str, str]] = {}
 
 
 class ReleaseManifest(Document):

@@ -9,6 +9,7 @@ succeeded, so a re-run after a failure completes it without duplicating anything
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import subprocess
 import sys
@@ -136,6 +137,52 @@ def write_manifest(root: Path, matrix: Matrix, releases: list[ReleaseRecord]) ->
     return save(path, doc.model_copy(update={"targets": targets, "updated": updated}))  # later trusted by `up`, k8s
 
 
+def served_models(matrix: Matrix, root: Path, target: str) -> dict[str, dict[str, str]]:
+    """Per profile of the target, the model and the drafter (when its launch uses one) it serves: repo@revision, or
+    for a generated model the hash of its files (what prepare marks); worked out by the launcher's own recipe."""
+    from .image.launcher import build_command
+    from .image.prepare import identity
+    from .profiles import render_profiles
+    rendered = render_profiles(matrix, target)
+    model = rendered["model"]
+    spec = matrix.models[matrix.targets[target].model]
+    name = (lambda part: f"{part['repo']}@{part.get('revision') or 'main'}" if part.get("repo")  # noqa: E731
+            else f"generated {spec.dir} " + identity({"source": "generated", "baked": root / str(spec.dir)}))
+    out = {}
+    for profile in rendered["profiles"]:
+        try:
+            argv, _ = build_command(rendered, profile, "native", {})
+        except Exception:  # a profile whose knobs the launcher refuses serves nothing; verify reports it
+            continue
+        served = {"model": name(model)}
+        spec = json.loads(argv[argv.index("--speculative-config") + 1]) if "--speculative-config" in argv else {}
+        served.update({"drafter": name(d) for d in model["drafters"].values() if spec.get("model") == d["path"]})
+        out[profile] = served
+    return out
+
+
+def verify_release(session, say=print) -> list[str]:
+    """`release --verify`: read releases/v<vllm>.json back and ask the registry, through the engine, whether every
+    tag still serves the digest it names; the problems (none: the registry serves what was released)."""
+    from .engines import local
+    path = manifest_path(session.root, session.matrix)
+    if not path.exists():
+        raise UserError(f"{path.relative_to(session.root)}: no release of vLLM {session.matrix.vllm} to verify")
+    manifest = load(path, ReleaseManifest)
+    engine = local()
+    engine.check()
+    client = engine.sdk(timeout=120)
+    problems = []
+    for target, record in manifest.targets.items():
+        for tag in record.tags:
+            served = registry.digest(client, record.repository, tag)
+            if served != record.registry_digest:
+                problems.append(f"{target}: {record.repository}:{tag} serves {served or 'nothing'}, the release "
+                                f"names {record.registry_digest}")
+        say(f"release: {target}: {len(record.tags)} tags checked against {record.repository}")
+    return problems
+
+
 def summary_text(matrix: Matrix, releases: list[ReleaseRecord]) -> str:
     lines = [f"vLLM {matrix.vllm} release"]
     for r in releases:
@@ -184,7 +231,8 @@ def release_targets(matrix: Matrix, root: Path, engine, registry_path: str, plan
         releases.append(ReleaseRecord(target=target, repository=repository, tags=tags,
                                       registry_digest=next(iter(digests.values())), image_id=image.id,
                                       content_digest=plan.digest, pins=plan.pins, series=plan.build_info["series"],
-                                      components=plan.components, smoke=smoke))
+                                      components=plan.components, smoke=smoke,
+                                      models=served_models(matrix, root, target)))
         say(f"release: {target}: pushed {len(tags)} tags, {repository}@{releases[-1].registry_digest}")
     return releases
 

@@ -13,7 +13,7 @@ def test_names_resolve_as_docker_resolves_them():
     assert host_of("127.0.0.1:5000/serve/vllm-serve") == "127.0.0.1:5000"
 
 
-EVENTS = [
+EVENTS: list[dict] = [
     {"status": "The push refers to repository [127.0.0.1:5000/serve/vllm-serve]"},
     {"status": "Preparing", "progressDetail": {}, "id": "a1"},
     {"status": "Preparing", "progressDetail": {}, "id": "b2"},

@@ -223,6 +223,18 @@ def test_a_release_behind_a_login_pushes_reads_back_and_pulls_by_digest(checked_
     pulled = subprocess.run(["docker", "pull", f"127.0.0.1:{port}/locked/vllm-serve@{record['registry_digest']}"],
                             capture_output=True, text=True, timeout=600, env={**os.environ, **env})
     assert pulled.returncode == 0, pulled.stderr
+    assert record["models"]["default"]["model"].startswith("generated docker/demo-model sha256:")
+    verified = _release("--verify", env=env)
+    assert verified.returncode == 0 and "serves every digest the release names" in verified.stdout, verified.stderr
+    # a moving tag pointed elsewhere behind the release's back: --verify names it
+    repo = f"127.0.0.1:{port}/locked/vllm-serve"
+    tar = tmp_path / "other.tar"
+    subprocess.run(["tar", "-cf", str(tar), "-T", "/dev/null"], check=True)
+    subprocess.run(["docker", "import", str(tar), f"{repo}:latest-cpu"], check=True, capture_output=True)
+    subprocess.run(["docker", "push", f"{repo}:latest-cpu"], check=True, capture_output=True, timeout=300,
+                   env={**os.environ, **env})
+    moved = _release("--verify", env=env)
+    assert moved.returncode == 1 and f"cpu: {repo}:latest-cpu serves sha256:" in moved.stdout, moved.stdout
 
 
 def test_behind_a_login_a_moving_tag_is_never_moved_backwards(checked_image, locked_registry, tmp_path):
