@@ -158,11 +158,12 @@ def locked_registry(tmp_path_factory):
     folder = tmp_path_factory.mktemp("locked")
     (folder / "htpasswd").write_text(htpasswd_line(USER, PASSWORD) + "\n")
     port = _free_port()
-    proc = start_registry(folder / "storage", port, folder / "registry.log", htpasswd=folder / "htpasswd")
+    state = {"port": port, "folder": folder,
+             "proc": start_registry(folder / "storage", port, folder / "registry.log", htpasswd=folder / "htpasswd")}
     manifest = WORK / "releases" / "v0.31.0.json"
     kept = manifest.read_bytes() if manifest.exists() else None  # the open registry's release stays the checkout's
-    yield {"port": port, "folder": folder}
-    proc.kill()
+    yield state
+    state["proc"].kill()
     if kept is not None:
         manifest.write_bytes(kept)
     names = subprocess.run(["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True,
@@ -250,3 +251,30 @@ def test_behind_a_login_a_moving_tag_is_never_moved_backwards(checked_image, loc
     done = _release("--registry", f"127.0.0.1:{port}/newer", "--target", "cpu", env=env)
     assert done.returncode == 1 and "carries vLLM 0.99.0" in done.stderr and "backwards" in done.stderr, done.stderr
     assert _locked_tags(port, "newer") == ["latest-cpu"]
+
+
+def test_behind_a_login_a_registry_restarted_mid_push_loses_nothing(checked_image, locked_registry, tmp_path):
+    """Killed as the first layers arrive and started again at once: the push is retried with the same login and
+    the release completes in the same run; every tag serves the manifest's digest."""
+    port, folder = locked_registry["port"], locked_registry["folder"]
+    env = _client_config(tmp_path, port, PASSWORD)
+    proc = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "release", "--registry",
+                             f"127.0.0.1:{port}/restarted", "--target", "cpu"], cwd=WORK, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
+    uploads = folder / "storage" / "docker" / "registry" / "v2" / "repositories" / "restarted"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not uploads.exists():  # the push has begun
+        time.sleep(0.1)
+    assert uploads.exists(), "the push never reached the registry"
+    locked_registry["proc"].kill()
+    locked_registry["proc"].wait()
+    locked_registry["proc"] = start_registry(folder / "storage", port, folder / "registry.log",
+                                             htpasswd=folder / "htpasswd")
+    _, err = proc.communicate(timeout=900)
+    assert proc.returncode == 0, err[-2000:]
+    tags = [f"v0.31.0-cpu-{checked_image['digest'][:12]}", "v0.31.0-cpu", "latest-cpu"]
+    assert _locked_tags(port, "restarted") == sorted(tags)
+    record = json.loads((WORK / "releases" / "v0.31.0.json").read_text())["targets"]["cpu"]
+    assert record["repository"] == f"127.0.0.1:{port}/restarted/vllm-serve"
+    verified = _release("--verify", env=env)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
