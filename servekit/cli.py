@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -200,11 +201,13 @@ def cmd_up(args) -> int:
     from rich.console import Console
 
     from .pipeline import up_profile
+    from .sweep import parse_settings
     from .watch import BootFailed
+    knobs = parse_settings(args.knob or [])
     try:
         with Console(stderr=True).status(f"waiting for {args.profile} to become healthy") as status:
             r = up_profile(_session(args), args.profile, args.target, args.host, _engine(args), args.port,
-                           args.timeout, say=_say(), status=status.update)
+                           args.timeout, say=_say(), status=status.update, knobs=knobs)
     except BootFailed as exc:
         print(f"up: {args.profile} failed: {exc}", file=sys.stderr)
         for line in exc.last_lines[-12:]:
@@ -222,7 +225,26 @@ def cmd_up(args) -> int:
     if r["shared_usage"]:
         print(f"  Shared Usage baseline {r['shared_usage']['baseline_bytes'] / 1e6:.0f} MB, spill "
               f"{r['shared_usage']['spill_bytes'] / 1e6:.0f} MB")
+    if r["url"].startswith("http"):
+        print(usage_snippets(r["url"], r["api_key_file"], r["served_name"]))
     return 0
+
+
+def usage_snippets(url: str, key_file: str, model: str) -> str:
+    """A curl line and an OpenAI client program for the server, each reading the key from its file."""
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 64})
+    return "\n".join([
+        "try it (the key is read from its file):",
+        f"curl -s {url}/v1/chat/completions -H \"Authorization: Bearer $(cat {shlex.quote(key_file)})\" "
+        f"-H 'Content-Type: application/json' -d '{body}'",
+        "python3 - <<'EOF'",
+        "from pathlib import Path",
+        "from openai import OpenAI",
+        f"client = OpenAI(base_url=\"{url}/v1\", api_key=Path({key_file!r}).read_text().strip())",
+        f"reply = client.chat.completions.create(model={model!r}, messages=[{{\"role\": \"user\", \"content\": "
+        "\"Hello\"}], max_tokens=64)",
+        "print(reply.choices[0].message.content)",
+        "EOF"])
 
 
 def cmd_down(args) -> int:
@@ -312,7 +334,8 @@ def cmd_smoke(args) -> int:
     url, results = smoke_running(_session(args), args.profile, args.target, _engine(args) if args.engine else None,
                                  args.url, Path(args.api_key_file) if args.api_key_file else None,
                                  say=None if args.json else
-                                 lambda r: print(f"{r.status:7} {r.name} ({r.seconds} s) {r.reason}"))
+                                 lambda r: print(f"{r.status:7} {r.name} ({r.seconds} s) {r.reason}"),
+                                 only=args.check)
     if args.json:
         _emit_json({"url": url, "checks": [r.to_json() for r in results]})
     return 0 if all(r.status != "failed" for r in results) else 1
@@ -481,6 +504,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_target(p)
     add_host(p)
     p.add_argument("--timeout", type=float, metavar="S", help="seconds to wait (default: serve.boot_timeout_s)")
+    p.add_argument("--knob", action="append", metavar="NAME=VALUE", help="set a knob over the profile's "
+                   "(repeatable; `ps` shows what it runs with)")
     add_engine(p)
     p.add_argument("--port", type=int, metavar="N", help="publish on this port (default: serve.port)")
     p = add("down", cmd_down, "stop and remove a profile's containers (all profiles when none is named); "
@@ -521,6 +546,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--url", help="the server's base URL (default: the profile's container on --engine)")
     add_engine(p)
     p.add_argument("--api-key-file", metavar="F", help="file holding the API key (default: compose/secrets/api_key)")
+    p.add_argument("--check", action="append", metavar="NAME", help="run this check instead of the profile's own "
+                   "(repeatable)")
     add_target(p, help="which target's sizes and model name to expect")
     p = add("compare", cmd_compare, "one table with two reports side by side, marking differences")
     p.add_argument("report_a", metavar="REPORT_A", help="a report.json or its folder")

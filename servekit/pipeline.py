@@ -154,6 +154,16 @@ def boot(dep: deploy.Deployment, profile: str, timeout_s: float, say=None, knobs
         raise
 
 
+def checks_to_run(matrix, profile: str, target: str, only: list[str] | None = None) -> dict[str, dict]:
+    """The profile's checks with their parameters, or only those named (each with the profile's parameters where it
+    has the check, else the check's own)."""
+    checks = matrix.profile_checks(profile, target)
+    for name in only or []:
+        if name not in matrix.checks:
+            raise UserError(f"--check {name}: expected one of {', '.join(matrix.checks)}")
+    return {name: {**matrix.checks[name].params, **checks.get(name, {})} for name in only} if only else checks
+
+
 def smoke(ctx, checks: dict[str, dict], say=None, deadline_s: float | None = None) -> list:
     """Run each check in order within the run's deadline; a check that raises something unexpected fails, and the
     rest still run."""
@@ -194,9 +204,7 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
     `knobs` apply to this boot only; `only` limits the checks to those named."""
     import datetime as dt
     from smoke import Context, Result
-    checks = matrix.profile_checks(profile, dep.target)
-    if only:
-        checks = {name: {**matrix.checks[name].params, **checks.get(name, {})} for name in only}
+    checks = checks_to_run(matrix, profile, dep.target, only)
     created = dt.datetime.now(dt.timezone.utc)
     report = {"kind": "run", "run_id": f"{created:%Y%m%d-%H%M%S}-{profile}-{dep.target}",
               "created": created.isoformat(timespec="seconds"), "profile": profile, "target": dep.target,
@@ -269,9 +277,10 @@ def run_profiles(matrix, dep: deploy.Deployment, profiles: list[str], key_file, 
 # --- the commands that compose these: up, run, smoke ---------------------------------------------
 
 def up_profile(session, profile: str, target: str | None = None, host: str | None = "auto", engine=None,
-               port: int | None = None, timeout_s: float | None = None, say=print, status=None) -> dict:
-    """Start `profile` and watch it to healthy; what it became (URL, key file, timings, memory). Raises
-    BootFailed when it did not come up (it is taken down)."""
+               port: int | None = None, timeout_s: float | None = None, say=print, status=None,
+               knobs: dict[str, str] | None = None) -> dict:
+    """Start `profile` (with `knobs` over its own) and watch it to healthy; what it became (URL, key file, served
+    name, the knobs it runs with, timings, memory). Raises BootFailed when it did not come up (it is taken down)."""
     engine = engine or engines.resolve(None)
     engine.check()
     target = session.profile_target(profile, target, engine)
@@ -285,12 +294,14 @@ def up_profile(session, profile: str, target: str | None = None, host: str | Non
     say(f"up: {profile} on {target} ({dep.host}){where}, {dep.image}")
     with engines.reach(engine, dep.bind, dep.port) as url:
         booted = boot(replace(dep, reached_at=url), profile, timeout_s or session.matrix.serve.boot_timeout_s,
-                      say=status)
+                      say=status, knobs=knobs)
     booted.stop_samplers()  # `up` ends at healthy; `run` keeps them going through the traffic
     record, memory = booted.record, booted.memory()
     shared = memory["shared_usage"]
     return {"profile": profile, "target": target, "host": dep.host, "engine": engine.given, "image": dep.image,
             "url": engines.address(engine, dep.bind, dep.port), "api_key_file": str(key_file),
+            "served_name": session.matrix.models[session.matrix.targets[target].model].served_name,
+            "knobs": deploy.knobs_of(booted.container),
             "container": booted.container.name, "time_to_healthy_s": record.time_to_healthy_s,
             "kv_pool_tokens": record.kv_pool_tokens, "detection_lag_s": record.detection_lag_s,
             "phases": memory["phases"], "gpu": memory["gpus"][0] if memory["gpus"] else None,
@@ -318,9 +329,7 @@ def run(session, target: str | None = None, profiles: list[str] | None = None, h
     engine = engine or engines.resolve(None)
     target = session.target(target, engine)
     profiles = profiles_of(session, target, profiles)
-    for name in only or []:
-        if name not in session.matrix.checks:
-            raise UserError(f"--check {name}: expected one of {', '.join(session.matrix.checks)}")
+    checks_to_run(session.matrix, profiles[0], target, only)  # a misspelt --check ends here, before any boot
     engine.check()
     session.require_gpu(target, engine, f"run: {', '.join(profiles)}")
     plan = ensure_built(session, target, show, say=lambda line: say(f"run: {line}"), engine=engine)
@@ -334,8 +343,9 @@ def run(session, target: str | None = None, profiles: list[str] | None = None, h
 
 
 def smoke_running(session, profile: str, target: str | None = None, engine=None, url: str | None = None,
-                  api_key_file: Path | None = None, say=None) -> tuple[str, list]:
-    """The profile's checks against a server already running: its container on `engine`, or `url`."""
+                  api_key_file: Path | None = None, say=None, only: list[str] | None = None) -> tuple[str, list]:
+    """The profile's checks (or `only` those) against a server already running: its container on `engine`, or
+    `url`."""
     from contextlib import nullcontext
 
     from smoke import Context
@@ -348,6 +358,7 @@ def smoke_running(session, profile: str, target: str | None = None, engine=None,
     target = session.target(target, engine)
     if profile not in matrix.profiles:
         raise UserError(f"profile {profile!r}: expected one of {', '.join(matrix.profiles)}")
+    checks = checks_to_run(matrix, profile, target, only)
     dep = session.deployment(target, engine, "native")
     key_path = api_key_file or dep.api_key_file
     if not key_path.is_file():
@@ -367,4 +378,4 @@ def smoke_running(session, profile: str, target: str | None = None, engine=None,
         ctx = Context(base_url.rstrip("/"), key_path.read_text().strip(),
                       matrix.models[matrix.targets[target].model].served_name, gpu=matrix.targets[target].gpu,
                       logs=logs, healthy_line=healthy_line)
-        return ctx.url, smoke(ctx, matrix.profile_checks(profile, target), say=say)
+        return ctx.url, smoke(ctx, checks, say=say)

@@ -98,13 +98,20 @@ def test_the_cpu_section_serves_the_demo_through_the_process_engine(doc_home):
             assert done.returncode == 0, f"docs/install.md:{number}: {command}\n{done.stdout[-3000:]}" \
                                          f"{done.stderr[-3000:]}"
             outputs[command.split("#")[0].strip()] = done.stdout + done.stderr
+            if " up " in command:  # the curl line `up` prints works as printed, the key read from its file
+                curl = next(line for line in done.stdout.splitlines() if line.startswith("curl -s http"))
+                answered = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, timeout=120)
+                assert json.loads(answered.stdout)["choices"][0]["message"], answered.stdout[-500:]
         [report_dir] = [p for p in set(reports.iterdir()) - before if not p.is_symlink()]
         report = json.loads((report_dir / "report.json").read_text())
         assert report["passed"] and report["engine"] == "venv:~/vllm-cpu", report
         assert report["image"]["tag"].startswith(str(environment)) and report["boot"]["kv_pool_tokens"] > 0
         assert report["memory"]["container"]["peak_bytes"] > 100e6  # the process group's memory was sampled
         ps = next(text for command, text in outputs.items() if " ps " in f"{command} ")
-        assert re.search(r"default\s.*running", ps), ps
+        assert re.search(r"default\s.*running", ps) and "MAX_SEQS=4" in ps, ps  # up's --knob reached it
+        smoke = next(text for command, text in outputs.items() if " smoke " in command)
+        assert [line.split()[:2] for line in smoke.splitlines() if line.split()[:1] in (["passed"], ["failed"])] == \
+            [["passed", "health"], ["passed", "greedy"]], smoke
         # down stopped the group and removed its record and log; no process of the environment is left
         state = environment / "var" / "servekit" / os.environ["SERVEKIT_PROJECT"]
         assert not list(state.glob("*.json")) and not list(state.glob("*.log"))
