@@ -34,10 +34,10 @@ IMAGE_CODE = Path(__file__).resolve().parent / "image"  # the launcher and its s
 STOP_GRACE_S = 30.0  # SIGTERM, then this long for vLLM to shut down, then SIGKILL
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # What a distribution's version is read with, inside the environment (importlib.metadata: no import of vLLM).
-# The first of a name wins, as import does: an environment can shadow what a folder later on its path holds.
-VERSIONS = ("import importlib.metadata as m, json; v = {}\n"
-            "for d in m.distributions(): v.setdefault(d.metadata['Name'], d.version)\n"
-            "print(json.dumps(v))")
+# Every distribution in path order; the first of a name wins, as import does (an environment can shadow what a
+# folder later on its path holds).
+VERSIONS = ("import importlib.metadata as m, json; "
+            "print(json.dumps([[d.metadata['Name'], d.version] for d in m.distributions()]))")
 
 
 def _start_ticks(pid: int) -> int | None:
@@ -128,7 +128,10 @@ class ProcessEngine(Engine):
         if done.returncode != 0:
             raise EnvironmentProblem(f"engine {self.given}: its Python failed: "
                                      f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}")
-        return {canonicalize_name(name): version for name, version in json.loads(done.stdout).items()}
+        found: dict[str, str] = {}
+        for name, version in json.loads(done.stdout):
+            found.setdefault(canonicalize_name(name), version)
+        return found
 
     def describe(self, pins: dict[str, str]) -> str:
         """What stands for the image tag in reports and `ps`: the environment and the vLLM pinned in it."""

@@ -125,3 +125,19 @@ def test_the_gpu_page_quotes_its_reports():
         assert (gpu / folder / "memory.png").is_file()
         assert round(report.boot.time_to_healthy_s or 0, 1) == float(healthy), folder
         assert report.boot.kv_pool_tokens == int(pool.replace(",", "")), folder
+
+
+def test_the_environments_own_version_wins_over_a_later_folders_however_spelt(tmp_path):
+    """As on the H200: the environment's packages first, the machine's after them (a .pth); the same distribution
+    in both, its name spelt two ways, reads as the environment's."""
+    venv.create(tmp_path / "env", with_pip=False)
+    engine = process_engine(f"venv:{tmp_path / 'env'}")
+    site = Path(subprocess.run([str(engine.python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    machine = tmp_path / "machine"
+    for folder, name, version in ((site, "huggingface_hub", "1.32.0"), (machine, "huggingface-hub", "1.33.0")):
+        info = folder / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (site / "zz-machine.pth").write_text(f"{machine}\n")
+    assert engine.versions()["huggingface-hub"] == "1.32.0"
