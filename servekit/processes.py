@@ -32,7 +32,6 @@ from .errors import EnvironmentProblem, UserError
 SCHEME = "venv"
 IMAGE_CODE = Path(__file__).resolve().parent / "image"  # the launcher and its siblings, as the image has them
 STOP_GRACE_S = 30.0  # SIGTERM, then this long for vLLM to shut down, then SIGKILL
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # What a distribution's version is read with, inside the environment (importlib.metadata: no import of vLLM).
 # Every distribution in path order; the first of a name wins, as import does (an environment can shadow what a
 # folder later on its path holds).
@@ -40,25 +39,23 @@ VERSIONS = ("import importlib.metadata as m, json; "
             "print(json.dumps([[d.metadata['Name'], d.version] for d in m.distributions()]))")
 
 
+def _stat(pid: int | str) -> list[str]:
+    """/proc/PID/stat's fields after the command name (state first), or [] when there is no such process."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
 def _start_ticks(pid: int) -> int | None:
     """When process `pid` started (clock ticks since boot), or None when there is none: with the pid, its identity."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return int(fields[19]) if fields[0] != "Z" else None  # a zombie has exited
+    fields = _stat(pid)
+    return int(fields[19]) if fields and fields[0] != "Z" else None  # a zombie has exited
 
 
 def _group_members(pgid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[2]) == pgid:
-                    out.append(int(entry.name))
-            except (OSError, IndexError, ValueError):
-                continue
-    return out
+    return [int(entry.name) for entry in Path("/proc").iterdir()
+            if entry.name.isdigit() and _stat(entry.name)[2:3] == [str(pgid)]]
 
 
 def _rss_bytes(pids: list[int]) -> int:
@@ -286,8 +283,7 @@ def up(dep, profile: str, knobs: dict[str, str] | None = None) -> ProcessServer:
     own process group; its record written."""
     from .watch import BootFailed, classify
     engine: ProcessEngine = dep.engine
-    engine.check()
-    check_environment(engine, dep)
+    check_environment(engine, dep)  # which checks that the environment is there first
     state = engine.state
     state.mkdir(parents=True, exist_ok=True)
     existing = next(iter(engine.containers(label=f"com.docker.compose.service={profile}")), None)

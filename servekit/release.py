@@ -9,7 +9,6 @@ succeeded, so a re-run after a failure completes it without duplicating anything
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import subprocess
 import sys
@@ -140,7 +139,7 @@ def write_manifest(root: Path, matrix: Matrix, releases: list[ReleaseRecord]) ->
 def served_models(matrix: Matrix, root: Path, target: str) -> dict[str, dict[str, str]]:
     """Per profile of the target, the model and the drafter (when its launch uses one) it serves: repo@revision, or
     for a generated model the hash of its files (what prepare marks); worked out by the launcher's own recipe."""
-    from .image.launcher import build_command
+    from .image.launcher import build_command, served_parts
     from .image.prepare import identity
     from .profiles import render_profiles
     rendered = render_profiles(matrix, target)
@@ -154,10 +153,8 @@ def served_models(matrix: Matrix, root: Path, target: str) -> dict[str, dict[str
             argv, _ = build_command(rendered, profile, "native", {})
         except Exception:  # a profile whose knobs the launcher refuses serves nothing; verify reports it
             continue
-        served = {"model": name(model)}
-        spec = json.loads(argv[argv.index("--speculative-config") + 1]) if "--speculative-config" in argv else {}
-        served.update({"drafter": name(d) for d in model["drafters"].values() if spec.get("model") == d["path"]})
-        out[profile] = served
+        model_part, *drafters = served_parts(model, argv)
+        out[profile] = {"model": name(model_part), **{"drafter": name(d) for d in drafters}}
     return out
 
 

@@ -90,11 +90,15 @@ class Session:
                    tag: str | None = None):
         from .deploy import Deployment
         from .processes import is_process_engine
-        plan = self.plan(target)
-        image = engine.describe(plan.pins) if is_process_engine(engine) else tag or plan.tag
+        pins: dict[str, str] = {}  # what a process engine's environment must hold; an image carries its own
+        if is_process_engine(engine):
+            pins = self.plan(target).pins
+            image = engine.describe(pins)
+        else:
+            image = tag or self.plan(target).tag  # a caller with the tag has planned already
         return Deployment(self.root, target, self.host(host, engine), image, self.matrix.serve.bind,
                           port or self.matrix.serve.port, engine=engine,
-                          overrides=tuple(self.matrix.targets[target].compose), matrix=self.matrix, pins=plan.pins)
+                          overrides=tuple(self.matrix.targets[target].compose), matrix=self.matrix, pins=pins)
 
     def require_gpu(self, target: str, engine: Engine, what: str) -> None:
         """A GPU target on an engine that cannot give it a GPU ends here, in one line, before anything starts."""

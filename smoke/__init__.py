@@ -84,7 +84,12 @@ class Context:
         """The first choice's text: its content, else what the reasoning parser took (content is null when an
         answer never closed its thinking), else ""."""
         message = self.chat(messages, **kw)["choices"][0]["message"]
-        return message.get("content") or message.get("reasoning_content") or message.get("reasoning") or ""
+        return text_of(message) or message.get("reasoning_content") or message.get("reasoning") or ""
+
+
+def text_of(message: dict) -> str:
+    """A chat message's content, "" where the reasoning parser left it null."""
+    return message.get("content") or ""
 
 
 class CheckFailure(Exception):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 
-from . import Context, check, ensure
+from . import Context, check, ensure, text_of
 
 KEYLESS = ("/health", "/ping", "/version")
 GUARDED = ("/v1/models", "/metrics", "/tokenize", "/server_info")
@@ -83,14 +83,14 @@ def api(ctx: Context, long_prompt_words: int = 1200) -> dict:
     r = ctx.chat(HELLO, max_tokens=8, n=2)
     part("n=2", len(r["choices"]) == 2, f"{len(r['choices'])} choices")
     r = ctx.chat(HELLO, max_tokens=32, temperature=0, stop=["demo"])
-    text = r["choices"][0]["message"].get("content") or ""
+    text = text_of(r["choices"][0]["message"])
     part("stop", "demo" not in text and r["choices"][0]["finish_reason"] == "stop", repr(text))
     # A schema whose every valid document ends by itself: unconstrained, no model here would answer with it.
     schema = {"enum": ["red", "green", "blue"]}
     r = ctx.chat([{"role": "user", "content": "Pick a colour as JSON."}], max_tokens=48, temperature=0,
                  response_format={"type": "json_schema", "json_schema": {"name": "colour", "schema": schema}})
     try:
-        parsed = json.loads(r["choices"][0]["message"].get("content") or "")
+        parsed = json.loads(text_of(r["choices"][0]["message"]))
         part("json_schema", parsed in schema["enum"], repr(parsed))
     except ValueError as exc:
         part("json_schema", False, f"not JSON: {exc}")

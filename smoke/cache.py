@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
-from . import Context, check, ensure
+from . import Context, check, ensure, text_of
 
 # The prefix cache's counters, and a CPU KV tier's bytes moved (vLLM's offloading connector): store is GPU to
 # CPU, load is CPU to GPU.
@@ -50,7 +50,7 @@ def long_conversations(ctx: Context, conversations: int = 2, tokens: int = 60000
     before = ctx.metric_totals(METRIC)
     with ThreadPoolExecutor(conversations) as pool:  # all in flight at once, as that many users would be
         turn1 = list(pool.map(lambda m: ctx.chat(m, temperature=0, max_tokens=max_tokens), convs))
-        turn2_msgs = [m + [{"role": "assistant", "content": r["choices"][0]["message"].get("content") or ""},
+        turn2_msgs = [m + [{"role": "assistant", "content": text_of(r["choices"][0]["message"])},
                            {"role": "user", "content": "And in one word?"}] for m, r in zip(convs, turn1)]
         turn2 = list(pool.map(lambda m: ctx.chat(m, temperature=0, max_tokens=max_tokens), turn2_msgs))
     after = ctx.metric_totals(METRIC)

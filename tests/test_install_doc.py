@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, WORK
+from servekit.processes import _start_ticks
 
 pytestmark = [pytest.mark.slow, pytest.mark.network]
 
@@ -165,11 +166,4 @@ def _processes_of(environment: Path) -> list[int]:
                     found.append(int(pid))
             except OSError:
                 continue
-    return [p for p in found if _alive(p)]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    return [p for p in found if _start_ticks(p) is not None]  # zombies left out

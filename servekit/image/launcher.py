@@ -72,11 +72,6 @@ def build_command(profiles: dict, profile: str, host: str, environ: dict[str, st
     env = {**recipe_env, **profiles.get("env", {}), **profiles["hosts"][host]["env"]}
     args = ["--model", model["path"], "--served-model-name", model["served_name"], "--host",
             k.get("BIND", "0.0.0.0"), "--port", k.get("PORT", "8000"), *flags]
-    if "KV_OFFLOAD_GB" in k and "expandable_segments:True" in env.get("PYTORCH_CUDA_ALLOC_CONF", ""):
-        # vLLM 0.31 refuses its CPU KV tier beside expandable segments (the allocator may remap the KV cache's
-        # addresses under the copy engine): a tier boots with them off.
-        env["PYTORCH_CUDA_ALLOC_CONF"] = env["PYTORCH_CUDA_ALLOC_CONF"].replace("expandable_segments:True",
-                                                                                "expandable_segments:False")
     extra = (["--kv-offloading-size", k["KV_OFFLOAD_GB"]] if "KV_OFFLOAD_GB" in k else []) + \
         shlex.split(k.get("EXTRA_ARGS", ""))
     if warn:
@@ -114,6 +109,16 @@ def read_key(key_file: str | None) -> tuple[str | None, str]:
     return key, ""
 
 
+def served_parts(model: dict, argv: list[str]) -> list[dict]:
+    """What a launch serves from disk: the model, and the drafter its --speculative-config names, if any."""
+    try:
+        from .prepare import parts
+    except ImportError:  # run as a script inside the image, beside prepare.py
+        from prepare import parts  # type: ignore[no-redef]
+    spec = json.loads(argv[argv.index("--speculative-config") + 1]) if "--speculative-config" in argv else {}
+    return [model] + [p for p in parts(model)[1:] if spec.get("model") == p["path"]]
+
+
 def _prepared(step, error: type[Exception]) -> int:
     try:
         step()
@@ -134,9 +139,9 @@ def main(argv: list[str]) -> int:
         return 2
     profiles = json.loads(PROFILES_FILE.read_text())
     try:
-        from .prepare import PrepareError, is_complete, parts, prepare, provided
+        from .prepare import PrepareError, is_complete, prepare, provided
     except ImportError:  # run as a script inside the image, beside prepare.py
-        from prepare import PrepareError, is_complete, parts, prepare, provided  # type: ignore[no-redef]
+        from prepare import PrepareError, is_complete, prepare, provided  # type: ignore[no-redef]
     profiles["model"] = provided(profiles["model"], dict(os.environ))
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     if command == "prepare" and len(argv) < 3:  # Compose's prepare service: the model and every drafter
@@ -148,8 +153,7 @@ def main(argv: list[str]) -> int:
     except KnobError as exc:
         print(f"launcher: refusing to start: {exc}", file=sys.stderr)
         return 2
-    speculative = json.loads(args[args.index("--speculative-config") + 1]) if "--speculative-config" in args else {}
-    needed = [profiles["model"]] + [p for p in parts(profiles["model"])[1:] if speculative.get("model") == p["path"]]
+    needed = served_parts(profiles["model"], args)
     if command == "prepare":  # `prepare PROFILE`: what that profile serves (the process engine), no more
         return _prepared(lambda: prepare(profiles["model"], say=say, needed=needed), PrepareError)
     key, problem = read_key(os.environ.get("API_KEY_FILE"))

@@ -85,8 +85,11 @@ def command(k: dict[str, str], host: str, model: dict) -> tuple[list[str], dict[
     if spec == "dflash2" and not model.get("drafters", {}).get("dflash"):
         raise RecipeError("SPEC=dflash2 needs the DFlash2 drafter, and the model names none (images.yaml "
                           "models.<name>.drafters.dflash)")
+    # Expandable segments: off on WSL2 (device not ready), and beside a CPU KV tier, which vLLM 0.31 refuses with
+    # them (the allocator may remap the KV cache's addresses under the copy engine).
+    expandable = host != "wsl2" and "KV_OFFLOAD_GB" not in k
     env = {"FLASHINFER_DISABLE_VERSION_CHECK": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0",
-           "PYTORCH_CUDA_ALLOC_CONF": f"expandable_segments:{'False' if host == 'wsl2' else 'True'}"}
+           "PYTORCH_CUDA_ALLOC_CONF": f"expandable_segments:{expandable}"}
     row: dict[str, Any]
     if mode == "batch":
         if spec != "off":
