@@ -12,10 +12,11 @@ STAMP := $(VENV)/.installed
 help:
 	@$(PY) build.py --help 2>/dev/null || echo "run 'make venv' first"
 
-# The orchestrator's dependencies, exactly as pinned in requirements.lock.
+# The orchestrator's dependencies: exactly requirements.lock (made from requirements.in by `build.py lock
+# --host-tool`), every file checked against its hashes.
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(PY) -m pip install --quiet --disable-pip-version-check --require-hashes -r requirements.lock
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 

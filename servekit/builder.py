@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -31,7 +30,8 @@ from .engines import local
 from .errors import EnvironmentProblem, UserError
 from .index import IndexUnreachable, normalize, release_exists
 from .matrix import Matrix, substitute
-from .plan import TargetPlan, pin_name, requirement_file
+from .packagelock import for_build
+from .plan import TargetPlan, pin_name
 from .settings import ENV_BASE, ENV_WHEELS, ENV_WITHOUT, BuildSettings
 from .trust import ca_bundle, requests_verify
 
@@ -106,10 +106,12 @@ def _ensure_base(matrix: Matrix, plan: TargetPlan, root: Path, say) -> None:
 
 
 def preflight(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSettings,
-              say) -> tuple[list[str], dict[str, Path]]:
+              say) -> tuple[list[str], dict[str, Path], str]:
     """Fail early, in one line, on what would fail twenty minutes into a build. Returns the keys of the extra
-    indexes the build must ask (those of pins no folder of wheels holds) and the wheels offered."""
+    indexes the build must ask (those of pins no folder of wheels holds), the wheels offered, and the lock the
+    image installs (less the pins this build leaves out)."""
     local().check()
+    lock = for_build(matrix, root, plan.target, plan.python, set(plan.omitted))
     try:
         series_mod.read_series(root / matrix.series.dir)
     except series_mod.SeriesError as exc:
@@ -148,19 +150,7 @@ def preflight(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSetti
             raise UserError(f"series: {exc}") from None
         if problems:
             raise UserError(f"series: {problems[0]}")
-    return sorted(extra), wheels
-
-
-def _requirements(root: Path, plan: TargetPlan) -> str:
-    """The target's requirement file less the pins this build leaves out (each said in build-info)."""
-    kept = []
-    for line in (root / requirement_file(plan.target)).read_text().splitlines():
-        name = re.split(r"[=<>!~\[; ]", line.strip(), maxsplit=1)[0]
-        if name and not line.lstrip().startswith("#") and normalize(name) in {normalize(o) for o in plan.omitted}:
-            kept.append(f"# left out by --without: {line.strip()}")
-            continue
-        kept.append(line)
-    return "\n".join(kept) + "\n"
+    return sorted(extra), wheels, lock
 
 
 def _write(path: Path, text: str) -> None:
@@ -168,8 +158,8 @@ def _write(path: Path, text: str) -> None:
     path.write_text(text)
 
 
-def _prepare_context(matrix: Matrix, plan: TargetPlan, root: Path, wheels: dict[str, Path]) -> Path:
-    """The generated inputs the Dockerfile copies: wheelhouse, requirements, profiles, build-info, series."""
+def _prepare_context(matrix: Matrix, plan: TargetPlan, root: Path, wheels: dict[str, Path], lock: str) -> Path:
+    """The generated inputs the Dockerfile copies: wheelhouse, the lock, profiles, build-info, series."""
     wheelhouse = root / ".cache" / "wheelhouse"
     if wheelhouse.exists():
         shutil.rmtree(wheelhouse)
@@ -180,7 +170,7 @@ def _prepare_context(matrix: Matrix, plan: TargetPlan, root: Path, wheels: dict[
         except OSError:
             shutil.copy2(wheel, wheelhouse / wheel.name)
     out = root / ".cache" / "build" / plan.target
-    _write(out / "requirements.txt", _requirements(root, plan))
+    _write(out / "requirements.txt", lock)
     _write(out / "profiles.json", json.dumps(plan.profiles, indent=2) + "\n")
     _write(out / "build-info.json", json.dumps(plan.build_info, indent=2) + "\n")
     replace_tree(out / "patches", root / matrix.series.dir)
@@ -199,6 +189,16 @@ def replace_tree(dest: Path, source: Path | None) -> None:
         shutil.copytree(source, dest, ignore=shutil.ignore_patterns("__pycache__"))
 
 
+def component_digest(matrix: Matrix, name: str, root: Path) -> str:
+    """The digest of a present component's source: its files and its patches for the pinned vLLM."""
+    comp = matrix.components[name]
+    patches = [substitute(p, matrix) for p in comp.patches]
+    missing = [p for p in patches if not (root / comp.source / p).is_file()]
+    if missing:
+        raise UserError(f"components.{name}: {', '.join(missing)} not in {comp.source}/")
+    return components_mod.source_digest(root / comp.source, patches)
+
+
 def stage_components(matrix: Matrix, plan: TargetPlan, root: Path, dest: Path) -> None:
     """Copy each present component's source into the context, checked against its pinned digest."""
     if dest.exists():
@@ -211,10 +211,7 @@ def stage_components(matrix: Matrix, plan: TargetPlan, root: Path, dest: Path) -
         comp = matrix.components[name]
         source = root / comp.source
         patches = [substitute(p, matrix) for p in comp.patches]
-        missing = [p for p in patches if not (source / p).is_file()]
-        if missing:
-            raise UserError(f"components.{name}: {', '.join(missing)} not in {comp.source}/")
-        digest = components_mod.source_digest(source, patches)
+        digest = component_digest(matrix, name, root)
         if comp.sha256 and digest != comp.sha256:
             raise UserError(f"components.{name}: the source in {comp.source}/ has digest {digest[:16]}..., "
                             f"images.yaml expects {comp.sha256[:16]}...; update sha256 only if the change is wanted")
@@ -254,8 +251,7 @@ def build_args(plan: TargetPlan) -> dict[str, str]:
     the digest covers (build-info.json), so the tag and the build cannot disagree."""
     info = plan.build_info
     return {"TARGET": plan.target, "BASE": info["base"]["image"], "BASE_APT_PACKAGES": " ".join(info["base"]["apt"]),
-            "MODEL_SOURCE": info["model"]["source"],
-            "PIP_UNINSTALL": " ".join(info["uninstall"])}
+            "MODEL_SOURCE": info["model"]["source"]}
 
 
 def _command(matrix: Matrix, plan: TargetPlan, root: Path, workdir: Path, secret_files: dict[str, Path],
@@ -307,9 +303,13 @@ def _failure_summary(log_path: Path) -> str:
     if len(marks) >= 2:
         block = [line for line in lines[marks[-2] + 1:marks[-1]] if line.strip()]
         step = next((line.strip()[2:].split("]")[0] + "]" for line in block if line.startswith(" > [")), "a step")
-        output = [line.split(" ", 1)[-1] for line in block if not line.startswith(" > [")]
+        output = [said for line in block if not line.startswith(" > [") and (said := line.split(" ", 1)[-1].strip())]
+        errors = [i for i, line in enumerate(output) if line.startswith("ERROR")]
+        if errors:  # pip's own words: what failed, then the first line of detail (which package)
+            said = output[errors[0]][:200] + (f" | {output[errors[0] + 1][:200]}" if errors[0] + 1 < len(output) else "")
+            return f"{step}: {said}"
         if output:
-            return f"{step}: {output[-1].strip()[-300:]}"
+            return f"{step}: {output[-1][-300:]}"
     wanted = [line for line in lines if "failed to solve" in line or "ERROR" in line]
     return (wanted[-1] if wanted else (lines[-1] if lines else "no output")).strip()[-300:]
 
@@ -320,8 +320,8 @@ def build_image(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSet
     say = say or show
     if not force and local().image_exists(plan.tag):
         return BuildResult(plan.target, plan.tag, False, 0.0, None)
-    extra_indexes, wheels = preflight(matrix, plan, root, settings, say)
-    workdir = _prepare_context(matrix, plan, root, wheels)
+    extra_indexes, wheels, lock = preflight(matrix, plan, root, settings, say)
+    workdir = _prepare_context(matrix, plan, root, wheels, lock)
     logs = root / "logs"
     logs.mkdir(exist_ok=True)
     log_path = logs / f"build-{plan.target}-{time.strftime('%Y%m%d-%H%M%S')}.log"

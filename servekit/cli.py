@@ -134,16 +134,28 @@ def cmd_plan(args) -> int:
 
 def cmd_verify(args) -> int:
     from .verify import verify
-    return _findings(args, verify(_session(args), args.offline, series=not args.no_series, resolve=args.resolve,
-                                  say=_say("verify: ")), "verify")
+    return _findings(args, verify(_session(args), args.offline, series=not args.no_series, say=_say("verify: ")),
+                     "verify")
+
+
+def cmd_lock(args) -> int:
+    from .packagelock import make_locks
+    session = _session(args)
+    targets = [session.check_target(t) for t in args.target or []]
+    everything = not targets and not args.host_tool
+    written = make_locks(session, targets or None, host=args.host_tool or everything, images=bool(targets) or
+                         everything, say=_say())
+    if args.json:
+        _emit_json({"written": [str(p) for p in written]})
+    return 0
 
 
 def cmd_bump(args) -> int:
     from .pins import bump
-    b = bump(_session(args), args.to, args.dry_run)
+    b = bump(_session(args), args.to, args.dry_run, say=_say())
     if args.json:
         _emit_json({"from": b.old, "to": b.new, "dry_run": args.dry_run, "changes": b.changes, "renames": b.renames,
-                    "review": b.review, "problems": b.findings.problems, "notes": b.findings.notes})
+                    "review": b.review, "locks": b.locks, "problems": b.findings.problems, "notes": b.findings.notes})
         return 1 if b.findings.problems else 0
     verb = "would change" if args.dry_run else "changed"
     print(f"bump vLLM {b.old} -> {b.new}{' (dry run: nothing written)' if args.dry_run else ''}")
@@ -151,6 +163,8 @@ def cmd_bump(args) -> int:
         print(f"  {verb} {path}: {count} pin(s)")
     for src, dst in b.renames:
         print(f"  {'would rename' if args.dry_run else 'renamed'} {src} -> {dst}")
+    for lock in b.locks:
+        print(f"  {'would make again' if args.dry_run else 'made again'} {lock}")
     if b.review:
         print(f"lines that still name {b.old}, for a person to review:")
         for line in b.review:
@@ -479,9 +493,14 @@ def build_parser() -> argparse.ArgumentParser:
             "declared requirements, and the Compose files against the profiles and knobs (no image needed)")
     p.add_argument("--offline", action="store_true", help="do not ask the index; use cached metadata and wheels")
     p.add_argument("--no-series", action="store_true", help="skip applying the series to pristine vLLM trees")
-    p.add_argument("--resolve", action="store_true", help="also run pip's resolver (dry run) on each target's pins "
-                   "for its Python and manylinux x86_64 (a minute or two per target)")
-    p = add("bump", cmd_bump, "move every mechanical vLLM pin to a new version and report co-pin problems")
+    p = add("lock", cmd_lock, "make the package locks again from the pins: each target's (docker/locks/, every "
+            "package and hash for its Python and platform) and the host tool's (requirements.lock from "
+            "requirements.in); uv resolves, seconds each", locked=True)
+    add_target(p, many=True, help="only this target's locks (repeatable)")
+    p.add_argument("--host-tool", action="store_true", help="only the host tool's requirements.lock (with --target: "
+                   "that target's too)")
+    p = add("bump", cmd_bump, "move every mechanical vLLM pin to a new version, make the locks again, and report "
+            "co-pin problems")
     p.add_argument("--to", required=True, metavar="VERSION", help="the new vLLM version, e.g. 0.32.0")
     p.add_argument("--dry-run", action="store_true", help="report only; write nothing")
     p = add("image", cmd_image, "build the image of a target (content-addressed: an image already built for "

@@ -98,7 +98,8 @@ class Target(Strict):
     packages: list[str] = Field(description="pins installed on this target (keys of pins)")
     torch_local_version: str | None = Field(None, description="the local version label of torch, e.g. cpu")
     package_index: dict[str, str] = Field({}, description="package to a key of indexes, on this target only")
-    uninstall: list[str] = Field([], description="distributions removed after the install (pulled in, unusable)")
+    exclude: list[str] = Field([], description="distributions the pins depend on that the lock leaves out (declared "
+                               "by a pin's metadata, unusable on this target)")
     compose: list[str] = Field([], description="Compose override files in compose/ for this target")
     gpu: bool
     model: str = Field(description="a key of models")

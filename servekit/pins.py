@@ -11,9 +11,9 @@ from packaging.markers import default_environment
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
-from .errors import UserError
+from .errors import EnvironmentProblem, UserError
 from .index import IndexUnreachable, NotOnIndex, fetch_metadata, normalize
-from .matrix import Matrix
+from .matrix import Matrix, load_matrix
 
 VERSIONED_NAME = re.compile(r"-(\d+\.\d+\.\d+(?:rc\d+|\.post\d+)?)\.patch$")
 PIN_TEXT = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[0-9][A-Za-z0-9.+!]*[A-Za-z0-9])")
@@ -133,6 +133,7 @@ class Bump:
     changes: dict[str, int] = field(default_factory=dict)  # file -> count of changes
     renames: list[tuple[str, str]] = field(default_factory=list)
     review: list[str] = field(default_factory=list)  # lines that still name the old version
+    locks: list[str] = field(default_factory=list)  # the lock files made again from the new pins
     findings: Findings = field(default_factory=Findings)
 
 
@@ -204,76 +205,26 @@ def apply_bump(bump: Bump, writes: dict[Path, str], root: Path) -> None:
         (root / src).rename(root / dst)
 
 
-# ---------------------------------------------------------------------------------------------
-# resolution
-
-
-MANYLINUX = [f"manylinux_2_{minor}_x86_64" for minor in range(39, 4, -1)] + ["manylinux2014_x86_64",
-                                                                          "manylinux2010_x86_64", "manylinux1_x86_64"]
-
-
-def resolve_dry_run(matrix: Matrix, target: str, wheel_dirs: list[Path], say=print) -> Findings:
-    """pip's resolver, dry run, for the target's pins on its Python and manylinux x86_64 (every tag:
-    some wheels carry only older ones). A package whose index cannot be reached is named, and the
-    rest is still resolved."""
-    import json as _json
-    import subprocess
-    import sys
-    import tempfile
-
-    from .index import release_exists
-    from .trust import ca_bundle
-
-    out = Findings()
-    spec = matrix.targets[target]
-    python = matrix.bases[spec.bases[0]].python
-    wanted, index_urls = [], {matrix.indexes["pypi"].url}
-    for dist, version in matrix.target_pins(target).items():
-        pin_name = "vllm" if dist == spec.vllm_distribution else dist
-        index = matrix.index_of(target, pin_name).url
-        if "+" in version and wheel_dirs:
-            wanted.append(f"{dist}=={version}")  # from the folders of wheels below
-            continue
-        try:
-            release_exists(dist, version, index)
-        except IndexUnreachable:
-            out.notes.append(f"{dist}=={version}: its index {index} cannot be reached from here; resolved without it")
-            continue
-        index_urls.add(index)
-        wanted.append(f"{dist}=={version}")
-    cmd = [sys.executable, "-m", "pip", "--isolated", "install", "--dry-run", "--ignore-installed", "--quiet",
-           "--report", "-", "--only-binary=:all:", "--implementation", "cp", "--python-version", python,
-           "--index-url", matrix.indexes["pypi"].url]
-    for url in sorted(index_urls - {matrix.indexes["pypi"].url}):
-        cmd += ["--extra-index-url", url]
-    for tag in MANYLINUX:
-        cmd += ["--platform", tag]
-    for folder in wheel_dirs:
-        cmd += ["--find-links", str(folder)]
-    bundle = ca_bundle()
-    if bundle:
-        cmd += ["--cert", str(bundle)]
-    with tempfile.TemporaryDirectory() as tmp:
-        say(f"resolving {len(wanted)} pins of the {target} target for Python {python} (pip, dry run)")
-        done = subprocess.run([*cmd, "--target", tmp, *wanted], capture_output=True, text=True, timeout=900)
-    if done.returncode != 0:
-        reason = [line for line in done.stderr.splitlines() if "ERROR" in line or "error" in line][-3:]
-        out.problems.append(f"target {target}: the pins do not resolve: {' '.join(reason) or done.stderr[-400:]}")
-        return out
-    installs = _json.loads(done.stdout)["install"]
-    out.notes.append(f"target {target}: the pins resolve to {len(installs)} packages for Python {python}")
-    return out
-
-
-def bump(session, to: str, dry_run: bool = False) -> Bump:
-    """`bump --to`: every mechanical vLLM pin moved (written unless dry_run), with what a person must review."""
+def bump(session, to: str, dry_run: bool = False, say=print) -> Bump:
+    """`bump --to`: every mechanical vLLM pin moved and every lock made again from the moved pins (unless dry_run),
+    with what a person must review."""
     try:
         Version(to)
     except InvalidVersion:
         raise UserError(f"--to {to!r}: not a version (expected e.g. 0.32.0)") from None
     if to == session.matrix.vllm:
         raise UserError(f"--to {to}: vLLM is already pinned at {to}")
+    from .packagelock import image_locks, lock_file, make_image_lock
     plan, writes = plan_bump(session.matrix, session.matrix_path, session.root, to, session.cache / "metadata")
-    if not dry_run:
-        apply_bump(plan, writes, session.root)
+    plan.locks = [lock_file(t, py) for t, py in image_locks(session.matrix)]
+    if dry_run:
+        return plan
+    apply_bump(plan, writes, session.root)
+    matrix = load_matrix(session.matrix_path)
+    try:
+        for target, python in image_locks(matrix):
+            make_image_lock(matrix, session.root, target, python, session.settings.wheel_dirs, say)
+    except (UserError, EnvironmentProblem) as exc:
+        plan.findings.problems.append(f"the locks were not made again ({exc}); `verify` names them stale until "
+                                      "`python build.py lock` succeeds")
     return plan

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .matrix import Matrix
+from .packagelock import lock_file
 from .profiles import render_profiles
 from .image.series import SeriesError, read_series
 from .settings import BuildSettings
@@ -54,11 +55,6 @@ class TargetPlan:
         return [f"{name} left out: {what}" for name, what in self.omitted.items()]
 
 
-def requirement_file(target: str) -> str:
-    """Each target's pins as pip reads them: the matrix plus this file is all a new target needs."""
-    return f"docker/requirements/{target}.txt"
-
-
 def _files_under(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
@@ -67,10 +63,10 @@ def _files_under(path: Path) -> list[Path]:
     return []
 
 
-def build_inputs(matrix: Matrix, target: str, root: Path) -> list[Path]:
+def build_inputs(matrix: Matrix, target: str, root: Path, python: str) -> list[Path]:
     spec = matrix.targets[target]
     paths = [root / p for p in COMMON_INPUTS] + _files_under(root / IMAGE_CODE)
-    paths.append(root / requirement_file(target))
+    paths.append(root / lock_file(target, python))  # what the image installs, every package hash-checked
     model = matrix.models[spec.model]
     if model.source == "generated" and model.dir:
         paths += _files_under(root / model.dir)
@@ -102,11 +98,14 @@ def build_facts(matrix: Matrix, target: str, root: Path, settings: BuildSettings
     except SeriesError:  # reported by the build's preflight, in one line
         series = []
     archs = sorted({h.cuda_arch for h in matrix.hosts.values() if h.cuda_arch}) if spec.gpu else []
+    lock = root / lock_file(target, matrix.bases[base_name].python)
     return {"target": target, "vllm": matrix.vllm, "image": matrix.image.name, "pins": pins,
             "omitted": {name: matrix.may_omit[name] for name in omitted},
             "base": {"name": base_name, **matrix.bases[base_name].model_dump()},
             "model": matrix.models[spec.model].model_dump(), "gpu": spec.gpu, "cuda_archs": archs,
-            "uninstall": spec.uninstall, "series": series, "components": component_states(matrix, target, root)}
+            "lock": {"file": lock.relative_to(root).as_posix(),
+                     "sha256": hashlib.sha256(lock.read_bytes()).hexdigest() if lock.is_file() else None},
+            "series": series, "components": component_states(matrix, target, root)}
 
 
 def pin_name(matrix: Matrix, target: str, dist: str) -> str:
@@ -135,7 +134,7 @@ def plan_targets(matrix: Matrix, root: Path, targets: list[str] | None = None, i
     plans = []
     for name in targets or list(matrix.targets):
         facts = build_facts(matrix, name, root, settings)
-        inputs = build_inputs(matrix, name, root)
+        inputs = build_inputs(matrix, name, root, matrix.bases[facts["base"]["name"]].python)
         profiles = render_profiles(matrix, name)
         digest = content_digest(facts, profiles, inputs, root)
         tag = image_tag(matrix, name, digest)

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .atomic import write_text
 from .errors import UserError
@@ -135,11 +135,17 @@ class ReleaseRecord(Record):
     image_id: str
     content_digest: str
     pins: dict[str, str]
-    series: list[str] = []
-    components: dict[str, str] = {}
+    lock: dict[str, str | None] = {}  # {"file": docker/locks/..., "sha256": ...}: every package the image holds
+    series: dict[str, str] = {}  # patch file -> sha256:...
+    components: dict[str, str] = {}  # name -> its source digest, or "absent"
     smoke: dict[str, ProfileGate]
     # profile -> what it serves: {"model": "repo@revision", "drafter": "repo@revision"} (revision "main" = unpinned)
     models: dict[str, dict[str, str]] = {}
+
+    @field_validator("series", mode="before")
+    @classmethod
+    def _names_only(cls, value):  # a manifest written before the series carried hashes listed names only
+        return {name: "" for name in value} if isinstance(value, list) else value
 
 
 class ReleaseManifest(Document):

@@ -9,6 +9,7 @@ succeeded, so a re-run after a failure completes it without duplicating anything
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import os
 import subprocess
 import sys
@@ -158,6 +159,17 @@ def served_models(matrix: Matrix, root: Path, target: str) -> dict[str, dict[str
     return out
 
 
+def series_hashes(matrix: Matrix, root: Path, names: list[str]) -> dict[str, str]:
+    folder = root / matrix.series.dir
+    return {name: "sha256:" + hashlib.sha256((folder / name).read_bytes()).hexdigest() for name in names}
+
+
+def component_digests(matrix: Matrix, root: Path, plan: TargetPlan) -> dict[str, str]:
+    from .builder import component_digest
+    return {name: component_digest(matrix, name, root) if state == "present" else "absent"
+            for name, state in plan.components.items()}
+
+
 def verify_release(session, say=print) -> list[str]:
     """`release --verify`: read releases/v<vllm>.json back and ask the registry, through the engine, whether every
     tag still serves the digest it names; the problems (none: the registry serves what was released)."""
@@ -227,8 +239,9 @@ def release_targets(matrix: Matrix, root: Path, engine, registry_path: str, plan
             raise CheckFailed(f"{target}: the tags read back different digests: {digests}")
         releases.append(ReleaseRecord(target=target, repository=repository, tags=tags,
                                       registry_digest=next(iter(digests.values())), image_id=image.id,
-                                      content_digest=plan.digest, pins=plan.pins, series=plan.build_info["series"],
-                                      components=plan.components, smoke=smoke,
+                                      content_digest=plan.digest, pins=plan.pins, lock=plan.build_info["lock"],
+                                      series=series_hashes(matrix, root, plan.build_info["series"]),
+                                      components=component_digests(matrix, root, plan), smoke=smoke,
                                       models=served_models(matrix, root, target)))
         say(f"release: {target}: pushed {len(tags)} tags, {repository}@{releases[-1].registry_digest}")
     return releases

@@ -1,20 +1,23 @@
 """`verify`: the matrix against everything that repeats or derives from it, without an image: pin mirrors,
-derived files, vLLM's declared requirements (co-pins), the series on pristine vLLM trees, and optionally
-pip's resolver."""
+derived files, the package locks, vLLM's declared requirements (co-pins) and the series on pristine vLLM trees."""
 
 from __future__ import annotations
 
 from .derived import stale
 from .image.series import SeriesError, prove_on_pristine
 from .index import IndexUnreachable, NotOnIndex, download_wheel
-from .pins import Findings, copin_problems, mirror_problems, resolve_dry_run
+from .packagelock import problems as lock_problems
+from .pins import Findings, copin_problems, mirror_problems
 
 
-def verify(session, offline: bool = False, series: bool = True, resolve: bool = False, say=print) -> Findings:
+def verify(session, offline: bool = False, series: bool = True, say=print) -> Findings:
     matrix, root = session.matrix, session.root
     findings = Findings()
     findings.extend(mirror_problems(matrix, root))
     findings.problems += stale(matrix, root)
+    stale_locks, lock_notes = lock_problems(matrix, root)
+    findings.problems += stale_locks
+    findings.notes += lock_notes
     if offline:
         findings.notes.append("--offline: co-pins checked only from the metadata cache")
     findings.extend(copin_problems(matrix, session.cache / "metadata"))
@@ -25,9 +28,6 @@ def verify(session, offline: bool = False, series: bool = True, resolve: bool = 
                            for repo in unpinned]
     if series:
         findings.extend(prove_series(session, offline, say))
-    if resolve:
-        for target in matrix.targets:
-            findings.extend(resolve_dry_run(matrix, target, session.settings.wheel_dirs, say=say))
     return findings
 
 

@@ -25,7 +25,8 @@ TEST_PROJECT = "servekit-test"
 TEST_PORT = 18000  # the tests' servers publish here, never on a developer's 8000
 
 # The matrix, the files that repeat its pins, and every file `derive` writes into.
-COPIED = ("images.yaml", "images.schema.json", "docker/requirements", "docker/patches", "docs/install.md", "compose",
+COPIED = ("images.yaml", "images.schema.json", "docker/requirements", "docker/locks", "requirements.in", "requirements.lock",
+          "docker/patches", "docs/install.md", "compose",
           *PARTS)
 
 

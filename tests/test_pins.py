@@ -90,6 +90,8 @@ def test_bump_dry_run_reports_copin_problems_and_writes_nothing(repo, cli):
     assert "would change docs/install.md: 2 pin(s)" in out
     assert "would rename docker/patches/kvarn-0.31.0.patch -> docker/patches/kvarn-0.32.0.patch" in out
     assert "kvarn-0.31.0.patch:1: Cut-against: v0.31.0" in out  # left for a person: the patch is not re-cut
+    for lock in ("cuda-py3.11", "cuda-py3.12", "cpu-py3.11"):  # every lock carries the vLLM pin
+        assert f"would make again docker/locks/{lock}.txt" in out
 
 
 def test_bump_moves_every_mechanical_pin(repo, cli):
@@ -106,11 +108,14 @@ def test_bump_moves_every_mechanical_pin(repo, cli):
     assert "0.31.0" not in (repo / "docs/install.md").read_text()
     assert (repo / "docker/patches/kvarn-0.32.0.patch").is_file()
     assert "kvarn-0.32.0.patch" in series.read_text()
-    # The moved tree is consistent again, apart from the co-pins that need a person (the placeholder
-    # patch is no real patch, so the series proof is left to its own tests).
+    # vLLM 0.32.0 does not resolve with today's co-pins, so no lock is made and bump says why.
+    assert any(p.startswith("the locks were not made again (lock of cuda for Python 3.11: the pins do not resolve")
+               for p in result["problems"]), result["problems"]
+    # The moved tree is consistent again, apart from the co-pins that need a person and the locks they hold up
+    # (the placeholder patch is no real patch, so the series proof is left to its own tests).
     code, out, _ = cli("--matrix", str(repo / "images.yaml"), "verify", "--json", "--no-series")
     problems = json.loads(out)["problems"]
-    assert problems and all("violates" in p for p in problems), problems
+    assert problems and all("violates" in p or ": stale: " in p for p in problems), problems
 
 
 def test_bump_to_a_release_that_does_not_exist(repo, cli):
@@ -138,25 +143,3 @@ def test_plan_json_lists_both_targets(repo, cli):
     assert by_target["cuda"]["pins"]["flashinfer-cubin"] == "0.7.0.post1"
     assert by_target["cuda"]["components"] == {"kvarn": "absent"}
     assert "huge" in by_target["cuda"]["unavailable_profiles"]
-
-
-def test_plan_digest_follows_the_inputs(repo, cli):
-    def digests():
-        return {t["target"]: t["digest"] for t in json.loads(cli("--matrix", str(repo / "images.yaml"), "plan",
-                                                                 "--json")[1])["targets"]}
-    before = digests()
-    req = repo / "docker/requirements/cpu.txt"
-    req.write_text(req.read_text() + "# a comment changes the file, so the image\n")
-    after = digests()
-    assert after["cpu"] != before["cpu"] and after["cuda"] == before["cuda"]
-
-
-@pytest.mark.slow
-def test_the_cuda_pins_resolve_for_python_312_on_manylinux(cli):
-    code, out, err = cli("--matrix", str(ROOT / "images.yaml"), "verify", "--no-series", "--resolve", "--json")
-    assert code == 0, (out, err)
-    notes = json.loads(out)["notes"]
-    assert any(n.startswith("target cuda: the pins resolve to") and "Python 3.12" in n for n in notes), notes
-    assert any(n.startswith("target cpu: the pins resolve to") for n in notes), notes
-    # What cannot be reached here is named, never skipped silently.
-    assert all("flashinfer-cubin" in n for n in notes if "cannot be reached" in n)

@@ -269,7 +269,7 @@ def test_the_dockerfile_copies_only_the_image_folder_and_what_the_build_stages()
     assert f"COPY {IMAGE_CODE}/ /opt/servekit/" in dockerfile
     ignore = [line for line in (ROOT / ".dockerignore").read_text().splitlines() if line.startswith("!")]
     assert sorted(ignore) == sorted(f"!{a}" for a in allowed)
-    inputs = build_inputs(load_matrix(ROOT / "images.yaml"), "cpu", ROOT)
+    inputs = build_inputs(load_matrix(ROOT / "images.yaml"), "cpu", ROOT, "3.11")
     assert {p for p in (ROOT / IMAGE_CODE).glob("*.py")} <= set(inputs)
 
 
@@ -282,4 +282,4 @@ def test_the_demo_model_ships_in_the_repository_small():
     files = sorted(folder.iterdir())
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in files}
     assert sum(p.stat().st_size for p in files) < 8 << 20
-    assert set(files) <= set(build_inputs(matrix, "cpu", ROOT))
+    assert set(files) <= set(build_inputs(matrix, "cpu", ROOT, "3.11"))

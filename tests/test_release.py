@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -225,6 +226,12 @@ def test_a_release_behind_a_login_pushes_reads_back_and_pulls_by_digest(checked_
                             capture_output=True, text=True, timeout=600, env={**os.environ, **env})
     assert pulled.returncode == 0, pulled.stderr
     assert record["models"]["default"]["model"].startswith("generated docker/demo-model sha256:")
+    # The manifest names every package (the lock and its hash) and the series by content.
+    lock = WORK / record["lock"]["file"]
+    assert record["lock"]["file"] == "docker/locks/cpu-py3.11.txt"
+    assert record["lock"]["sha256"] == hashlib.sha256(lock.read_bytes()).hexdigest()
+    assert record["series"] == {name: "sha256:" + hashlib.sha256((WORK / "docker/patches" / name).read_bytes())
+                                .hexdigest() for name in ("auth-deny-default.patch", "cpu-cli-version.patch")}
     verified = _release("--verify", env=env)
     assert verified.returncode == 0 and "serves every digest the release names" in verified.stdout, verified.stderr
     # a moving tag pointed elsewhere behind the release's back: --verify names it
@@ -278,3 +285,55 @@ def test_behind_a_login_a_registry_restarted_mid_push_loses_nothing(checked_imag
     assert record["repository"] == f"127.0.0.1:{port}/restarted/vllm-serve"
     verified = _release("--verify", env=env)
     assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_a_login_that_expires_between_the_immutable_and_the_moving_tags(checked_image, locked_registry, tmp_path,
+                                                                        monkeypatch):
+    """The credential stops working the moment the immutable tag is in (a short-lived token, a rotated password):
+    the release stops in one line naming the registry and `docker login`, no moving tag moves and no manifest is
+    written; logged in again, a plain re-run completes it without pushing anything twice."""
+    from servekit import release as release_mod
+    from servekit.localregistry import htpasswd_line
+    from servekit.registry import RegistryAuthError
+    from servekit.session import Session
+    port, htpasswd = locked_registry["port"], locked_registry["folder"] / "htpasswd"
+    monkeypatch.setenv("DOCKER_CONFIG", _client_config(tmp_path, port, PASSWORD)["DOCKER_CONFIG"])
+    immutable = f"v0.31.0-cpu-{checked_image['digest'][:12]}"
+    manifest = WORK / "releases" / "v0.31.0.json"
+    before = manifest.read_bytes() if manifest.exists() else None
+    real_push = release_mod.push
+
+    def push_then_expire(client, image, repository, tag, say):
+        pushed = real_push(client, image, repository, tag, say)
+        if tag == immutable:
+            htpasswd.write_text(htpasswd_line(USER, "the-password-after-rotation") + "\n")
+        return pushed
+
+    monkeypatch.setattr(release_mod, "push", push_then_expire)
+    try:
+        with pytest.raises(RegistryAuthError) as refused:
+            release_mod.release(Session.open(WORK / "images.yaml"), f"127.0.0.1:{port}/expiring", ["cpu"],
+                                say=lambda line: None)
+        said = str(refused.value)
+        assert "\n" not in said and f"registry 127.0.0.1:{port} refused" in said, said
+        assert f"docker login 127.0.0.1:{port}" in said, said
+        htpasswd.write_text(htpasswd_line(USER, PASSWORD) + "\n")  # read the registry as it is now
+        assert _locked_tags(port, "expiring") == [immutable]
+        assert (manifest.read_bytes() if manifest.exists() else None) == before
+        htpasswd.write_text(htpasswd_line(USER, "the-password-after-rotation") + "\n")
+        config = tmp_path / "relogged"
+        config.mkdir()
+        login = subprocess.run(["docker", "login", f"127.0.0.1:{port}", "-u", USER, "--password-stdin"],
+                               input="the-password-after-rotation", capture_output=True, text=True, timeout=60,
+                               env={**os.environ, "DOCKER_CONFIG": str(config)})
+        assert login.returncode == 0, login.stderr
+        done = _release("--registry", f"127.0.0.1:{port}/expiring", "--target", "cpu",
+                        env={"DOCKER_CONFIG": str(config)})
+        assert done.returncode == 0, done.stderr[-2000:]
+        htpasswd.write_text(htpasswd_line(USER, PASSWORD) + "\n")
+        assert _locked_tags(port, "expiring") == sorted([immutable, "v0.31.0-cpu", "latest-cpu"])
+        record = json.loads(manifest.read_text())["targets"]["cpu"]
+        assert record["repository"] == f"127.0.0.1:{port}/expiring/vllm-serve"
+        assert f"push {immutable}: 0 of 0 MB" in done.stdout + done.stderr  # every layer was already there
+    finally:
+        htpasswd.write_text(htpasswd_line(USER, PASSWORD) + "\n")  # the module's other tests log in as before
