@@ -111,7 +111,6 @@ def preflight(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSetti
     indexes the build must ask (those of pins no folder of wheels holds), the wheels offered, and the lock the
     image installs (less the pins this build leaves out)."""
     local().check()
-    lock = for_build(matrix, root, plan.target, plan.python, set(plan.omitted))
     try:
         series_mod.read_series(root / matrix.series.dir)
     except series_mod.SeriesError as exc:
@@ -138,6 +137,7 @@ def preflight(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSetti
             raise UserError(f"pins: {dist}=={version} is not on {index}; fix the pin in images.yaml")
         if key != "pypi":
             extra.add(key)
+    lock = for_build(matrix, root, plan.target, plan.python, set(plan.omitted))  # the pins are there: is the lock?
     _ensure_base(matrix, plan, root, say)
     spec = matrix.targets[plan.target]
     pristine = sorted((root / ".cache" / "pristine").glob(f"{spec.vllm_distribution.replace('-', '_')}-"

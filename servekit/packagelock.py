@@ -70,12 +70,10 @@ def _digest(doc) -> str:
 
 
 def inputs_digest(matrix: Matrix, target: str, python: str) -> str:
-    """What a target's lock is made from: its pins, their indexes, what it leaves out, Python and platform."""
-    from .plan import pin_name
-    pins = matrix.target_pins(target)
-    return _digest({"pins": pins, "exclude": sorted(matrix.targets[target].exclude), "python": python,
-                    "platform": PLATFORM,
-                    "indexes": {d: matrix.index_of(target, pin_name(matrix, target, d)).url for d in pins}})
+    """What a target's lock is made from: its pins, what it leaves out, Python and platform. Not the indexes: a
+    mirror serving the same files satisfies the lock's hashes."""
+    return _digest({"pins": matrix.target_pins(target), "exclude": sorted(matrix.targets[target].exclude),
+                    "python": python, "platform": PLATFORM})
 
 
 def host_inputs_digest(root: Path) -> str:
@@ -110,7 +108,7 @@ def problems(matrix: Matrix, root: Path) -> tuple[list[str], list[str]]:
             continue
         lock = read(root / rel)
         if lock.inputs != inputs_digest(matrix, target, python):
-            out.append(f"{rel}: stale: made from other pins, exclusions or indexes than images.yaml names now; "
+            out.append(f"{rel}: stale: made from other pins or exclusions than images.yaml names now; "
                        f"make it again with {command}")
             continue
         for dist, version in matrix.target_pins(target).items():

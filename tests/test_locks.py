@@ -47,8 +47,8 @@ def test_verify_names_a_lock_made_from_other_pins(repo, cli):
                                                  "exclude: [torchvision, torchaudio]"))
     found = _verify_problems(cli, repo)
     stale = [p for p in found if "stale" in p]
-    assert stale == ["docker/locks/cpu-py3.11.txt: stale: made from other pins, exclusions or indexes than "
-                     "images.yaml names now; make it again with `python build.py lock --target cpu`"], found
+    assert stale == ["docker/locks/cpu-py3.11.txt: stale: made from other pins or exclusions than images.yaml "
+                     "names now; make it again with `python build.py lock --target cpu`"], found
 
 
 def test_verify_names_a_lock_edited_by_hand_and_one_missing(repo, cli):

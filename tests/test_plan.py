@@ -52,8 +52,8 @@ CHANGES = [
     ("the base's definition", "cuda",
      lambda r: _edit(r / "images.yaml", "apt: [python3, python3-venv, python3-pip, patch, g++]",
                      "apt: [python3, python3-venv, python3-pip, patch, g++, curl]")),
-    ("the requirement file", "cuda",
-     lambda r: _edit(r / "docker/requirements/cuda.txt", "vllm==0.31.0", "vllm==0.31.0  # same pin")),
+    ("the lock of the base's Python", "cuda",
+     lambda r: _edit(r / "docker/locks/cuda-py3.12.txt", "# servekit-lock-inputs:", "# a note\n# servekit-lock-inputs:")),
 ]
 
 
