@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from wsl2.detect import wsl2_signs
 
 from .errors import EnvironmentProblem
-from .gpu import NvmlUnavailable, list_gpus
+from .gpu import NvmlUnavailable, driver_version, list_gpus
 from .engines import gpu_problem_of, local
 
 
@@ -21,8 +21,63 @@ class Finding:
     fix: str = ""
 
 
+# CUDA 13 (the cuda image's torch is cu130) needs driver branch R580 or newer, on Linux and on Windows for WSL2.
+DRIVER_MAJOR = 580
+# Measured here: the cuda image is 9.7 GB, the cpu image 3.7 GB; a build needs about as much again for its cache.
+DISK_FAIL_GB, DISK_WARN_GB = 12, 30
+
+
 def _docker(*args: str, timeout: float = 15) -> subprocess.CompletedProcess:
     return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def driver_finding(version: str) -> Finding:
+    try:
+        major = int(version.split(".")[0])
+    except ValueError:
+        return Finding("driver", "warn", f"NVIDIA driver {version!r}: not a version this can read")
+    if major >= DRIVER_MAJOR:
+        return Finding("driver", "ok", f"NVIDIA driver {version} (CUDA 13 needs R{DRIVER_MAJOR} or newer)")
+    return Finding("driver", "fail", f"NVIDIA driver {version} is older than R{DRIVER_MAJOR}, which CUDA 13 (the cuda "
+                   "image) needs", f"install driver {DRIVER_MAJOR} or newer (on WSL2: the Windows driver)")
+
+
+def disk_finding(free_bytes: int, where: str) -> Finding:
+    free_gb = free_bytes / 1e9
+    detail = f"{free_gb:.0f} GB free for images at {where}"
+    if free_gb < DISK_FAIL_GB:
+        return Finding("disk", "fail", detail + "; the cuda image alone is about 10 GB",
+                       "free space (`docker image prune`, `docker builder prune`) or move the engine's data root")
+    if free_gb < DISK_WARN_GB:
+        return Finding("disk", "warn", detail + "; building the cuda image takes about 20 GB",
+                       "free space before building the cuda image (`docker builder prune`)")
+    return Finding("disk", "ok", detail)
+
+
+def engine_disk(info: dict) -> Finding:
+    """Free space where the engine keeps images, when that folder is on this machine (not a VM's or a remote's)."""
+    root = info.get("DockerRootDir") or ""
+    try:
+        return disk_finding(shutil.disk_usage(root).free, root)
+    except OSError:
+        return Finding("disk", "ok", f"the engine keeps images at {root or '?'}, not on this machine: not checked")
+
+
+def gpu_container(engine, images: list[str]) -> Finding:
+    """Run a container with every GPU once, as `up` will, from the first of `images` the engine has: the toolkit
+    and the driver answer, or say why not."""
+    image = next((name for name in images if engine.image_exists(name)), None)
+    if image is None:
+        return Finding("gpu container", "warn", "no image here to try a GPU container with yet",
+                       "run `doctor` again after the first build")
+    done = _docker("run", "--rm", "--gpus", "all", "-e", "NVIDIA_DRIVER_CAPABILITIES=utility", "--entrypoint",
+                   "nvidia-smi", image, "-L", timeout=120)
+    if done.returncode == 0 and "GPU " in done.stdout:
+        return Finding("gpu container", "ok", "; ".join(done.stdout.strip().splitlines()))
+    said = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
+    return Finding("gpu container", "fail", f"a container with --gpus all failed: {said}",
+                   "check the NVIDIA Container Toolkit (`nvidia-ctk runtime configure --runtime=docker`, then "
+                   "restart the engine; on WSL2, Docker Desktop's WSL integration and the Windows driver)")
 
 
 def diagnose() -> list[Finding]:
@@ -50,10 +105,12 @@ def diagnose() -> list[Finding]:
     else:
         out.append(Finding("builder", "fail", "no BuildKit-capable builder (no buildx, no Compose)",
                            "install the buildx or Compose plugin (`make engine`)"))
+    out.append(engine_disk(info))
     problem = gpu_problem_of(info)
     out.append(Finding("nvidia runtime", "ok", "containers can have a GPU") if problem is None else
                Finding("nvidia runtime", "warn", f"no GPU for containers: {problem}", "`up` of a GPU target "
                        "stops here at once; serve a target without a GPU, or install the toolkit"))
+
     signs = wsl2_signs()
     out.append(Finding("wsl2", "ok", "WSL2: " + "; ".join(signs)) if signs else
                Finding("wsl2", "ok", "not WSL2 (native host defaults apply)"))
@@ -62,6 +119,7 @@ def diagnose() -> list[Finding]:
         out.append(Finding("gpus", "ok" if gpus else "warn",
                            ", ".join(f"{g.index}: {g.name} ({g.total_bytes / 2**30:.1f} GiB)" for g in gpus)
                            or "NVML answers but lists no GPU"))
+        out.append(driver_finding(driver_version()))
     except NvmlUnavailable as exc:
         out.append(Finding("gpus", "warn", str(exc), "the cpu target needs none; GPU memory will not be sampled"))
     return out
@@ -85,13 +143,17 @@ def base_findings(matrix) -> list[Finding]:
 
 
 def doctor(matrix_path) -> list[Finding]:
-    """Every finding: the engine and the machine, then (when the engine answers) the bases of the matrix."""
+    """Every finding: the engine and the machine, then (when the engine answers) the bases of the matrix and, where
+    the engine has an NVIDIA runtime, one GPU container."""
     from .errors import UserError
     from .matrix import load_matrix
     findings = diagnose()
     if findings and findings[0].status == "ok":
         try:
-            findings += base_findings(load_matrix(matrix_path))
+            matrix = load_matrix(matrix_path)
         except UserError as exc:
-            findings.append(Finding("matrix", "fail", str(exc), "fix images.yaml"))
+            return findings + [Finding("matrix", "fail", str(exc), "fix images.yaml")]
+        findings += base_findings(matrix)
+        if any(f.name == "nvidia runtime" and f.status == "ok" for f in findings):
+            findings.append(gpu_container(local(), [base.image for base in matrix.bases.values()]))
     return findings

@@ -54,6 +54,16 @@ def list_gpus() -> list[GpuInfo]:
         nvml.nvmlShutdown()
 
 
+def driver_version() -> str:
+    """The NVIDIA driver's version, e.g. 580.159.04 (on WSL2, the Windows driver's)."""
+    nvml = nvml_init()
+    try:
+        version = nvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else version
+    finally:
+        nvml.nvmlShutdown()
+
+
 @dataclass
 class GpuSeries:
     index: int
