@@ -136,7 +136,9 @@ def write_env(dep: Deployment) -> Path | None:
         f"SERVEKIT_BIND={dep.bind}",
         f"SERVEKIT_PORT={dep.port}",
         f"COMPOSE_PROJECT_NAME={PROJECT}",
-        f"COMPOSE_FILE={os.pathsep.join(p.name for p in dep.compose_files)}",
+        # Compose on Windows splits COMPOSE_FILE at ';' unless told otherwise: PowerShell reads this file too.
+        "COMPOSE_PATH_SEPARATOR=:",
+        f"COMPOSE_FILE={':'.join(p.name for p in dep.compose_files)}",
     ]
     uid, gid = run_as()
     if (uid, gid) != (IMAGE_UID, IMAGE_UID) and dep.engine.same_machine:  # another machine's engine: the image's user

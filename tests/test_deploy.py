@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from conftest import COMPOSE, ROOT, TEST_PORT, TEST_PROJECT, WORK, project_containers, run_build_py
+from conftest import COMPOSE, ROOT, TEST_PORT, TEST_PROJECT, WORK, project_containers, run_build_py, tracked_copy
 from servekit.image.prepare import COMPLETE, is_complete, prepare
 from servekit.watch import LogFollower, BootRecord, classify, without_frames
 
@@ -198,6 +198,36 @@ def test_wsl2_env_file_selects_the_wsl2_overrides(tmp_path, monkeypatch):
     assert "COMPOSE_FILE=compose.yaml:compose.wsl2.yaml" in text and "SERVEKIT_HOST=wsl2" in text
     assert "COMPOSE_FILE=compose.yaml:compose.cpu.yaml\n" in write_env(  # type: ignore[union-attr]
         Deployment(tmp_path, "cpu", "native", "x", "127.0.0.1", 8000, overrides=("compose.cpu.yaml",))).read_text()
+
+
+def test_the_env_file_names_its_path_separator_for_compose_on_windows(tmp_path):
+    """Compose on Windows splits COMPOSE_FILE at ';' by default; the env file says ':' itself, so `docker compose up`
+    from PowerShell reads both files. Compose takes COMPOSE_PATH_SEPARATOR from the env file: shown here by the
+    Windows spelling, which Linux's Compose then follows too."""
+    from servekit.deploy import Deployment, write_env
+    root = tracked_copy(tmp_path)
+    env_file = write_env(Deployment(root, "cuda", "wsl2", "vllm-serve:x", "127.0.0.1", 8000))
+    assert env_file is not None
+    text = env_file.read_text()
+    assert "COMPOSE_PATH_SEPARATOR=:\n" in text and "COMPOSE_FILE=compose.yaml:compose.wsl2.yaml\n" in text
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("COMPOSE_")}
+
+    def services_and_files() -> tuple[list[str], str]:
+        done = subprocess.run(["docker", "compose", "--profile", "alternative", "config", "--format", "json"],
+                              cwd=env_file.parent, env=clean,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        doc = json.loads(done.stdout)
+        return sorted(doc["services"]), json.dumps(doc["services"]["alternative"])
+    ours = services_and_files()
+    assert '"HOST": "wsl2"' in ours[1]  # the WSL2 overrides are in
+    env_file.write_text(text.replace("COMPOSE_PATH_SEPARATOR=:", "COMPOSE_PATH_SEPARATOR=;").replace(
+        "compose.yaml:compose.wsl2.yaml", "compose.yaml;compose.wsl2.yaml"))
+    assert services_and_files() == ours
+    env_file.write_text(text.replace("compose.yaml:compose.wsl2.yaml", "compose.yaml;compose.wsl2.yaml"))
+    done = subprocess.run(["docker", "compose", "config"], cwd=env_file.parent, env=clean, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode != 0  # the separator really matters: ';' under ':' names one file that is not there
 
 
 def test_a_non_loopback_bind_warns():
