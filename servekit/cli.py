@@ -176,6 +176,14 @@ def cmd_bump(args) -> int:
     return 1 if b.findings.problems else 0
 
 
+def cmd_completion(args) -> int:
+    import shtab
+    parser = build_parser()
+    parser.prog = "servekit"
+    print(shtab.complete(parser, shell=args.shell))
+    return 0
+
+
 def cmd_doctor(args) -> int:
     from .doctor import doctor
     findings = doctor(args.matrix)
@@ -605,6 +613,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "and an SSH server (Debian packages)")
     add("schema", cmd_schema, "print the JSON Schema of images.yaml (images.schema.json is this output)",
         json_out=False)
+    p = add("completion", cmd_completion, "print a shell completion script for the `servekit` command (the "
+            "console script `make venv` installs): `eval \"$(.venv/bin/servekit completion bash)\"`", json_out=False)
+    p.add_argument("shell", choices=["bash", "zsh", "tcsh"])
     p = add("derive", cmd_derive, "rewrite what docs/profiles.md and the Compose files derive from images.yaml and "
             "the knob table (one service per profile, the knob pass-through, the tables)", json_out=False)
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 naming each file that is stale")
