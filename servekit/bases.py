@@ -16,6 +16,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -48,7 +49,9 @@ def ensure_made_base(name: str, base: Base, cache_dir: Path, say=print) -> bool:
             raise EnvironmentProblem(f"base {name} ({base.image}) is made with debootstrap, which needs root on "
                                      "Debian/Ubuntu (apt-get install debootstrap); or build on another base with --base")
         apt_install(["debootstrap"], say)
+    started = time.monotonic()
     _make(name, base, cache_dir, say)
+    say(f"base {name} ({base.image}) made in {time.monotonic() - started:.0f} s")
     return True
 
 
