@@ -129,3 +129,34 @@ def project_containers() -> list[str]:
     """The tests' Compose project's containers, running or not."""
     return subprocess.run(["docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project={TEST_PROJECT}"],
                           capture_output=True, text=True).stdout.split()
+
+
+def follow_logs(*argv: str, wanted: str, within_s: float = 60) -> tuple[bool, int]:
+    """`build.py logs ... -f` until a line holding `wanted` arrives, then Ctrl-C, as a person stops it: (seen while
+    it was still following, its exit code). Bounded in time, whatever the command does."""
+    import queue
+    import signal
+    import threading
+    import time
+    proc = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "logs", *argv, "-f"], cwd=WORK,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        for line in proc.stdout or []:
+            lines.put(line)
+    threading.Thread(target=read, daemon=True).start()
+    deadline, seen = time.monotonic() + within_s, False
+    while not seen and time.monotonic() < deadline:
+        try:
+            seen = wanted in lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+        except queue.Empty:
+            break
+    following = seen and proc.poll() is None
+    proc.send_signal(signal.SIGINT)
+    try:
+        code = proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        code = proc.wait()
+    return following, code

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from conftest import COMPOSE, ROOT, TEST_PORT, TEST_PROJECT, WORK, project_containers, run_build_py, tracked_copy
+from conftest import (COMPOSE, ROOT, TEST_PORT, TEST_PROJECT, WORK, follow_logs, project_containers, run_build_py,
+                      tracked_copy)
 from servekit.image.prepare import COMPLETE, is_complete, prepare
 from servekit.watch import LogFollower, BootRecord, classify, without_frames
 
@@ -277,6 +278,7 @@ def test_up_brings_the_real_server_to_healthy_and_down_removes_it(cpu_built):
     logs = run_build_py("logs", "default", "--tail", "1000")
     assert logs.returncode == 0 and "launcher: profile default: vllm serve" in logs.stdout
     assert key not in logs.stdout
+    assert follow_logs("default", "--tail", "1000", wanted="launcher: profile default: vllm serve") == (True, 0)
     down = run_build_py("down")
     assert down.returncode == 0 and "nothing left running" in down.stdout
     assert project_containers() == []

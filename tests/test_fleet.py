@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import second_engine
-from conftest import COMPOSE, ROOT, TEST_PROJECT, WORK, run_build_py
+from conftest import COMPOSE, ROOT, TEST_PROJECT, WORK, follow_logs, run_build_py
 from servekit.errors import UserError
 from servekit.engines import address, reach, resolve, tunnel_command
 
@@ -215,6 +215,14 @@ def test_up_smoke_and_down_on_another_engine(second):
         assert smoke.returncode == 0, smoke.stdout[-3000:] + smoke.stderr[-2000:]
         checks = {c["name"]: c["status"] for c in json.loads(smoke.stdout)["checks"]}
         assert checks["health"] == checks["models"] == checks["logs"] == "passed"
+        # ps and logs -f reach that engine too
+        ps = run_build_py("ps", "--engine", second, "--json")
+        assert ps.returncode == 0, ps.stderr
+        row = next(r for r in json.loads(ps.stdout) if r["profile"] == "default")
+        assert row["state"] == "running" and row["url"] == f"http://127.0.0.1:{port}", row
+        assert not any(r["profile"] == "default" for r in json.loads(run_build_py("ps", "--json").stdout))
+        assert follow_logs("default", "--engine", second, "--tail", "1000",
+                           wanted="launcher: profile default: vllm serve") == (True, 0)
     finally:
         down = run_build_py("down", "--engine", second)
     assert down.returncode == 0 and "nothing left running" in down.stdout and not _running(second)
