@@ -94,16 +94,33 @@ def _build_steps(log: Path) -> dict[str, float]:
     return {"wheels": done.get(wheels_step[1], 0.0) if wheels_step else 0.0}
 
 
+BRIDGE, NET = "sk-bench", "10.214.0.0/24"
+
+
+def _nat(add: bool) -> None:
+    """The bench's dockerd leaves iptables to the first engine, so its containers (the build's pip among them) reach
+    out through rules of ours: masquerade its bridge, and forward it in DOCKER-USER, the chain Docker leaves to
+    users."""
+    chain = "DOCKER-USER" if subprocess.run(["iptables", "-S", "DOCKER-USER"], capture_output=True).returncode == 0 \
+        else "FORWARD"
+    rules = [("nat", "POSTROUTING", ["-s", NET, "!", "-o", BRIDGE, "-j", "MASQUERADE"]),
+             ("filter", chain, ["-i", BRIDGE, "-j", "ACCEPT"]),
+             ("filter", chain, ["-o", BRIDGE, "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"])]
+    for table, where, rule in rules:
+        subprocess.run(["iptables", "-t", table, "-I" if add else "-D", where, *rule], capture_output=True,
+                       check=add)
+
+
 def demo_on_an_empty_engine() -> dict[str, float]:
     repo = _clone("demo-clone")
-    engine = Dockerd(WORK / "engine", Path("/run/servekit-bench-engine"), "sk-bench", "10.214.0.1/24",
-                     "10.215.0.0/16")
+    engine = Dockerd(WORK / "engine", Path("/run/servekit-bench-engine"), BRIDGE, "10.214.0.1/24", "10.215.0.0/16")
     started = time.monotonic()
     engine.start()
     parts = {"dockerd start": time.monotonic() - started}
+    _nat(True)
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "DOCKER_CONTEXT")}
+    env["DOCKER_HOST"] = engine.url
     try:
-        env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "DOCKER_CONTEXT")}
-        env["DOCKER_HOST"] = engine.url
         log = LOGS / "bench-cold-demo.log"
         log.unlink(missing_ok=True)
         parts["venv"] = _timed(["make", "venv"], repo, env, log)
@@ -125,9 +142,10 @@ def demo_on_an_empty_engine() -> dict[str, float]:
             sys.exit(f"the demo did not pass; see {repo / 'reports' / 'latest' / 'report.md'}")
         return parts
     finally:
-        subprocess.run(["docker", "--host", engine.url, "compose", "ls"], capture_output=True)
+        subprocess.run(["make", "down"], cwd=repo, env=env, capture_output=True, timeout=300)
         engine.stop()
-        subprocess.run(["ip", "link", "del", "sk-bench"], capture_output=True)
+        _nat(False)
+        subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
 
 
 def main() -> int:

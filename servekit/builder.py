@@ -349,7 +349,7 @@ def ensure_built(session, target: str, show=None, say=None, engine=None) -> Targ
         return plan
     if say:
         say(f"{target} image {plan.tag}")
-    build_image(session.matrix, plan, session.root, session.settings, show=show)
+    build_image(session.matrix, plan, session.root, session.settings, show=show, say=say)  # preflight and base said
     return plan
 
 
