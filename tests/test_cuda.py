@@ -8,6 +8,7 @@ BuildKit cache makes the second run of the suite a no-op build.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import time
 
@@ -48,11 +49,12 @@ def _in_image(tag: str, *argv: str, timeout: float = 1200) -> subprocess.Complet
 
 
 @pytest.fixture(scope="module")
-def cuda_image(tmp_path_factory) -> str:
+def cuda_image(tmp_path_factory):
     root = tracked_copy(tmp_path_factory.mktemp("cuda-repo"))
     result = run_build_py(*LOCAL, "image", "--target", "cuda", "--json", cwd=root, timeout=3600)
     assert result.returncode == 0, result.stderr[-4000:]
-    return json.loads(result.stdout)["images"][0]["tag"]
+    yield json.loads(result.stdout)["images"][0]["tag"]
+    shutil.rmtree(root / ".cache", ignore_errors=True)  # the CUDA toolchain wheels the base was made from: GBs
 
 
 @pytest.mark.slow

@@ -43,6 +43,7 @@ def registry(tmp_path_factory):
     state = {"port": port, "folder": folder, "proc": proc}
     yield state
     state["proc"].kill()
+    shutil.rmtree(folder / "storage", ignore_errors=True)  # every pushed layer: GBs
     # The pushes left names for this registry on the engine's images; they go with it.
     names = subprocess.run(["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True,
                            text=True).stdout.split()
@@ -165,6 +166,7 @@ def locked_registry(tmp_path_factory):
     kept = manifest.read_bytes() if manifest.exists() else None  # the open registry's release stays the checkout's
     yield state
     state["proc"].kill()
+    shutil.rmtree(folder / "storage", ignore_errors=True)
     if kept is not None:
         manifest.write_bytes(kept)
     names = subprocess.run(["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True,
