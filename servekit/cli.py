@@ -68,15 +68,24 @@ def _print_wide(title: str, header: list[str], rows: list[list], markdown: str) 
         print(markdown, end="")
 
 
-def _step_printer():
-    """Show each BuildKit step header and the series' own lines; the full output goes to the log."""
+def _step_printer(every_s: float = 5.0):
+    """Each BuildKit step header, the series' own lines and each step's time when done; inside a long step its
+    latest output line (with BuildKit's elapsed seconds) every `every_s`. The full output goes to the log."""
     import re
+    import time
     step = re.compile(r"^#\d+ \[[^\]]+\] ")
     mine = re.compile(r"^#\d+ [0-9.]+ (== |-- |verify: |demo model|step \d+/)")
+    done = re.compile(r"^#\d+ DONE [0-9.]+s$")
+    output = re.compile(r"^#\d+ [0-9.]+ \S")
+    last = [time.monotonic()]
 
     def show(line: str) -> None:
-        if step.match(line) or mine.match(line):
+        if step.match(line) or mine.match(line) or (done.match(line) and not line.endswith(" 0.0s")):
             print(f"  {line[:110]}", file=sys.stderr, flush=True)
+            last[0] = time.monotonic()
+        elif output.match(line) and time.monotonic() - last[0] >= every_s:
+            print(f"  {line[:110]}", file=sys.stderr, flush=True)
+            last[0] = time.monotonic()
     return show
 
 

@@ -322,3 +322,21 @@ def test_an_error_of_a_docker_client_is_what_the_engine_said(tmp_path, monkeypat
     err = capsys.readouterr().err
     assert code == 1 and err.strip() == "error: docker: Error response from daemon: network has active endpoints"
     assert not (tmp_path / "logs").exists()  # the engine's answer is not a bug of ours
+
+
+def test_build_progress_shows_steps_their_times_and_a_long_steps_latest_line(capsys, monkeypatch):
+    """Each step's header and time; inside a long step, its latest line (BuildKit's elapsed seconds) at most every
+    few seconds; never the rest, which goes to the log."""
+    import time
+    from servekit.cli import _step_printer
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    show = _step_printer(every_s=5.0)
+    for advance, line in [(0, "#8 [image wheels 2/2] RUN --mount=type=cache"), (1, "#8 1.2 Collecting a==1"),
+                          (5, "#8 6.3 Collecting b==2"), (1, "#8 7.1 Collecting c==3"), (0, "#8 DONE 47.0s"),
+                          (0, "#9 [image patched 1/3] COPY x"), (0, "#9 DONE 0.0s")]:
+        clock[0] += advance
+        show(line)
+    shown = [line.strip() for line in capsys.readouterr().err.splitlines()]
+    assert shown == ["#8 [image wheels 2/2] RUN --mount=type=cache", "#8 6.3 Collecting b==2", "#8 DONE 47.0s",
+                     "#9 [image patched 1/3] COPY x"]
