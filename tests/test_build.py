@@ -117,6 +117,20 @@ def test_demo_model_is_in_the_image(cpu_image):
 
 
 @pytest.mark.slow
+def test_make_demo_model_makes_the_shipped_model_again_byte_for_byte(cpu_image, tmp_path):
+    """`demo-model` trains in the cpu image (a few CPU minutes) and replaces docker/demo-model/: every file comes out
+    as shipped, so the regenerated model passes exactly the checks the shipped one passes in every run."""
+    root = tracked_copy(tmp_path)
+    folder = root / "docker/demo-model"
+    shipped = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (ROOT / "docker/demo-model").iterdir()}
+    before = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+    done = run_build_py("demo-model", cwd=root, timeout=1800)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert all(p.stat().st_mtime_ns != before.get(p.name) for p in folder.iterdir())  # written anew, every file
+    assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir()} == shipped
+
+
+@pytest.mark.slow
 def test_second_build_starts_nothing(cpu_image):
     again = run_build_py("image", "--target", "cpu", "--json")
     assert again.returncode == 0, again.stderr
