@@ -96,28 +96,37 @@ def read(path: Path) -> Lock:
     return Lock(inputs, left_out, packages, text)
 
 
+def _current(matrix: Matrix, root: Path, target: str, python: str) -> tuple[Lock | None, str | None]:
+    """The target's lock when it is there and made from today's pins; else what is wrong with it, in one line."""
+    rel = lock_file(target, python)
+    command = f"`python build.py lock --target {target}`"
+    if not (root / rel).is_file():
+        return None, f"{rel}: missing; make it with {command}"
+    lock = read(root / rel)
+    if lock.inputs != inputs_digest(matrix, target, python):
+        return None, (f"{rel}: stale: made from other pins or exclusions than images.yaml names now; make it again "
+                      f"with {command}")
+    return lock, None
+
+
 def problems(matrix: Matrix, root: Path) -> tuple[list[str], list[str]]:
     """(problems, notes) of every lock against what it is made from; no network."""
+    from .plan import pin_name
     out: list[str] = []
     notes: list[str] = []
     for target, python in image_locks(matrix):
+        lock, problem = _current(matrix, root, target, python)
+        if lock is None:
+            out.append(str(problem))
+            continue
         rel = lock_file(target, python)
-        command = f"`python build.py lock --target {target}`"
-        if not (root / rel).is_file():
-            out.append(f"{rel}: missing; make it with {command}")
-            continue
-        lock = read(root / rel)
-        if lock.inputs != inputs_digest(matrix, target, python):
-            out.append(f"{rel}: stale: made from other pins or exclusions than images.yaml names now; "
-                       f"make it again with {command}")
-            continue
         for dist, version in matrix.target_pins(target).items():
             if dist in lock.left_out:
-                notes.append(f"{rel}: {dist}=={version} left out ({lock.left_out[dist]}); a build needs "
-                             f"--without it until the lock is made where its index can be reached")
+                notes.append(f"{rel}: {dist}=={version} left out ({lock.left_out[dist]}); a build needs --without "
+                             f"{pin_name(matrix, target, dist)} until the lock is made where its index answers")
             elif lock.packages.get(normalize(dist)) != version:
                 out.append(f"{rel}: {dist} is {lock.packages.get(normalize(dist), 'absent')}, the pin is {version} "
-                           f"(edited by hand?); make it again with {command}")
+                           f"(edited by hand?); make it again with `python build.py lock --target {target}`")
     if not (root / HOST_LOCK).is_file():
         out.append(f"{HOST_LOCK}: missing; make it with `python build.py lock --host-tool`")
     elif read(root / HOST_LOCK).inputs != host_inputs_digest(root):
@@ -148,13 +157,10 @@ def for_build(matrix: Matrix, root: Path, target: str, python: str, omitted: set
     """What the image installs: the target's lock less the pins this build leaves out. Refuses a lock that is
     missing, stale, or lacks a pin the build installs."""
     from .plan import pin_name
-    rel = lock_file(target, python)
-    command = f"`python build.py lock --target {target}`"
-    if not (root / rel).is_file():
-        raise UserError(f"{rel}: no lock for the {target} target on Python {python}; make it with {command}")
-    lock = read(root / rel)
-    if lock.inputs != inputs_digest(matrix, target, python):
-        raise UserError(f"{rel}: stale against the pins in images.yaml; make it again with {command}")
+    lock, problem = _current(matrix, root, target, python)
+    if lock is None:
+        raise UserError(str(problem))
+    rel, command = lock_file(target, python), f"`python build.py lock --target {target}`"
     leave_out = set()
     for dist in matrix.target_pins(target):
         pin = pin_name(matrix, target, dist)

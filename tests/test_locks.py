@@ -86,7 +86,7 @@ def test_a_build_takes_the_lock_less_what_it_leaves_out_and_refuses_what_it_lack
     # A stale lock is refused, naming the command that makes it again.
     yaml_path = repo / "images.yaml"
     yaml_path.write_text(yaml_path.read_text().replace('xgrammar: "0.2.7"', 'xgrammar: "0.2.6"'))
-    with pytest.raises(UserError, match=r"cpu-py3.11.txt: stale .*`python build.py lock --target cpu`"):
+    with pytest.raises(UserError, match=r"cpu-py3.11.txt: stale: .*`python build.py lock --target cpu`"):
         for_build(load_matrix(yaml_path), repo, "cpu", "3.11", omitted=set())
 
 
