@@ -75,15 +75,15 @@ def doc_home(tmp_path_factory):
     shutil.rmtree(home / "vllm-cpu", ignore_errors=True)
 
 
-def test_the_document_names_the_cpu_pins():
+def test_the_document_installs_the_cpu_images_lock():
     from servekit.matrix import load_matrix
     from servekit.pins import mirror_problems
     matrix = load_matrix(ROOT / "images.yaml")
     problems = [p for p in mirror_problems(matrix, ROOT).problems if p.startswith("docs/install.md")]
     assert problems == [], "\n".join(problems)  # each says the line and what the matrix pins
     text = " ".join(command for _, command in section_commands("cpu"))
-    for name, version in matrix.target_pins("cpu").items():
-        assert f"{name}=={version}" in text, f"docs/install.md's cpu section does not install {name}=={version}"
+    # the image's own lock, hash-checked: every pin at its version and nothing else (tests/test_locks.py)
+    assert "pip install --require-hashes --no-deps" in text and "-r docker/locks/cpu-py3.11.txt" in text
 
 
 def test_the_cpu_section_serves_the_demo_through_the_process_engine(doc_home):
