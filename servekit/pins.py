@@ -193,8 +193,15 @@ def plan_bump(matrix: Matrix, matrix_path: Path, root: Path, new: str, cache_dir
             if old_word.search(line):
                 bump.review.append(f"{path.relative_to(root)}:{lineno}: {line.strip()}")
 
-    # Co-pins the new vLLM declares against today's other pins.
+    # Co-pins the new vLLM declares against today's other pins; the patches the new vLLM retires.
     bump.findings = copin_problems(matrix, cache_dir, vllm_version=new)
+    from .image.series import SeriesError, read_series
+    from .port import trailer_findings
+    try:
+        trailers = trailer_findings(read_series(series_file.parent), new)
+        bump.findings.notes += [n for n in trailers.notes if "retire this patch" in n]
+    except SeriesError as exc:
+        bump.findings.problems.append(f"series: {exc}")
     return bump, writes
 
 

@@ -4,16 +4,21 @@ derived files, the package locks, vLLM's declared requirements (co-pins) and the
 from __future__ import annotations
 
 from .derived import stale
-from .image.series import SeriesError, prove_on_pristine
+from .image.series import SeriesError, prove_on_pristine, read_series
 from .index import IndexUnreachable, NotOnIndex, download_wheel
 from .packagelock import problems as lock_problems
 from .pins import Findings, copin_problems, mirror_problems
+from .port import trailer_findings
 
 
 def verify(session, offline: bool = False, series: bool = True, say=print) -> Findings:
     matrix, root = session.matrix, session.root
     findings = Findings()
     findings.extend(mirror_problems(matrix, root))
+    try:
+        findings.extend(trailer_findings(read_series(root / matrix.series.dir), matrix.vllm))
+    except SeriesError as exc:
+        findings.problems.append(f"series: {exc}")
     findings.problems += stale(matrix, root)
     stale_locks, lock_notes = lock_problems(matrix, root)
     findings.problems += stale_locks

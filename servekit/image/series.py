@@ -69,7 +69,13 @@ def read_series(series_dir: Path) -> list[Patch]:
     unlisted = sorted(on_disk - set(names))
     if unlisted:
         raise SeriesError(f"{series_dir}: {', '.join(unlisted)} not listed in {series_file}; add or delete")
-    return [parse_patch(series_dir / n) for n in names]
+    patches = [parse_patch(series_dir / n) for n in names]
+    for patch in patches:  # a patch replaces what it supersedes: both at once would apply the change twice
+        both = [old for old in patch.supersedes if old in names]
+        if both:
+            raise SeriesError(f"{patch.name} supersedes {', '.join(both)}, which the series lists too; drop "
+                              f"{', '.join(both)} from {series_file}")
+    return patches
 
 
 def parse_patch(path: Path) -> Patch:
@@ -132,13 +138,12 @@ def apply_series(series_dir: Path, vllm_dir: Path, target: str, say=print) -> li
 
 
 def check_applied(series_dir: Path, vllm_dir: Path, target: str) -> list[str]:
-    """Problems: a patch for `target` whose reverse does not apply, unless a Supersedes patch covers it."""
+    """Problems: a patch for `target` whose reverse does not apply."""
     patches = [p for p in read_series(series_dir) if p.applies_to(target)]
-    superseded = {name for p in patches for name in p.supersedes}
     problems = []
     for patch in patches:
         reverse = _patch(["-R", "--dry-run", *PATCH_ARGS[:1], "--fuzz", "0", "-f"], patch.path, vllm_dir)
-        if reverse.returncode != 0 and patch.name not in superseded:
+        if reverse.returncode != 0:
             problems.append(f"patch {patch.name} is not applied in {vllm_dir}")
     return problems
 
