@@ -193,6 +193,20 @@ def cmd_completion(args) -> int:
     return 0
 
 
+def cmd_series(args) -> int:
+    from .seriesexport import export
+    session = _session(args)
+    out = Path(args.out) if args.out else session.root / session.matrix.series.dir
+    names = export(Path(args.repo), args.tag, args.branch, out)
+    if args.json:
+        _emit_json({"series": names, "folder": str(out)})
+    else:
+        print(f"series: {len(names)} patches from {args.branch} on {args.tag} into {out}")
+        for name in names:
+            print(f"  {name}")
+    return 0
+
+
 def cmd_doctor(args) -> int:
     from .doctor import doctor
     findings = doctor(args.matrix)
@@ -622,6 +636,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "and an SSH server (Debian packages)")
     add("schema", cmd_schema, "print the JSON Schema of images.yaml (images.schema.json is this output)",
         json_out=False)
+    p = add("series", cmd_series, "export a git branch that carries one commit per topic on top of a vLLM tag "
+            "as the patch series: one patch per commit, its message's prose and trailers kept, Cut-against set to "
+            "the tag, the series file in commit order", locked=True)
+    p.add_argument("action", choices=["export"])
+    p.add_argument("--repo", required=True, metavar="PATH", help="the vLLM git repository that holds the branch")
+    p.add_argument("--tag", required=True, metavar="TAG", help="the vLLM tag the branch sits on, e.g. v0.31.0")
+    p.add_argument("--branch", required=True, metavar="BRANCH", help="the branch with one commit per topic")
+    p.add_argument("--out", metavar="DIR", help="the series folder to write (default: images.yaml's series.dir)")
     p = add("completion", cmd_completion, "print a shell completion script for the `servekit` command (the "
             "console script `make venv` installs): `eval \"$(.venv/bin/servekit completion bash)\"`", json_out=False)
     p.add_argument("shell", choices=["bash", "zsh", "tcsh"])
