@@ -72,11 +72,14 @@ def _start_dockerd(say, wait_s: float = 90) -> None:
     say(f"starting dockerd (no systemd here), log in {DOCKERD_LOG}")
     log = open(DOCKERD_LOG, "ab")
     # Its own session, so that it outlives this process and a Ctrl-C here does not reach it.
-    subprocess.Popen(["dockerd"], stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(["dockerd"], stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         if SOCKET.exists() and engine_answers():
             return
+        if proc.poll() is not None:  # it gave up (no privileges, a broken config): say so now, not at the deadline
+            tail = DOCKERD_LOG.read_text(errors="replace").strip().splitlines()[-2:]
+            raise EnvironmentProblem(f"dockerd exited at start (exit {proc.returncode}): {' | '.join(tail)[-400:]}")
         time.sleep(0.5)
     tail = DOCKERD_LOG.read_text(errors="replace").strip().splitlines()[-5:]
     raise EnvironmentProblem(f"dockerd did not answer within {wait_s:.0f} s; last log lines: {' | '.join(tail)}")
@@ -104,22 +107,25 @@ def _install_compose_plugin(say, cache_dir: Path) -> None:
 
 
 def ensure_engine(cache_dir: Path, say=print) -> None:
-    """Make `docker` and `docker compose` work, or say what is missing. Base images are made by the
-    build that needs them, so a GPU host pulling nvidia/cuda never needs debootstrap."""
-    if not engine_answers():
+    """Make `docker` and `docker compose` work, or say what is missing: install what is missing first (Debian's
+    docker.io, the Compose plugin), then start dockerd. Base images are made by the build that needs them, so a
+    GPU host pulling nvidia/cuda never needs debootstrap."""
+    answers = engine_answers()
+    if not answers:
         if not can_install():
             raise EnvironmentProblem(
                 "no Docker engine answers, and this is not Debian/Ubuntu as root, so it cannot be installed "
                 "here: install Docker Engine (or Docker Desktop) and start it, then run `make engine` again")
         if not shutil.which("dockerd"):
             apt_install(["docker.io"], say)
-        _start_dockerd(say)
     if not compose_works():
         if os.geteuid() != 0:
             raise EnvironmentProblem("`docker compose` is missing: install the Docker Compose v2 plugin")
         _install_compose_plugin(say, cache_dir)
         if not compose_works():
             raise EnvironmentProblem(f"installed Compose into {PLUGIN_DIR}, but `docker compose version` fails")
+    if not answers:
+        _start_dockerd(say)
 
 
 def ensure_test_tools(say=print) -> None:
