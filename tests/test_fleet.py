@@ -137,6 +137,14 @@ def second():
     running = subprocess.run(["docker", "--host", second_engine.URL, "version"], capture_output=True).returncode == 0
     url = second_engine.start()
     yield url
+    # The engine is the tests' own and outlives the run so that the next one finds today's image there; images of
+    # earlier builds would pile up in it (GBs each), so only today's cpu image stays.
+    current = json.loads(run_build_py("plan", "--json", "--target", "cpu").stdout)["targets"][0]["tag"]
+    names = _on_second(url, "images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split()
+    stale = [n for n in names if n.split(":")[0] == current.split(":")[0] and n != current]
+    if stale:
+        _on_second(url, "image", "rm", *stale)
+    _on_second(url, "image", "prune", "-f")
     if not running:
         second_engine.stop()
 
