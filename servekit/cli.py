@@ -193,6 +193,24 @@ def cmd_completion(args) -> int:
     return 0
 
 
+def cmd_port(args) -> int:
+    from .portcheck import run_port
+    session = _session(args)
+    accept = {}
+    for item in args.accept or []:
+        name, sep, reason = item.partition("=")
+        if not sep or not name.strip() or not reason.strip():
+            raise UserError(f"--accept {item!r}: expected NAME=REASON, e.g. --accept old_name='only in a docstring'")
+        accept[name.strip()] = reason.strip()
+    report = run_port(session, args.to, [session.check_target(t) for t in args.target or []] or None, accept,
+                      say=_say())
+    if args.json:
+        _emit_json({"lines": report.lines, "summaries": report.summaries, "failures": report.failures})
+    else:
+        print("\n".join(report.lines))
+    return 1 if report.failures else 0
+
+
 def cmd_series(args) -> int:
     from .seriesexport import export
     session = _session(args)
@@ -636,6 +654,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "and an SSH server (Debian packages)")
     add("schema", cmd_schema, "print the JSON Schema of images.yaml (images.schema.json is this output)",
         json_out=False)
+    p = add("port", cmd_port, "check the series against a newer vLLM from the two pristine wheels alone: names our "
+            "lines use that it removed, calls of ours that no longer bind to its signatures, and whether each patch "
+            "still applies at fuzz 0 (and at what offsets); exit 1 on anything not accepted")
+    p.add_argument("--to", required=True, metavar="VERSION", help="the newer vLLM, e.g. 0.32.0")
+    add_target(p, many=True, help="only this target's vLLM distribution (repeatable; default: every target)")
+    p.add_argument("--accept", action="append", metavar="NAME=REASON", help="a reviewed exception, recorded in the "
+                   "series folder (port-accept) so that the next port sees it too (repeatable)")
     p = add("series", cmd_series, "export a git branch that carries one commit per topic on top of a vLLM tag "
             "as the patch series: one patch per commit, its message's prose and trailers kept, Cut-against set to "
             "the tag, the series file in commit order", locked=True)

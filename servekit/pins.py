@@ -13,6 +13,7 @@ from packaging.version import InvalidVersion, Version
 
 from .errors import EnvironmentProblem, UserError
 from .index import IndexUnreachable, NotOnIndex, fetch_metadata, normalize
+from .image.series import SeriesError
 from .matrix import Matrix, load_matrix
 
 VERSIONED_NAME = re.compile(r"-(\d+\.\d+\.\d+(?:rc\d+|\.post\d+)?)\.patch$")
@@ -195,7 +196,7 @@ def plan_bump(matrix: Matrix, matrix_path: Path, root: Path, new: str, cache_dir
 
     # Co-pins the new vLLM declares against today's other pins; the patches the new vLLM retires.
     bump.findings = copin_problems(matrix, cache_dir, vllm_version=new)
-    from .image.series import SeriesError, read_series
+    from .image.series import read_series
     from .port import trailer_findings
     try:
         trailers = trailer_findings(read_series(series_file.parent), new)
@@ -212,6 +213,20 @@ def apply_bump(bump: Bump, writes: dict[Path, str], root: Path) -> None:
         (root / src).rename(root / dst)
 
 
+def _port(session, to: str, plan: Bump, say) -> None:
+    """The port checks against the new vLLM, as `port --to` runs them: their summaries said, their findings
+    problems."""
+    from .index import IndexUnreachable, NotOnIndex
+    from .portcheck import FINDINGS, run_port
+    try:
+        report = run_port(session, to, say=say)
+    except (IndexUnreachable, NotOnIndex, UserError) as exc:
+        plan.findings.notes.append(f"port checks not run: {exc}")
+        return
+    plan.findings.notes += report.summaries
+    plan.findings.problems += [line for line in report.lines if line.split(": ", 1)[1].startswith(FINDINGS)]
+
+
 def bump(session, to: str, dry_run: bool = False, say=print) -> Bump:
     """`bump --to`: every mechanical vLLM pin moved and every lock made again from the moved pins (unless dry_run),
     with what a person must review."""
@@ -224,6 +239,7 @@ def bump(session, to: str, dry_run: bool = False, say=print) -> Bump:
     from .packagelock import image_locks, lock_file, make_image_lock
     plan, writes = plan_bump(session.matrix, session.matrix_path, session.root, to, session.cache / "metadata")
     plan.locks = [lock_file(t, py) for t, py in image_locks(session.matrix)]
+    _port(session, to, plan, say)
     if dry_run:
         return plan
     apply_bump(plan, writes, session.root)

@@ -48,6 +48,7 @@ def test_a_cut_against_without_a_version_is_a_problem(repo, cli):
                              for p in found["problems"]), found
 
 
+@pytest.mark.slow  # bump runs the port checks too
 def test_a_patch_the_pin_retires_is_named_and_bump_names_the_ones_the_new_pin_retires(repo, cli):
     _plant(repo, "retired-now.patch", Retires_when="vLLM 0.31.0 ships the fix (vllm #40000)")
     _plant(repo, "retired-next.patch", Retires_when="vllm >= 0.32.0")
