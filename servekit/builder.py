@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -220,7 +221,7 @@ def stage_components(matrix: Matrix, plan: TargetPlan, root: Path, dest: Path) -
             shutil.copytree(source / "files", dest / name / "files")
         for p in patches:
             shutil.copy2(source / p, dest / name / p)
-        spec.append({"name": name, "patches": patches})
+        spec.append({"name": name, "patches": patches, "checks": comp.checks})
     (dest / "components.json").write_text(json.dumps(spec, indent=2) + "\n")
 
 
@@ -308,6 +309,11 @@ def _failure_summary(log_path: Path) -> str:
         if errors:  # pip's own words: what failed, then the first line of detail (which package)
             said = output[errors[0]][:200] + (f" | {output[errors[0] + 1][:200]}" if errors[0] + 1 < len(output) else "")
             return f"{step}: {said}"
+        counted = re.match(r"^(\S+: )\d+ problem", output[-1]) if output else None
+        if counted:  # a tool that lists its problems, then counts them (the image's verify): the first, and the count
+            first = next((line for line in output[:-1] if line.startswith(counted[1])), None)
+            if first:
+                return f"{step}: {first[:300]} ({output[-1][len(counted[1]):]})"
         if output:
             return f"{step}: {output[-1][-300:]}"
     wanted = [line for line in lines if "failed to solve" in line or "ERROR" in line]

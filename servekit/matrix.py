@@ -152,6 +152,8 @@ class Component(Strict):
     targets: list[str]
     sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$",
                                description="digest of the source (files/ and patches); a mismatch stops the build")
+    checks: list[str] = Field([], description="Python statements the image's verify step runs after the install, "
+                              "each in a fresh interpreter (an assert that fails stops the build)")
 
 
 class Series(Strict):

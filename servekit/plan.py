@@ -105,7 +105,8 @@ def build_facts(matrix: Matrix, target: str, root: Path, settings: BuildSettings
             "model": matrix.models[spec.model].model_dump(), "gpu": spec.gpu, "cuda_archs": archs,
             "lock": {"file": lock.relative_to(root).as_posix(),
                      "sha256": hashlib.sha256(lock.read_bytes()).hexdigest() if lock.is_file() else None},
-            "series": series, "components": component_states(matrix, target, root)}
+            "series": series, "components": component_states(matrix, target, root),
+            "component_checks": {name: matrix.components[name].checks for name in spec.components}}
 
 
 def pin_name(matrix: Matrix, target: str, dist: str) -> str:

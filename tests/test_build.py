@@ -225,22 +225,75 @@ def test_a_component_with_a_wrong_hash_is_refused(tmp_path):
     assert _docker("image", "inspect", tag).returncode != 0
 
 
+KVARN_PATCHES = {  # in KVarN's apply order; each later one leans on an earlier one, the third on the series
+    "kvarn-0.31.0.patch": ("config/cache.py", "@@ -39,4 +39,5 @@\n CacheDType = Literal[\n     \"auto\",\n"
+                           "+    \"kvarn_k4v2_g128\",\n     \"float16\",\n     \"bfloat16\",\n"),
+    "kvarn-v2-runner-0.31.0.patch": (
+        "v1/attention/backends/registry.py", "@@ -44,2 +44,3 @@\n     FLASH_ATTN = \"vllm.v1.attention.backends."
+        "flash_attn.FlashAttentionBackend\"\n+    KVARN = \"vllm.v1.attention.backends.kvarn_attn.KVarNBackend\"\n"
+        "     FLASH_ATTN_DIFFKV = (\n"),
+    "kvarn-recycled-pages-0.31.0.patch": (
+        "entrypoints/serve/middleware/authenticate.py", "@@ -12,4 +12,5 @@\n # Deny by default: with a key set, only "
+        "these routes answer without it (liveness probes).\n KEYLESS_PATHS = frozenset({\"/health\", \"/ping\", "
+        "\"/version\"})\n+KVARN_SAW_THE_SERIES = True\n \n \n"),
+    "kvarn-fp16-dequant-0.31.0.patch": ("v1/attention/backends/kvarn_attn.py", "@@ -1,2 +1,3 @@\n class KVarNBackend:\n"
+                                        "     FP16_DEQUANT = False\n+FP16_DEQUANT_DEFAULT = True\n"),
+}
+
+
+def _kvarn_folder(root: Path, dtype: str = "kvarn_k4v2_g128") -> None:
+    """A kvarn/ folder laid out as the source ships it (files/vllm/, the four per-pin patches, README.md,
+    install.sh, tests/), a stand-in for the real one, installed on the cpu target by images.yaml's own kvarn entry."""
+    source = root / "kvarn"
+    (source / "files/vllm/v1/attention/backends").mkdir(parents=True)
+    (source / "files/vllm/v1/attention/backends/kvarn_attn.py").write_text(
+        "class KVarNBackend:\n    FP16_DEQUANT = False\n")
+    for name in ("README.md", "install.sh", "tests/test_kvarn_fp16_dequant_torch.py"):
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        (source / name).write_text("# shipped beside the component; the build leaves it alone\n")
+    for name, (path, hunk) in KVARN_PATCHES.items():
+        (source / name).write_text(f"KVarN, a stand-in for the tests.\n\nKind: feature\nWhat: {name}\nUpstream: none\n"
+                                   f"Cut-against: v0.31.0\n\n--- a/{path}\n+++ b/{path}\n"
+                                   + hunk.replace("kvarn_k4v2_g128", dtype))
+    _matrix_edit(root, "    targets: [cuda]\n    # What the source's install.sh", "    targets: [cuda, cpu]\n"
+                 "    # What the source's install.sh")
+    _matrix_edit(root, "    model: demo\n", "    model: demo\n    components: [kvarn]\n")
+
+
 @pytest.mark.slow
-def test_a_component_is_installed_patched_and_verified(tmp_path, cpu_image):
+def test_kvarn_in_the_sources_layout_is_installed_after_the_series_and_checked(tmp_path, cpu_image):
     root = tracked_copy(tmp_path)
-    _probe_component(root, sha256=None)
+    _kvarn_folder(root)
     result = run_build_py("image", "--target", "cpu", "--json", cwd=root, timeout=3000)
     assert result.returncode == 0, result.stderr[-3000:]
     tag = json.loads(result.stdout)["images"][0]["tag"]
     try:
         probe = _docker("run", "--rm", "--entrypoint", "/opt/venv/bin/python", tag, "-c",
-                        "import vllm.servekit_probe as p; print(p.ADDED)")
-        assert probe.stdout.strip() == "43", probe.stderr  # copied from files/vllm, then patched: 42 -> 43
+                        "import typing; from vllm.config.cache import CacheDType; "
+                        "from vllm.v1.attention.backends.registry import AttentionBackendEnum as E; "
+                        "import vllm.entrypoints.serve.middleware.authenticate as a; "
+                        "import vllm.v1.attention.backends.kvarn_attn as k; "
+                        "print('kvarn_k4v2_g128' in typing.get_args(CacheDType), E.KVARN.name, "
+                        "a.KVARN_SAW_THE_SERIES, k.FP16_DEQUANT_DEFAULT)")
+        assert probe.stdout.split() == ["True", "KVARN", "True", "True"], probe.stderr[-2000:]
         manifest = json.loads(_docker("run", "--rm", "--entrypoint", "cat", tag,
                                       "/opt/servekit/components/component-manifest.json").stdout)
-        assert manifest[0]["name"] == "probe" and "servekit_probe.py" in manifest[0]["files"]
+        assert manifest[0]["name"] == "kvarn" and len(manifest[0]["checks"]) == 2
+        assert "v1/attention/backends/kvarn_attn.py" in manifest[0]["files"]
     finally:
         _docker("image", "rm", "-f", tag)
+
+
+@pytest.mark.slow
+def test_a_kvarn_whose_post_install_check_fails_stops_the_build_untagged(tmp_path):
+    root = tracked_copy(tmp_path)
+    _kvarn_folder(root, dtype="kvarn_mistyped")
+    tag = _cpu_tag(root)
+    result = run_build_py("image", "--target", "cpu", cwd=root, timeout=3000)
+    assert result.returncode != 0
+    assert "component kvarn: check `import typing; from vllm.config.cache import CacheDType" in result.stderr
+    assert "kvarn_k4v2_g128 is not a CacheDType" in result.stderr, result.stderr[-2000:]
+    assert _docker("image", "inspect", tag).returncode != 0
 
 
 @pytest.mark.slow

@@ -40,7 +40,8 @@ def source_digest(source: Path, patches: list[str]) -> str:
     return h.hexdigest()
 
 
-def install(name: str, source: Path, patches: list[str], vllm_dir: Path, say=print) -> dict:
+def install(name: str, source: Path, patches: list[str], vllm_dir: Path, checks: list[str] | None = None,
+            say=print) -> dict:
     files_root = source / "files" / "vllm"
     added = []
     if files_root.is_dir():
@@ -61,7 +62,7 @@ def install(name: str, source: Path, patches: list[str], vllm_dir: Path, say=pri
     say(f"== component {name}: {len(added)} files, {len(patches)} patches")
     return {"name": name, "files": {rel: _sha256(vllm_dir / rel) for rel in sorted(set(added + changed))},
             "modules": [f"vllm.{rel[:-3].replace('/', '.')}" for rel in added if rel.endswith(".py")
-                        and not rel.endswith("__init__.py")]}
+                        and not rel.endswith("__init__.py")], "checks": checks or []}
 
 
 def verify(manifest: list[dict], vllm_dir: Path, python: str) -> list[str]:
@@ -78,6 +79,11 @@ def verify(manifest: list[dict], vllm_dir: Path, python: str) -> list[str]:
             if done.returncode != 0:
                 last = (done.stderr.strip().splitlines() or ["no output"])[-1]
                 problems.append(f"component {comp['name']}: import {module} failed: {last}")
+        for check in comp.get("checks", []):  # the component's own post-install checks (images.yaml)
+            done = subprocess.run([python, "-c", check], capture_output=True, text=True)
+            if done.returncode != 0:
+                last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+                problems.append(f"component {comp['name']}: check `{check[:80]}` failed: {last}")
     return problems
 
 
@@ -94,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.action == "install":
             if args.spec is None:
                 parser.error("install needs --spec")
-            manifest = [install(c["name"], args.components_dir / c["name"], c["patches"], vllm_dir)
+            manifest = [install(c["name"], args.components_dir / c["name"], c["patches"], vllm_dir, c.get("checks"))
                         for c in json.loads(args.spec.read_text())]
             manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
             return 0

@@ -66,7 +66,9 @@ def check_versions(pins: dict[str, str]) -> list[str]:
 
 def check_series(series_dir: Path, target: str) -> list[str]:
     done = subprocess.run([sys.executable, str(HERE / "series.py"), "check", "--series-dir", str(series_dir),
-                           "--target", target, "--python", sys.executable], capture_output=True, text=True)
+                           "--target", target, "--python", sys.executable,
+                           "--settled-by", str(HERE / "components" / "component-manifest.json")],
+                          capture_output=True, text=True)
     return [line.removeprefix("error: ") for line in done.stderr.splitlines() if line.strip()]
 
 
