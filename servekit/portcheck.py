@@ -352,6 +352,8 @@ def applies(series_dir: Path, new: Path, target: str, versions: str) -> Report:
         elif offsets:
             moved += 1
             out.lines.append(f"moved    {patch.name}: {len(offsets)} hunk(s) at an offset ({', '.join(offsets)} lines)")
+        else:
+            out.lines.append(f"applies  {patch.name}: every hunk where it was")
     out.summaries.append(f"port-applies {versions}: {out.failures} of the series fail at fuzz 0, {moved} apply at an "
                          "offset")
     return out
