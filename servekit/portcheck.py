@@ -54,7 +54,9 @@ def read_accepted(series_dir: Path) -> dict[str, str]:
         return {}
     out = {}
     for line in path.read_text().splitlines():
-        name, sep, reason = line.split("#", 1)[0].strip().partition("=")
+        if line.lstrip().startswith("#"):  # a comment line; a reason may cite "vllm #58092"
+            continue
+        name, sep, reason = line.strip().partition("=")
         if sep and name.strip():
             out[name.strip()] = reason.strip()
     return out
