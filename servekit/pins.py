@@ -13,7 +13,7 @@ from packaging.version import InvalidVersion, Version
 
 from .errors import EnvironmentProblem, UserError
 from .index import IndexUnreachable, NotOnIndex, fetch_metadata, normalize
-from .image.series import SeriesError
+from .image.series import SeriesError, read_series
 from .matrix import Matrix, load_matrix
 
 VERSIONED_NAME = re.compile(r"-(\d+\.\d+\.\d+(?:rc\d+|\.post\d+)?)\.patch$")
@@ -196,8 +196,7 @@ def plan_bump(matrix: Matrix, matrix_path: Path, root: Path, new: str, cache_dir
 
     # Co-pins the new vLLM declares against today's other pins; the patches the new vLLM retires.
     bump.findings = copin_problems(matrix, cache_dir, vllm_version=new)
-    from .image.series import read_series
-    from .port import trailer_findings
+    from .portcheck import trailer_findings
     try:
         trailers = trailer_findings(read_series(series_file.parent), new)
         bump.findings.notes += [n for n in trailers.notes if "retire this patch" in n]

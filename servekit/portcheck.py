@@ -8,6 +8,9 @@ Three checks, each printing its findings and one summary line, as the source's p
   definitions laid over the new tree; bare names, module functions, `Class(...)`, `Class.method` and
   `self.`/`cls.` methods through the class and its bases are resolved, other calls skipped;
 - applies: each patch against the new tree at fuzz 0, in order, and at what offsets.
+Beside them, what each patch's trailers say against a vLLM pin (`verify`, `bump`): `Cut-against` names the vLLM a
+patch was cut against, `Retires-when` may name the release that retires it. (`Supersedes` is checked where the
+series is read: a patch and the one it replaces are never both in it.)
 `--accept NAME=REASON` records a reviewed exception in the series folder (`port-accept`), where the next port sees it.
 """
 
@@ -22,8 +25,11 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packaging.version import InvalidVersion, Version
+
 from .errors import UserError
 from .image.series import PATCH_ARGS, Patch, SeriesError, _patch, read_series
+from .pins import Findings
 
 IDENTIFIER = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]{3,}\b")
 DEFINES = (re.compile(r"^\s*(?:async\s+)?def\s+(\w+)"), re.compile(r"^\s*class\s+(\w+)"),
@@ -122,6 +128,40 @@ def removed_names(old: Path, new: Path, added: dict[str, dict[int, str]], patche
     out.failures = using
     out.summaries.append(f"port-removed-names {versions}: {len(removed)} names removed upstream, "
                          f"{len(removed & ours)} of them redefined by the series; {using} added line(s) of ours use one")
+    return out
+
+
+# --- trailers ---------------------------------------------------------------------------------------------------
+
+
+VERSION = re.compile(r"(?<![\w.])v?(\d+\.\d+\.\d+(?:rc\d+|\.post\d+)?)(?![\w.])")
+
+
+def _version(text: str) -> Version | None:
+    found = VERSION.search(text)
+    try:
+        return Version(found[1]) if found else None
+    except InvalidVersion:
+        return None
+
+
+def trailer_findings(patches: list[Patch], pin: str) -> Findings:
+    """Problems (a Cut-against without a version) and notes (a patch cut against another vLLM, one that the pin
+    retires) of the series against the vLLM `pin`."""
+    out = Findings()
+    pinned = Version(pin)
+    for patch in patches:
+        cut = _version(patch.trailers["Cut-against"])
+        if cut is None:
+            out.problems.append(f"{patch.name}: Cut-against: {patch.trailers['Cut-against']!r} names no vLLM "
+                                f"version; write the one it was cut against, e.g. {pin}")
+        elif cut != pinned:
+            out.notes.append(f"{patch.name}: cut against vLLM {cut}, the pin is {pin}: re-cut it and set Cut-against "
+                             f"(the series proof on the pristine {pin} wheel says whether it still applies)")
+        retires = _version(patch.trailers.get("Retires-when", ""))
+        if retires is not None and pinned >= retires:
+            out.notes.append(f"{patch.name}: retire this patch: Retires-when names vLLM {retires}, and the pin "
+                             f"{pin} contains it ({patch.trailers['Retires-when']})")
     return out
 
 

@@ -251,9 +251,15 @@ def _profiles(dep, state: Path) -> dict:
     return rendered
 
 
+def _staged(root: Path, target: str) -> Path:
+    """Where patch-env stages the series and components for an environment of `target` (its manifest stays)."""
+    return root / ".cache" / "build" / f"{target}-env"
+
+
 def check_environment(engine: ProcessEngine, dep) -> None:
     """Refuse an environment that is not the target's: a pinned package at another version (pins left out with
     --without excepted), or a patch of the series not applied to its vLLM (docs/install.md says how to make one)."""
+    from .image.components import MANIFEST
     from .image.series import check_applied, settled_files, site_vllm_dir
     from packaging.utils import canonicalize_name
     have = engine.versions()
@@ -263,9 +269,8 @@ def check_environment(engine: ProcessEngine, dep) -> None:
     if wrong:
         raise UserError(f"engine {engine.given}: not the {dep.target} target's stack: {'; '.join(wrong)}; install "
                         "it as docs/install.md says")
-    manifest = dep.root / ".cache" / "build" / f"{dep.target}-env" / "components" / "component-manifest.json"
     unapplied = check_applied(dep.root / dep.matrix.series.dir, site_vllm_dir(str(engine.python)), dep.target,
-                              settled_files(manifest))
+                              settled_files(_staged(dep.root, dep.target) / "components" / MANIFEST))
     if unapplied:
         raise UserError(f"engine {engine.given}: {unapplied[0]}; apply the series with `python build.py patch-env "
                         f"--python {engine.python} --target {dep.target}`")
@@ -362,14 +367,15 @@ def patch_environment(session, target: str, python: str, say=print) -> list[str]
     with the code and inputs the image build uses; what was applied. An environment already patched is left
     as it is; one patched in part is refused."""
     from .builder import replace_tree, stage_components
+    from .image.components import MANIFEST
     from .image.series import check_applied, read_series, settled_files, site_vllm_dir
     interpreter = Path(python).expanduser()
     if not os.access(interpreter, os.X_OK):
         raise UserError(f"--python {python}: no interpreter there; make the environment as docs/install.md says")
     matrix = session.matrix
     plan = session.plan(target)
-    staged = session.cache / "build" / f"{target}-env"
-    settled = settled_files(staged / "components" / "component-manifest.json")  # from an earlier patch-env
+    staged = _staged(session.root, target)
+    settled = settled_files(staged / "components" / MANIFEST)  # from an earlier patch-env
     replace_tree(staged / "patches", session.root / matrix.series.dir)
     stage_components(matrix, plan, session.root, staged / "components")
     vllm_dir = site_vllm_dir(str(interpreter))

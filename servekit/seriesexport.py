@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .atomic import write_text
 from .errors import UserError
-from .image.series import REQUIRED, TRAILERS
+from .image.series import REQUIRED, TRAILERS, trailer
 
 PACKAGE = "vllm/"  # the diff is taken inside the package, as the series applies it (patch -p1 in site-packages/vllm)
 SERIES_HEADER = ("# The patch series, applied in this order with `patch -p1 --forward --fuzz 0` inside the vllm package.\n"
@@ -37,9 +37,9 @@ def _message_parts(message: str) -> tuple[list[str], dict[str, str]]:
     """(prose lines, trailers) of a commit message; trailers are `Key: value` lines of the series' keys."""
     prose, trailers = [], {}
     for line in message.rstrip().splitlines():
-        found = re.match(r"^([A-Z][A-Za-z-]+):\s*(.*)$", line)
-        if found and found[1] in TRAILERS:
-            trailers[found[1]] = found[2].strip()
+        found = trailer(line)
+        if found:
+            trailers[found[0]] = found[1]
         else:
             prose.append(line.rstrip())
     while prose and not prose[-1]:

@@ -8,7 +8,7 @@ from .image.series import SeriesError, prove_on_pristine, read_series
 from .index import IndexUnreachable, NotOnIndex, download_wheel
 from .packagelock import problems as lock_problems
 from .pins import Findings, copin_problems, mirror_problems
-from .port import trailer_findings
+from .portcheck import trailer_findings
 
 
 def verify(session, offline: bool = False, series: bool = True, say=print) -> Findings:

@@ -79,6 +79,12 @@ def read_series(series_dir: Path) -> list[Patch]:
     return patches
 
 
+def trailer(line: str) -> tuple[str, str] | None:
+    """(key, value) when the line is one of the series' trailers, `Key: value`."""
+    mo = re.match(r"^([A-Z][A-Za-z-]+):\s*(.*)$", line)
+    return (mo[1], mo[2].strip()) if mo and mo[1] in TRAILERS else None
+
+
 def parse_patch(path: Path) -> Patch:
     text = path.read_text()
     head, sep, _ = text.partition("\n--- ")
@@ -86,9 +92,9 @@ def parse_patch(path: Path) -> Patch:
         raise SeriesError(f"{path.name}: no hunks (expected a unified diff after the preamble)")
     trailers: dict[str, str] = {}
     for line in head.splitlines():
-        mo = re.match(r"^([A-Z][A-Za-z-]+):\s*(.*)$", line)
-        if mo and mo[1] in TRAILERS:
-            trailers[mo[1]] = mo[2].strip()
+        found = trailer(line)
+        if found:
+            trailers[found[0]] = found[1]
     for key in REQUIRED:
         if key not in trailers:
             raise SeriesError(f"{path.name}: missing trailer {key}: (expected {', '.join(REQUIRED)})")
