@@ -286,8 +286,8 @@ def cmd_up(args) -> int:
         print(f"  GPU peak {r['gpu']['peak_used_bytes'] / 2**30:.2f} GiB, margin "
               f"{r['gpu']['min_margin_bytes'] / 2**30:.2f} GiB")
     if r["shared_usage"]:
-        print(f"  Shared Usage baseline {r['shared_usage']['baseline_bytes'] / 1e6:.0f} MB, spill "
-              f"{r['shared_usage']['spill_bytes'] / 1e6:.0f} MB")
+        from wsl2.shared_usage import describe
+        print(f"  {describe(r['shared_usage'])}")
     if r["url"].startswith("http"):
         print(usage_snippets(r["url"], r["api_key_file"], r["served_name"]))
     return 0
@@ -356,9 +356,8 @@ def cmd_monitor(args) -> int:
               f"{g['samples']} samples")
     shared = result["shared_usage"]
     if shared:
-        print(f"Shared Usage ({shared['adapter']}): baseline {shared['baseline_bytes'] / 1e6:.0f} MB, peak "
-              f"{shared['peak_bytes'] / 1e6:.0f} MB, end {shared['end_bytes'] / 1e6:.0f} MB, spill "
-              f"{shared['spill_bytes'] / 1e6:.0f} MB, {shared['samples']} samples")
+        from wsl2.shared_usage import describe
+        print(describe(shared))
     return 0
 
 
@@ -592,7 +591,8 @@ def build_parser() -> argparse.ArgumentParser:
             "Usage counter (every second) for N seconds or until Ctrl-C, then print the summary")
     p.add_argument("--seconds", type=float, metavar="N", help="how long (default: until Ctrl-C)")
     p.add_argument("--interval", type=float, default=0.05, metavar="S", help="NVML sampling interval (default 0.05)")
-    p.add_argument("--adapter", metavar="LUID", help="the WSL2 adapter to report (default: the one matching NVML)")
+    p.add_argument("--adapter", metavar="LUID", help="the WSL2 adapter to read, by its LUID (whole or its last part); "
+                   "default: hosts.wsl2.adapter of images.yaml, else the adapter with the most dedicated memory in use")
     p = add("run", cmd_run, "image, up, smoke checks, down and a report for each profile, on one engine or on "
             "several in parallel; exit 0 only when every check passed", locked=True)
     add_target(p)

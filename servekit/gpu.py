@@ -104,7 +104,7 @@ class NvmlSampler:
             name = self.nvml.nvmlDeviceGetName(handle)
             self.series.append(GpuSeries(i, name.decode() if isinstance(name, bytes) else name,
                                          self.nvml.nvmlDeviceGetMemoryInfo(handle).total))
-        self.phases: list[tuple[str, float]] = [("start", 0.0)]
+        self.phases: list[tuple[str, float]] = [("before load", 0.0)]
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="nvml-sampler", daemon=True)
         self._t0 = 0.0

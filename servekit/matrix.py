@@ -112,8 +112,9 @@ class Host(Strict):
     description: str
     cuda_arch: str | None = Field(None, pattern=r"^\d+\.\d+$", description="the card's compute capability; "
                                   "the cuda image's verify compiles a FlashInfer kernel for every host's")
-    adapter: str | None = Field(None, description="WSL2: the GPU adapter's LUID (part of it) for Shared Usage; "
-                                "default: the adapter whose dedicated usage matches NVML")
+    adapter: str | None = Field(None, description="WSL2: the GPU adapter whose Shared Usage is read, by its LUID "
+                                "(whole or its last part, as Get-Counter lists it); default: the adapter with the "
+                                "most dedicated memory in use, which is the card and never an integrated GPU")
     knobs: Knobs = {}
     env: dict[str, str] = Field({}, description="environment the launcher sets on this host")
     component_knobs: dict[str, Knobs] = Field({}, description="knobs for profiles that use a component")
@@ -122,6 +123,7 @@ class Host(Strict):
 class Check(Strict):
     description: str
     gpu_only: bool = False
+    hosts: list[str] = Field([], description="the hosts a profile's run includes it on (empty: every host)")
     params: dict[str, int | float | str | bool] = {}
 
 
@@ -249,12 +251,15 @@ class Matrix(Strict):
             out[name] = version
         return out
 
-    def profile_checks(self, profile: str, target: str) -> dict[str, dict[str, Any]]:
-        """Each check of the profile on the target, with its parameters merged in order."""
+    def profile_checks(self, profile: str, target: str, host: str | None = None) -> dict[str, dict[str, Any]]:
+        """Each check of the profile on the target (and on `host`, where a check names its hosts), with its
+        parameters merged in order."""
         prof = self.profiles[profile]
         per_target = prof.targets.get(target) or ProfileTarget()
         merged = {}
         for name in {**prof.checks, **per_target.checks}:
+            if host and self.checks[name].hosts and host not in self.checks[name].hosts:
+                continue
             merged[name] = {**self.checks[name].params, **(prof.checks.get(name) or {}),
                             **(per_target.checks.get(name) or {})}
         return merged
@@ -336,6 +341,8 @@ def _cross_references(m: Matrix, root: Path) -> list[tuple[tuple, str]]:
 
     for name, c in m.checks.items():
         params_fit(name, c.params, ("checks", name, "params"))
+        for host in c.hosts:
+            need(host, m.hosts, "host", ("checks", name, "hosts"))
     for pkg in m.may_omit:
         need(pkg, m.pins, "pinned package", ("may_omit", pkg))
     for name, model in m.models.items():

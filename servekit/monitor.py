@@ -26,7 +26,7 @@ def monitor(seconds: float | None, interval_s: float = 0.05, adapter: str | None
     if is_wsl2():
         try:
             shared_sampler = SharedUsageSampler().start()
-            if not shared_sampler.wait_for_baseline(20):
+            if not shared_sampler.wait_for_samples(1, 20):
                 say("monitor: Get-Counter gave no sample within 20 s")
         except SharedUsageUnavailable as exc:
             say(f"monitor: Shared Usage not sampled: {exc}")
@@ -46,10 +46,11 @@ def monitor(seconds: float | None, interval_s: float = 0.05, adapter: str | None
         if shared_sampler:
             shared_sampler.stop()
     gpus = gpu_sampler.summary() if gpu_sampler else []
-    shared = shared_sampler.summary(nvml_used=gpus[0]["end_used_bytes"] if gpus else None,
-                                    named=adapter or wsl2_adapter(matrix_path)) if shared_sampler else None
+    shared = shared_sampler.summary(adapter or wsl2_adapter(matrix_path),
+                                    "--adapter" if adapter else "hosts.wsl2.adapter in images.yaml") \
+        if shared_sampler else None
     if shared:
-        shared.pop("series")
+        shared.pop("series", None)
     return {"gpu": ({k: v for k, v in gpus[0].items() if k != "phases"} if gpus else None), "gpus": gpus,
             "shared_usage": shared}
 

@@ -67,11 +67,28 @@ class Boot:
     phases: list[tuple[str, float]] = field(default_factory=list)  # (name, seconds since the boot started)
 
     def mark(self, phase: str) -> None:
+        """Phase `phase` starts now. Traffic and its end first wait (bounded) for two fresh Shared Usage samples,
+        so the level the first request met, and the level the traffic left, are read, not a sample from before."""
         if phase in dict(self.phases):
             return
+        if self.shared and phase in ("traffic", "end"):
+            if not self.shared.wait_for_samples(2, self.shared.fresh_level_timeout()):
+                self.notes.append(f"Shared Usage: no fresh sample at the start of {phase} within "
+                                  f"{self.shared.fresh_level_timeout():.0f} s")
         self.phases.append((phase, round(time.time() - self.record.started, 3)))
         if self.gpu:
             self.gpu.mark(phase)
+
+    def end_traffic(self) -> dict | None:
+        """Close the traffic phase (`end`) and give the Shared Usage figures so far: what the spill check judges."""
+        self.mark("end")
+        return self.shared_summary()
+
+    def shared_summary(self) -> dict | None:
+        if not self.shared:
+            return None
+        adapter = self.dep.matrix.hosts["wsl2"].adapter if self.dep.matrix and "wsl2" in self.dep.matrix.hosts else None
+        return self.shared.summary(adapter, phases=self.phases, origin=self.record.started)
 
     def start_samplers(self) -> None:
         if not self.dep.engine.same_machine:  # NVML and Get-Counter read this machine, not the engine's
@@ -86,7 +103,7 @@ class Boot:
         if self.dep.host == "wsl2":
             try:
                 self.shared = SharedUsageSampler().start()
-                if not self.shared.wait_for_baseline(20):
+                if not self.shared.wait_for_samples(1, 20):
                     self.notes.append("Shared Usage: Get-Counter gave no sample within 20 s")
             except SharedUsageUnavailable as exc:
                 self.notes.append(f"Shared Usage not sampled: {exc}")
@@ -103,8 +120,7 @@ class Boot:
         """The figures for the report: GPU summaries with phases, Shared Usage with its series."""
         gpus = self.gpu.summary() if self.gpu else []
         series = [{"t": s.times, "used": s.used} for s in self.gpu.series] if self.gpu else []
-        shared = self.shared.summary(nvml_used=gpus[0]["end_used_bytes"] if gpus else None,
-                                     named=None) if self.shared else None
+        shared = self.shared_summary()
         cm = self.container_memory
         container = {"peak_bytes": max(cm.used), "samples": len(cm.used)} if cm and cm.used else None
         return {"gpus": gpus, "gpu_series": series, "shared_usage": shared, "phases": self.phases,
@@ -154,14 +170,20 @@ def boot(dep: deploy.Deployment, profile: str, timeout_s: float, say=None, knobs
         raise
 
 
-def checks_to_run(matrix, profile: str, target: str, only: list[str] | None = None) -> dict[str, dict]:
-    """The profile's checks with their parameters, or only those named (each with the profile's parameters where it
-    has the check, else the check's own)."""
-    checks = matrix.profile_checks(profile, target)
+def checks_to_run(matrix, profile: str, target: str, only: list[str] | None = None,
+                  host: str | None = None) -> dict[str, dict]:
+    """The profile's checks on `host` with their parameters, or only those named (each with the profile's parameters
+    where it has the check, else the check's own); those that judge the others' traffic (spill) come last."""
+    from smoke import AFTER_TRAFFIC
     for name in only or []:
         if name not in matrix.checks:
             raise UserError(f"--check {name}: expected one of {', '.join(matrix.checks)}")
-    return {name: {**matrix.checks[name].params, **checks.get(name, {})} for name in only} if only else checks
+    checks = matrix.profile_checks(profile, target, host)
+    if only:
+        everywhere = matrix.profile_checks(profile, target)
+        checks = {name: {**matrix.checks[name].params, **everywhere.get(name, {})} for name in only}
+    return dict(sorted(checks.items(), key=lambda item: AFTER_TRAFFIC.index(item[0]) + 1
+                       if item[0] in AFTER_TRAFFIC else 0))
 
 
 def smoke(ctx, checks: dict[str, dict], say=None, deadline_s: float | None = None) -> list:
@@ -204,7 +226,7 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
     `knobs` apply to this boot only; `only` limits the checks to those named."""
     import datetime as dt
     from smoke import Context, Result
-    checks = checks_to_run(matrix, profile, dep.target, only)
+    checks = checks_to_run(matrix, profile, dep.target, only, dep.host)
     created = dt.datetime.now(dt.timezone.utc)
     report = {"kind": "run", "run_id": f"{created:%Y%m%d-%H%M%S}-{profile}-{dep.target}",
               "created": created.isoformat(timespec="seconds"), "profile": profile, "target": dep.target,
@@ -223,7 +245,8 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
         lines = lambda: list(b.record.lines)  # noqa: E731
         served_name = matrix.models[matrix.targets[dep.target].model].served_name
         ctx = Context(dep.url, key_file.read_text().strip(), served_name,
-                      gpu=matrix.targets[dep.target].gpu, logs=lines, healthy_line=len(b.record.lines))
+                      gpu=matrix.targets[dep.target].gpu, logs=lines, healthy_line=len(b.record.lines),
+                      shared_usage=b.end_traffic if dep.host == "wsl2" else None)
         results = smoke(ctx, checks, say=lambda r: say(f"  {r.status:7} {r.name} ({r.seconds} s) {r.reason[:120]}"))
         b.mark("end")
     except BootFailed as exc:

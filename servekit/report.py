@@ -70,11 +70,7 @@ def render_markdown(r: RunReport) -> str:
         lines += [f"| {g['index']}: {g['name']} | {_gib(g['total_bytes'])} | {_gib(g['peak_used_bytes'])} | "
                   f"{_gib(g['min_margin_bytes'])} | {g['samples']} |" for g in memory.gpus]
         lines.append("")
-    shared = memory.shared_usage
-    if shared:
-        lines += ["| Shared Usage | baseline | peak | end | spill |", "|---|---|---|---|---|",
-                  f"| {shared['adapter']} | {shared['baseline_bytes'] / 1e6:.0f} MB | {shared['peak_bytes'] / 1e6:.0f} MB"
-                  f" | {shared['end_bytes'] / 1e6:.0f} MB | {shared['spill_bytes'] / 1e6:.0f} MB |", ""]
+    lines += shared_usage_lines(memory.shared_usage, memory.gpus[0] if memory.gpus else None)
     container = memory.container
     if container:
         lines += [f"{'Process group' if process else 'Container'} memory: peak {_gib(container['peak_bytes'])} over {container['samples']} samples.", ""]
@@ -90,6 +86,33 @@ def render_markdown(r: RunReport) -> str:
     for note in r.notes:
         lines.append(f"\nNote: {note}")
     return "\n".join(lines) + "\n"
+
+
+def _mb(value) -> str:
+    return "" if value is None else f"{value / 1e6:,.0f} MB"
+
+
+def shared_usage_lines(shared: dict | None, gpu: dict | None) -> list[str]:
+    """WSL2's Shared Usage per phase (with the adapter's dedicated usage and NVML's, where given), the adapter read
+    and why, and the levels the spill check judges."""
+    if not shared:
+        return []
+    if shared.get("adapter") is None:
+        return [f"Shared Usage not read: {shared['chosen_because']}", ""]
+    nvml = (gpu or {}).get("phases") or {}
+    lines = [f"Shared Usage of adapter `{shared['adapter']}`, read because: {shared['chosen_because']}.", "",
+             "| phase | from | Shared Usage first | peak | last | dedicated peak (Get-Counter) | GPU used peak (NVML) |",
+             "|---|---|---|---|---|---|---|"]
+    for name, p in shared["phases"].items():
+        start = "" if p["start_s"] is None else f"{p['start_s']:.1f} s"
+        lines.append(f"| {name} | {start} | {_mb(p['first_bytes'])} | {_mb(p['peak_bytes'])} | {_mb(p['last_bytes'])} "
+                     f"| {_mb(p['peak_dedicated_bytes'])} | {_gib((nvml.get(name) or {}).get('peak_used_bytes'))} |")
+    lines.append("")
+    if "traffic_start_bytes" in shared:
+        lines += [f"Baseline {_mb(shared['baseline_bytes'])}; when the first request came {_mb(shared['traffic_start_bytes'])}"
+                  f"; at the end of traffic {_mb(shared['traffic_end_bytes'])}; rise during traffic "
+                  f"{_mb(shared['traffic_rise_bytes'])}.", ""]
+    return lines
 
 
 def plot_memory(path: Path, report: dict, series: dict) -> None:
@@ -157,8 +180,8 @@ def _numbers(report: RunReport) -> dict[str, float | str | None]:
     if memory.gpus:
         out["GPU peak (GiB)"] = round(memory.gpus[0]["peak_used_bytes"] / GiB, 3)
         out["GPU min margin (GiB)"] = round(memory.gpus[0]["min_margin_bytes"] / GiB, 3)
-    if memory.shared_usage:
-        out["Shared Usage spill (MB)"] = round(memory.shared_usage["spill_bytes"] / 1e6)
+    if memory.shared_usage and memory.shared_usage.get("traffic_rise_bytes") is not None:
+        out["Shared Usage rise in traffic (MB)"] = round(memory.shared_usage["traffic_rise_bytes"] / 1e6)
     for c in report.checks:
         out[c.name] = c.status
         for key, value in c.figures.items():

@@ -52,12 +52,14 @@ def summarize_boot(report: dict) -> dict:
            "time_to_healthy_s": report["boot"]["time_to_healthy_s"], "kv_pool_tokens": report["boot"]["kv_pool_tokens"],
            "gpu_peak_bytes": gpu["peak_used_bytes"] if gpu else None,
            "gpu_margin_bytes": gpu["min_margin_bytes"] if gpu else None,
-           "spill_bytes": shared["spill_bytes"] if shared else None,
+           "traffic_rise_bytes": shared.get("traffic_rise_bytes") if shared else None,
            "checks": {c["name"]: {"status": c["status"], "figures": c["figures"], "reason": c["reason"]}
                       for c in report["checks"] if c["name"] != "boot"},
            "report_run_id": report["run_id"]}
     burst = out["checks"].get("burst")
     out["tokens_per_s"] = burst["figures"].get("tokens_per_s") if burst and burst["status"] == "passed" else None
+    spill = out["checks"].get("spill")
+    out["spilled"] = None if spill is None or spill["status"] == "skipped" else spill["status"] == "failed"
     spec = out["checks"].get("spec_decode")
     out["tokens_per_step"] = spec["figures"] if spec and spec["status"] == "passed" else None
     return out
@@ -116,7 +118,7 @@ def table_rows(cells: list[Cell], speculates: bool) -> tuple[list[str], list[lis
             _range([x["kv_pool_tokens"] for x in b], lambda v: f"{v:,}"),
             _range([x["tokens_per_s"] for x in b], lambda v: f"{v:,.0f}"),
             _range([x["time_to_healthy_s"] for x in b], lambda v: f"{v:.1f}"),
-            _range([x["spill_bytes"] for x in b], lambda v: f"{v / 1e6:.0f} MB"),
+            spill_text(cell),
             claim,
             (f"{spec[0]['greedy']:.3f} / {spec[0]['sampled']:.3f}" if spec else
              ("not measured" if speculates else "no speculation in this profile or target")),
@@ -124,18 +126,36 @@ def table_rows(cells: list[Cell], speculates: bool) -> tuple[list[str], list[lis
     return header, rows
 
 
-def sizing_advice(cells: list[Cell], knob: str, min_margin_bytes: int, current: str | None) -> str | None:
-    """For a GPU_UTIL sweep: the largest value whose every boot survived with the margin required."""
+def spill_text(cell: Cell) -> str:
+    """The spill column: the spill check's verdict per boot with the traffic's rise; where it did not run, the
+    rise alone (or nothing, off WSL2)."""
+    b = cell.boots
+    rise = _range([x["traffic_rise_bytes"] for x in b], lambda v: f"+{v / 1e6:.0f} MB")
+    judged = [x["spilled"] for x in b if x["spilled"] is not None]
+    if not judged:
+        return rise
+    verdict = f"spilled {sum(judged)}/{len(judged)}" if any(judged) else "none"
+    return f"{verdict} ({rise})" if rise else verdict
+
+
+def sizing_advice(cells: list[Cell], knob: str, min_margin_bytes: int, current: str | None,
+                  host: str = "native") -> str | None:
+    """For a GPU_UTIL sweep: the largest value whose every boot survived with the margin required and, on WSL2,
+    passed the spill check (where going over does not fail, it spills: the margin alone cannot tell)."""
     if knob != "GPU_UTIL":
         return None
+    wsl2 = host == "wsl2"
     ok = [c for c in cells if c.boots and all(b["survived"] and b["gpu_margin_bytes"] is not None and
-                                               b["gpu_margin_bytes"] >= min_margin_bytes for b in c.boots)]
+                                               b["gpu_margin_bytes"] >= min_margin_bytes and
+                                               (not wsl2 or b.get("spilled") is False) for b in c.boots)]
+    without_spill = " and without spill (the spill check passed)" if wsl2 else ""
     if not ok:
-        return (f"no GPU_UTIL value had every boot survive with a margin of {min_margin_bytes / 2**20:.0f} MiB "
-                "(or no GPU was sampled); no advice")
+        return (f"no GPU_UTIL value had every boot survive with a margin of {min_margin_bytes / 2**20:.0f} MiB"
+                f"{without_spill} (or no GPU was sampled); no advice")
     best = max(ok, key=lambda c: float(c.knobs[knob]))
     return (f"recommended GPU_UTIL default: {best.knobs[knob]} (largest value whose every boot survived with at "
-            f"least {min_margin_bytes / 2**20:.0f} MiB to spare); current default: {current or 'unset'}")
+            f"least {min_margin_bytes / 2**20:.0f} MiB to spare{without_spill}); current default: "
+            f"{current or 'unset'}")
 
 
 def render_markdown(title: str, header: list[str], rows: list[list[str]], advice: str | None, notes: list[str]) -> str:
@@ -212,7 +232,8 @@ def sweep_document(matrix, dep, profile: str, image: str, knobs: list[tuple[str,
     argv, _ = build_command(render_profiles(matrix, dep.target), profile, dep.host, {})  # what it runs untouched
     current = argv[argv.index("--gpu-memory-utilization") + 1] if "--gpu-memory-utilization" in argv else None
     header, rows = table_rows(cells, "--speculative-config" in argv)
-    advice = sizing_advice(cells, names[0], matrix.sweep.min_margin_mib * 2**20, current) if len(names) == 1 else None
+    advice = sizing_advice(cells, names[0], matrix.sweep.min_margin_mib * 2**20, current, dep.host) \
+        if len(names) == 1 else None
     notes = ["interrupted: the table holds the boots that finished"] if interrupted else []
     title = f"sweep of {profile} on {dep.target} ({dep.host}): {', '.join(names)}, {boots} boots a cell"
     doc = {"schema_version": 1, "kind": "sweep", "profile": profile, "target": dep.target, "host": dep.host,
@@ -267,6 +288,8 @@ def sweep(session, profile: str, knob_specs: list[str], boots: int = 2, target: 
     session.require_gpu(target, engine, f"sweep: {profile}")
     plan = ensure_built(session, target, show, engine=engine)
     dep = session.deployment(target, engine, host, tag=plan.tag)
+    if checks and dep.host == "wsl2" and "spill" not in checks:  # on WSL2 every cell is judged for spill
+        checks = [*checks, "spill"]
     key_file = deploy.ensure_secrets(dep)
     deploy.write_env(dep)
     cells, interrupted = run_sweep(matrix, dep, profile, key_file, knobs, boots, checks, say=say)

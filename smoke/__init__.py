@@ -40,6 +40,8 @@ class Context:
     gpu: bool = False  # whether the target has a GPU (a GPU-only check is skipped otherwise)
     logs: Callable[[], list[str]] | None = None  # the server's log lines, when known
     healthy_line: int = 0  # index of the first log line after the server became healthy
+    # WSL2 only: ends the traffic and gives the run's Shared Usage figures (None where it was not sampled)
+    shared_usage: Callable[[], dict | None] | None = None
     timeout_s: float = 300  # how long one request may wait between bytes
     check_deadline_s: float = CHECK_DEADLINE_S
     max_body_bytes: int = MAX_BODY_BYTES
@@ -105,6 +107,7 @@ class Skip(Exception):
 
 
 CHECKS: dict[str, tuple[Callable, bool]] = {}  # name -> (function, gpu_only)
+AFTER_TRAFFIC = ("spill",)  # checks that judge the traffic the others sent: run last, in this order
 # name -> parameter -> (least, most): a numeric parameter not named here must be at least 1, so that no
 # configuration makes a check do nothing (seeds: 0) and pass.
 BOUNDS: dict[str, dict[str, tuple[float, float | None]]] = {}
@@ -186,4 +189,4 @@ def ensure(condition: bool, reason: str, **figures) -> None:
 
 
 # Importing the modules registers their checks.
-from . import api, cache, load, logs, spec, tools  # noqa: E402,F401
+from . import api, cache, load, logs, spec, spill, tools  # noqa: E402,F401

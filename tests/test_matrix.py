@@ -141,8 +141,10 @@ BAD = [
     ("knob-inf", _sub("        MAX_SEQS: 4", "        MAX_SEQS: .inf"), ["MAX_SEQS='inf'"], "MAX_SEQS: .inf"),
     # an honest gate: nothing passes having tested nothing
     ("profile-without-checks", _sub("    checks:\n      health:\n      models:\n      forced_prefill:\n      burst:\n"
-                                    "      tool_required:\n      logs:\n      knobs:\n",
+                                    "      tool_required:\n      logs:\n      knobs:\n      spill:\n",
                                     "    checks: {}\n"), ["profiles.batch.checks", "at least one check"], None),
+    ("check-on-unknown-host", _sub("    hosts: [wsl2]", "    hosts: [wls2]"),
+     ["checks.spill.hosts", "host 'wls2' is not defined", "native, wsl2"], "wls2"),
     ("check-seeds-zero", _sub("tool_required: {seeds: 4,", "tool_required: {seeds: 0,"),
      ["tool_required", "seeds=0 is out of range: at least 1"], "seeds: 0"),
     ("check-share-above-one", _sub("min_cached_share: 0.5}", "min_cached_share: 1.5}"),

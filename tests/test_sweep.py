@@ -51,7 +51,7 @@ def test_a_value_vllm_refuses_is_a_failed_cell_and_the_rest_completes():
 
 def _cell(value: str, tps: list[float], margins: list[int | None] | None = None) -> Cell:
     boots = [{"tokens_per_s": t, "time_to_healthy_s": 30.0, "survived": True, "kind": "survived",
-              "gpu_margin_bytes": (margins or [None] * len(tps))[i], "kv_pool_tokens": 1000, "spill_bytes": None,
+              "gpu_margin_bytes": (margins or [None] * len(tps))[i], "kv_pool_tokens": 1000, "traffic_rise_bytes": None, "spilled": None,
               "tokens_per_step": None} for i, t in enumerate(tps)]
     return Cell({"GPU_UTIL": value}, boots)
 

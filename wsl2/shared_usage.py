@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 FALLBACK_POWERSHELL = "/mnt/c/Windows/System32/WindowsPowerShell/v1.0/powershell.exe"
@@ -64,31 +65,84 @@ def parse_sample(line: str) -> dict[str, dict[str, float]]:
 
 @dataclass
 class AdapterSeries:
-    times: list[float] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)  # time.time() of each sample, so phases line up with a boot's
     shared: list[float] = field(default_factory=list)
     dedicated: list[float] = field(default_factory=list)
 
 
-def pick_adapter(series: dict[str, AdapterSeries], nvml_used: int | None = None, named: str | None = None) -> str:
-    """The NVIDIA adapter: the one named, else the one whose dedicated usage matches NVML's used,
-    else the one with the largest dedicated usage."""
+def _luid(text: str) -> str:
+    """`luid_0x00000000_0x0000c3a1_phys_0`, a LUID or its last part, as the key the series use."""
+    return re.sub(r"_phys_\d+$", "", text.strip().lower())
+
+
+def choose_adapter(series: dict[str, AdapterSeries], named: str | None = None,
+                   named_by: str = "hosts.wsl2.adapter in images.yaml") -> tuple[str | None, str]:
+    """The adapter to read and why. The one `named` (its LUID, whole or its last part, or its counter instance),
+    else the one with the most dedicated memory in use at any sample. Shared memory never decides: an integrated
+    GPU has all of its memory shared and often more of it in use than the card. None, with the reason, when the
+    name matches no adapter or several (a wrong adapter would judge a spill it cannot see)."""
+    listed = ", ".join(sorted(series)) or "none"
     if named:
-        match = [luid for luid in series if named.lower() in luid]
-        if match:
-            return match[0]
-    if nvml_used is not None:
-        return min(series, key=lambda luid: abs((series[luid].dedicated or [0])[-1] - nvml_used))
-    return max(series, key=lambda luid: max(series[luid].dedicated or [0]))
+        match = [luid for luid in series if _luid(named) in luid]
+        if len(match) == 1:
+            return match[0], f"named by {named_by} ({named})"
+        return None, (f"{named_by} names {named!r}, which matches {'several' if match else 'none'} of the adapters "
+                      f"Get-Counter lists ({listed}); name one of them, or leave it out to read the card with the "
+                      "most dedicated memory")
+    if not series:
+        return None, "Get-Counter listed no adapter"
+
+    def most(luid: str) -> float:
+        return max(series[luid].dedicated or [0.0])
+    ranked = sorted(series, key=most, reverse=True)
+    others = "; ".join(f"{luid} {most(luid) / 1e9:.1f} GB" for luid in ranked[1:])
+    return ranked[0], (f"the most dedicated memory in use ({most(ranked[0]) / 1e9:.1f} GB at its peak"
+                       + (f"; {others}" if others else "") + "): the card, never an integrated GPU, whose memory is "
+                       "all shared")
 
 
-def summarize(series: dict[str, AdapterSeries], adapter: str) -> dict:
+def _level(values: list[float]) -> int | None:
+    return int(values[-1]) if values else None
+
+
+def summarize(series: dict[str, AdapterSeries], adapter: str, why: str, phases: Sequence[tuple[str, float]] = (),
+              origin: float | None = None) -> dict:
+    """The figures of one adapter: overall, and per phase. `phases` are (name, seconds since `origin`), the
+    boot's marks (load, warm-up, healthy, traffic, end); samples before the first mark are the `before load`
+    phase, whose last sample is the baseline (without marks: the first sample). The level at the start of traffic is the last sample before the
+    first request; at its end, the last sample of the traffic phase."""
     s = series[adapter]
-    baseline = s.shared[0]  # taken before the container starts: never zero, about 0.3 GB on a 4090
-    peak = max(s.shared)
-    return {"adapter": adapter, "baseline_bytes": int(baseline), "peak_bytes": int(peak), "end_bytes": int(s.shared[-1]),
-            "spill_bytes": int(max(0.0, peak - baseline)), "samples": len(s.shared),
-            "peak_dedicated_bytes": int(max(s.dedicated)) if s.dedicated else None,
-            "series": {"t": [round(t, 3) for t in s.times], "shared": [int(v) for v in s.shared]}}
+    origin = s.times[0] if origin is None else origin
+    t = [x - origin for x in s.times]
+    bounds = [("before load", float("-inf")), *phases, ("", float("inf"))]
+    per_phase: dict[str, dict] = {}
+    for (name, start), (_, stop) in zip(bounds, bounds[1:]):
+        picked = [i for i, x in enumerate(t) if start <= x < stop]
+        shared, dedicated = [s.shared[i] for i in picked], [s.dedicated[i] for i in picked]
+        per_phase[name] = {"start_s": None if start == float("-inf") else start,
+                           "end_s": None if stop == float("inf") else stop, "samples": len(picked),
+                           "first_bytes": int(shared[0]) if shared else None,
+                           "peak_bytes": int(max(shared)) if shared else None, "last_bytes": _level(shared),
+                           "peak_dedicated_bytes": int(max(dedicated)) if dedicated else None}
+    before = per_phase["before load"]
+    traffic = per_phase.get("traffic")
+    healthy_level = next((per_phase[n]["last_bytes"] for n in ("healthy", "warm-up", "load", "before load")
+                          if n in per_phase and per_phase[n]["last_bytes"] is not None), None)
+    out = {"adapter": adapter, "chosen_because": why, "samples": len(s.shared),
+           "baseline_bytes": before["last_bytes"] if phases and before["samples"] else int(s.shared[0]),
+           "peak_bytes": int(max(s.shared)), "end_bytes": int(s.shared[-1]),
+           "peak_dedicated_bytes": int(max(s.dedicated)) if s.dedicated else None,
+           "phases": per_phase,
+           "adapters": {luid: {"peak_shared_bytes": int(max(a.shared or [0])),
+                               "peak_dedicated_bytes": int(max(a.dedicated or [0]))} for luid, a in series.items()},
+           "series": {"t": [round(x, 3) for x in t], "shared": [int(v) for v in s.shared]}}
+    if traffic is not None:
+        out["traffic_start_bytes"] = healthy_level
+        out["traffic_end_bytes"] = traffic["last_bytes"]
+        out["traffic_peak_bytes"] = traffic["peak_bytes"]
+        out["traffic_rise_bytes"] = (None if healthy_level is None or traffic["peak_bytes"] is None
+                                     else max(0, traffic["peak_bytes"] - healthy_level))
+    return out
 
 
 class SharedUsageSampler:
@@ -101,11 +155,10 @@ class SharedUsageSampler:
         self.errors: list[str] = []
         self._proc: subprocess.Popen | None = None
         self._reader: threading.Thread | None = None
-        self._t0 = 0.0
-        self.first_sample = threading.Event()
+        self._arrived = threading.Condition()
+        self.count = 0  # samples read so far
 
     def start(self) -> "SharedUsageSampler":
-        self._t0 = time.monotonic()
         self._proc = subprocess.Popen(
             [self.powershell, "-NoProfile", "-NonInteractive", "-Command",
              SCRIPT.replace("{interval}", str(self.interval_s))],
@@ -123,17 +176,27 @@ class SharedUsageSampler:
             except (ValueError, TypeError) as exc:
                 self.errors.append(f"unreadable sample ({exc}): {line[:120]!r}")
                 continue
-            now = time.monotonic() - self._t0
+            now = time.time()
             for luid, values in sample.items():
                 s = self.series.setdefault(luid, AdapterSeries())
                 s.times.append(now)
                 s.shared.append(values.get("shared", 0.0))
                 s.dedicated.append(values.get("dedicated", 0.0))
             if sample:
-                self.first_sample.set()
+                with self._arrived:
+                    self.count += 1
+                    self._arrived.notify_all()
 
-    def wait_for_baseline(self, timeout_s: float = 15) -> bool:
-        return self.first_sample.wait(timeout_s)
+    def wait_for_samples(self, count: int, timeout_s: float) -> bool:
+        """Block until `count` samples more than now have been read (False at the timeout). Two make a level
+        fresh: the first may have been taken before the moment that matters, the second was not."""
+        with self._arrived:
+            wanted = self.count + count
+            return self._arrived.wait_for(lambda: self.count >= wanted, timeout_s)
+
+    def fresh_level_timeout(self) -> float:
+        """How long two fresh samples may take: Get-Counter lags its interval by up to a few seconds."""
+        return 2 * self.interval_s + 5
 
     def stop(self) -> None:
         if self._proc and self._proc.poll() is None:
@@ -149,7 +212,24 @@ class SharedUsageSampler:
             if err:
                 self.errors.append(err.replace("\r", "")[-300:])
 
-    def summary(self, nvml_used: int | None = None, named: str | None = None) -> dict | None:
+    def summary(self, named: str | None = None, named_by: str = "hosts.wsl2.adapter in images.yaml",
+                phases: Sequence[tuple[str, float]] = (), origin: float | None = None) -> dict | None:
+        """The chosen adapter's figures (see summarize), or None when no sample came; a name that matches no
+        adapter gives {"adapter": None, "chosen_because": why}, which the spill check fails on."""
         if not self.series:
             return None
-        return summarize(self.series, pick_adapter(self.series, nvml_used, named))
+        adapter, why = choose_adapter(self.series, named, named_by)
+        if adapter is None:
+            return {"adapter": None, "chosen_because": why}
+        return summarize(self.series, adapter, why, list(phases), origin)
+
+
+def describe(summary: dict) -> str:
+    """One line for a terminal: which adapter and why, then its baseline, peak (and the phase of the peak) and end."""
+    if summary.get("adapter") is None:
+        return f"Shared Usage not read: {summary['chosen_because']}"
+    peaks = [(p["peak_bytes"], name) for name, p in summary["phases"].items() if p["peak_bytes"] is not None]
+    where = f" during {max(peaks)[1]}" if len(peaks) > 1 else ""
+    return (f"Shared Usage of {summary['adapter']} ({summary['chosen_because']}): baseline "
+            f"{summary['baseline_bytes'] / 1e6:.0f} MB, peak {summary['peak_bytes'] / 1e6:.0f} MB{where}, end "
+            f"{summary['end_bytes'] / 1e6:.0f} MB, {summary['samples']} samples")
