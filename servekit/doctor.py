@@ -10,7 +10,7 @@ from wsl2.detect import wsl2_signs
 
 from .errors import EnvironmentProblem
 from .gpu import NvmlUnavailable, driver_version, list_gpus
-from .engines import gpu_problem_of, local
+from .engines import gpu_access_of, local
 
 
 @dataclass
@@ -106,9 +106,9 @@ def diagnose() -> list[Finding]:
         out.append(Finding("builder", "fail", "no BuildKit-capable builder (no buildx, no Compose)",
                            "install the buildx or Compose plugin (`make engine`)"))
     out.append(engine_disk(info))
-    problem = gpu_problem_of(info)
-    out.append(Finding("nvidia runtime", "ok", "containers can have a GPU") if problem is None else
-               Finding("nvidia runtime", "warn", f"no GPU for containers: {problem}", "`up` of a GPU target "
+    gpu, how = gpu_access_of(info, server)
+    out.append(Finding("gpu access", "ok", f"containers can have a GPU: {how}") if gpu else
+               Finding("gpu access", "warn", f"no GPU for containers: {how}", "`up` of a GPU target "
                        "stops here at once; serve a target without a GPU, or install the toolkit"))
 
     signs = wsl2_signs()
@@ -143,8 +143,8 @@ def base_findings(matrix) -> list[Finding]:
 
 
 def doctor(matrix_path) -> list[Finding]:
-    """Every finding: the engine and the machine, then (when the engine answers) the bases of the matrix and, where
-    the engine has an NVIDIA runtime, one GPU container."""
+    """Every finding: the engine and the machine, then (when the engine answers) the bases of the matrix, the target
+    commands default to and, where the engine can give a container a GPU, one GPU container."""
     from .errors import UserError
     from .matrix import load_matrix
     findings = diagnose()
@@ -154,6 +154,10 @@ def doctor(matrix_path) -> list[Finding]:
         except UserError as exc:
             return findings + [Finding("matrix", "fail", str(exc), "fix images.yaml")]
         findings += base_findings(matrix)
-        if any(f.name == "nvidia runtime" and f.status == "ok" for f in findings):
+        gpu = any(f.name == "gpu access" and f.status == "ok" for f in findings)
+        findings.append(Finding("target", "ok", f"commands default to the {matrix.default_target(gpu)} target: the engine "
+                                f"{'can' if gpu else 'cannot'} give a container a GPU (gpu access above); "
+                                "--target overrides"))
+        if gpu:
             findings.append(gpu_container(local(), [base.image for base in matrix.bases.values()]))
     return findings

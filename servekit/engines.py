@@ -138,8 +138,15 @@ class Engine:
             return "wsl2" if is_wsl2() else "native"
         return host_kind_of(self.sdk(timeout=15).info())
 
+    def gpu_access(self) -> tuple[bool, str]:
+        """Whether a container here can have an NVIDIA GPU, and how that was decided (its `docker info` and
+        `docker version`)."""
+        client = self.sdk(timeout=15)
+        return gpu_access_of(client.info(), client.version())
+
     def gpu_problem(self) -> str | None:
-        return gpu_problem_of(self.sdk(timeout=15).info())
+        ok, how = self.gpu_access()
+        return None if ok else how
 
     def answers(self) -> bool:
         try:
@@ -198,17 +205,35 @@ class Engine:
                                      f"{said(exc)[:200]}") from None
 
 
-def gpu_problem_of(info: dict) -> str | None:
-    """Why an engine (its `docker info`) cannot give a container an NVIDIA GPU, or None when it can: an
-    `nvidia` runtime, NVIDIA CDI devices, or Docker Desktop on WSL2 (GPUs reach its containers through
-    WSL's own driver path, with no runtime listed)."""
-    runtimes = sorted(info.get("Runtimes") or {})
+def gpu_access_of(info: dict, version: dict) -> tuple[bool, str]:
+    """Whether an engine can give a container an NVIDIA GPU, from its `docker info` (GET /info) and `docker version`
+    (GET /version), and how that was decided, in words. Yes for an `nvidia` runtime (the NVIDIA Container Toolkit),
+    for NVIDIA CDI devices, and for Docker Desktop on its WSL2 backend, which Docker documents as the one way Docker
+    Desktop gives containers a GPU: `--gpus all` reaches the card through WSL's GPU paravirtualisation, with no
+    runtime listed. Docker Desktop on another backend (Hyper-V, macOS: a linuxkit kernel) has none."""
+    runtimes = info.get("Runtimes") or {}
     devices = [d.get("ID", "") for d in info.get("DiscoveredDevices") or []]
-    desktop_wsl2 = "docker desktop" in (info.get("OperatingSystem") or "").lower() and host_kind_of(info) == "wsl2"
-    if "nvidia" in runtimes or any(d.startswith("nvidia.com/gpu") for d in devices) or desktop_wsl2:
-        return None
-    return (f"it has no NVIDIA runtime (runtimes: {', '.join(runtimes) or 'none'}) and no NVIDIA CDI device, so "
-            "no container there can have a GPU; install the NVIDIA Container Toolkit on that host")
+    if "nvidia" in runtimes:
+        return True, (f"the engine lists the nvidia runtime ({(runtimes['nvidia'] or {}).get('path', 'nvidia')}, the "
+                      "NVIDIA Container Toolkit)")
+    nvidia_devices = [d for d in devices if d.startswith("nvidia.com/gpu")]
+    if nvidia_devices:
+        return True, f"the engine has NVIDIA CDI devices ({', '.join(nvidia_devices)})"
+    platform = ((version or {}).get("Platform") or {}).get("Name") or ""
+    desktop = platform if platform.startswith("Docker Desktop") else \
+        ("Docker Desktop" if (info.get("OperatingSystem") or "") == "Docker Desktop" else "")
+    kernel = info.get("KernelVersion") or (version or {}).get("KernelVersion") or "?"
+    if desktop and host_kind_of({"KernelVersion": kernel}) == "wsl2":
+        return True, (f"{desktop} on its WSL2 backend (kernel {kernel}): Docker Desktop gives containers the GPU "
+                      "through WSL2's GPU paravirtualisation (`--gpus all`, no nvidia runtime listed), as Docker "
+                      "documents for Windows with the WSL2 backend")
+    listed = ", ".join(sorted(runtimes)) or "none"
+    if desktop:
+        return False, (f"{desktop} not on its WSL2 backend (kernel {kernel}): Docker Desktop gives containers a GPU "
+                       "only on Windows with the WSL2 backend; turn on 'Use the WSL 2 based engine' in its settings")
+    return False, (f"it has no NVIDIA runtime (runtimes: {listed}) and no NVIDIA CDI device, and it is not Docker "
+                   "Desktop on WSL2, so no container there can have a GPU; install the NVIDIA Container Toolkit on "
+                   "that host")
 
 
 def host_kind_of(info: dict) -> str:

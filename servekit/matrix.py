@@ -251,6 +251,10 @@ class Matrix(Strict):
             out[name] = version
         return out
 
+    def default_target(self, gpu: bool) -> str:
+        """The first target with a GPU where the engine can give a container one, else the first without."""
+        return next((name for name, t in self.targets.items() if t.gpu == gpu), next(iter(self.targets)))
+
     def profile_checks(self, profile: str, target: str, host: str | None = None) -> dict[str, dict[str, Any]]:
         """Each check of the profile on the target (and on `host`, where a check names its hosts), with its
         parameters merged in order."""

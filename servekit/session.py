@@ -48,8 +48,7 @@ class Session:
             gpu = (engine or resolve(None)).gpu_problem() is None
         except Exception:  # no engine answers: a target without a GPU is what can run anywhere
             gpu = False
-        wanted = [name for name, t in self.matrix.targets.items() if t.gpu == gpu]
-        return wanted[0] if wanted else next(iter(self.matrix.targets))
+        return self.matrix.default_target(gpu)
 
     def target(self, wanted: str | None, engine: Engine | None = None) -> str:
         return self.check_target(wanted or self.default_target(engine))

@@ -155,8 +155,8 @@ def test_up_of_a_gpu_profile_without_a_gpu_fails_fast_and_starts_nothing(tmp_pat
 def test_doctor_says_the_same_before_you_try():
     result = run_build_py("doctor", "--json")
     findings = {f["name"]: f for f in json.loads(result.stdout)}
-    assert findings["nvidia runtime"]["status"] == "warn"
-    assert "no NVIDIA runtime" in findings["nvidia runtime"]["detail"]
+    assert findings["gpu access"]["status"] == "warn"
+    assert "no NVIDIA runtime" in findings["gpu access"]["detail"]
     assert findings["base cuda-local"]["status"] == "ok"
 
 

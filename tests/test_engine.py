@@ -35,7 +35,7 @@ def test_doctor_reports_engine_compose_builder_and_no_gpu():
     assert findings["compose"]["status"] == "ok"
     assert findings["builder"]["status"] == "ok"
     assert findings["disk"]["status"] in ("ok", "warn", "fail") and " GB free for images at /" in findings["disk"]["detail"]
-    assert ("gpu container" in findings) == (findings["nvidia runtime"]["status"] == "ok")  # tried where it can be
+    assert ("gpu container" in findings) == (findings["gpu access"]["status"] == "ok")  # tried where it can be
     gpus = findings["gpus"]  # a GPU host lists its cards; elsewhere a warning says why none is seen
     assert (gpus["status"] == "ok" and "GiB" in gpus["detail"]) or (gpus["status"] == "warn" and gpus["fix"])
     assert findings["base bookworm-local"]["status"] == "ok"

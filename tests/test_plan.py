@@ -17,7 +17,6 @@ from servekit.builder import offered_wheels
 from servekit.errors import UserError
 from servekit.matrix import load_matrix
 from servekit.plan import plan_targets
-from servekit.engines import gpu_problem_of
 from servekit.settings import BuildSettings, _pip_find_links
 
 
@@ -189,21 +188,6 @@ def test_the_dockerfile_takes_one_base_argument():
     starts = re.findall(r"^FROM (\S+)", text, re.M)
     external = [s for s in starts if s not in stages and not s.startswith("model-")]
     assert external == ["${BASE}"]
-
-
-@pytest.mark.parametrize("info,ok", [
-    ({"Runtimes": {"runc": {}, "nvidia": {}}}, True),
-    ({"Runtimes": {"runc": {}}, "DiscoveredDevices": [{"Source": "cdi", "ID": "nvidia.com/gpu=0"}]}, True),
-    ({"Runtimes": {"runc": {}}, "OperatingSystem": "Docker Desktop",
-      "KernelVersion": "6.6.87.2-microsoft-standard-WSL2"}, True),
-    ({"Runtimes": {"runc": {}, "io.containerd.runc.v2": {}}, "OperatingSystem": "Debian GNU/Linux 12 (bookworm)"},
-     False),
-])
-def test_which_engines_can_give_a_container_a_gpu(info, ok):
-    problem = gpu_problem_of(info)
-    assert (problem is None) == ok
-    if not ok:
-        assert problem is not None and "no NVIDIA runtime (runtimes: io.containerd.runc.v2, runc)" in problem
 
 
 @pytest.mark.parametrize("argv", [

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, TEST_PORT, WORK, project_containers
+from standins.docker_api import RecordedEngine
 from servekit.sweep import Cell, sizing_advice
 from smoke import CheckFailure
 from smoke.spill import judge
@@ -136,3 +137,40 @@ def test_a_sweep_on_wsl2_shows_spill_per_cell(tmp_path):
     spill_column = doc["table"]["header"].index("spill")
     assert [row[spill_column] for row in doc["table"]["rows"]] == ["none (+8 MB)", "spilled 1/1 (+250 MB)"]
     assert project_containers() == []
+
+
+RECORDED = ROOT / "tests" / "recorded" / "docker"
+
+
+@pytest.mark.parametrize("case,gpu,said", [
+    ("desktop-wsl2", True, "Docker Desktop 4.37.1 (178610) on its WSL2 backend (kernel "
+                           "5.15.167.4-microsoft-standard-WSL2)"),
+    ("ce-nvidia-toolkit", True, "the engine lists the nvidia runtime (nvidia-container-runtime"),
+    ("ce-plain", False, "no NVIDIA runtime (runtimes: io.containerd.runc.v2, runc)"),
+    ("desktop-mac", False, "Docker Desktop 4.37.1 (178610) not on its WSL2 backend (kernel 6.10.14-linuxkit)"),
+])
+def test_recorded_engines_pick_the_target_as_docker_documents_gpu_access(case, gpu, said):
+    from servekit.engines import Engine
+    from servekit.session import Session
+    session = Session.open(ROOT / "images.yaml")
+    with RecordedEngine(RECORDED / case) as recorded:
+        engine = Engine(recorded.url, recorded.url)  # through the real Docker SDK
+        ok, how = engine.gpu_access()
+        assert ok is gpu and said in how, how
+        assert session.target(None, engine) == ("cuda" if gpu else "cpu")
+        assert session.target("cpu", engine) == "cpu" and session.target("cuda", engine) == "cuda"  # --target wins
+
+
+@pytest.mark.parametrize("case,lines", [
+    ("desktop-wsl2", ["ok gpu access: containers can have a GPU: Docker Desktop 4.37.1 (178610) on its WSL2 backend",
+                      "commands default to the cuda target"]),
+    ("ce-plain", ["warn gpu access: no GPU for containers: it has no NVIDIA runtime",
+                  "commands default to the cpu target"]),
+])
+def test_doctor_says_how_it_decided_that_containers_can_have_a_gpu(case, lines):
+    with RecordedEngine(RECORDED / case) as recorded:
+        result = subprocess.run([sys.executable, str(ROOT / "build.py"), "doctor"], cwd=ROOT,
+                                env={**os.environ, "DOCKER_HOST": recorded.url, "COLUMNS": "400"},
+                                capture_output=True, text=True, timeout=120)
+    said = " ".join(result.stdout.split())
+    assert all(line in said for line in lines), result.stdout + result.stderr
