@@ -137,12 +137,28 @@ def plot_memory(path: Path, report: dict, series: dict) -> None:
     ax.set_ylabel("GiB")
     ax.set_xlabel("seconds since the container started")
     shared = series.get("shared")
+    phases = report["boot"].get("phases") or []
     if shared and shared["t"]:
         ax2 = ax.twinx()
         ax2.plot(shared["t"], [v / 1e9 for v in shared["shared"]], color="tab:red", label="WSL2 Shared Usage")
         ax2.set_ylabel("Shared Usage, GB", color="tab:red")
+        figures, marks = report["memory"].get("shared_usage") or {}, dict(phases)
+        # the levels the spill check judges: when the first request came, and when the traffic ended
+        said = []
+        for phase, key, text in (("traffic", "traffic_start_bytes", "first request"),
+                                 ("end", "traffic_end_bytes", "end of traffic")):
+            if phase in marks and figures.get(key) is not None:
+                ax2.plot([marks[phase]], [figures[key] / 1e9], marker="o", color="tab:red")
+                said.append(f"{text} {figures[key] / 1e6:,.0f} MB")
+        if said:
+            load_peak = max((p["peak_bytes"] or 0 for n, p in figures["phases"].items() if n in ("load", "warm-up")),
+                            default=0)
+            text = " · ".join([f"Shared Usage: baseline {figures['baseline_bytes'] / 1e6:,.0f} MB",
+                               f"load peak {load_peak / 1e6:,.0f} MB", *said,
+                               f"rise in traffic {figures['traffic_rise_bytes'] / 1e6:,.0f} MB"])
+            ax2.text(0.01, 0.99, text, transform=ax2.transAxes, va="top", fontsize=8, color="tab:red",
+                     bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"})
         ax2.legend(loc="upper right", fontsize=8)
-    phases = report["boot"].get("phases") or []
     ymax = ax.get_ylim()[1] if plotted else 1
     span = max((t for _, t in phases), default=1) or 1
     labels: list[tuple[float, str]] = []  # phases closer than 2% of the plot share one label
