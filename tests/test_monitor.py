@@ -16,7 +16,7 @@ NVIDIA = "luid_0x00000000_0x0000c3a1"
 INTEL = "luid_0x00000000_0x0000a18d"
 
 
-def _monitor(env_extra: dict, seconds: str = "3", extra: list[str] = ()) -> subprocess.CompletedProcess:
+def _monitor(env_extra: dict, seconds: str = "3", extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "WSL_DISTRO_NAME"}
     env.update(env_extra)
     return subprocess.run([sys.executable, str(ROOT / "build.py"), "monitor", "--seconds", seconds, "--json", *extra],
@@ -48,10 +48,10 @@ def test_an_adapter_named_in_the_matrix_is_the_one_monitor_reads(tmp_path):
     matrix = tmp_path / "images.yaml"
     matrix.write_text("hosts:\n  wsl2:\n    adapter: '0x0000a18d'\n")
     env = {"WSL_DISTRO_NAME": "Ubuntu-24.04", "PATH": f"{STANDINS}:{os.environ['PATH']}", "STANDIN_INTERVAL_S": "0.1"}
-    result = _monitor(env, seconds="1", extra=["--matrix", str(matrix)])
+    result = _monitor(env, seconds="1", extra=("--matrix", str(matrix)))
     shared = json.loads(result.stdout)["shared_usage"]
     assert shared["adapter"] == INTEL and "hosts.wsl2.adapter" in shared["chosen_because"]
-    result = _monitor(env, seconds="1", extra=["--matrix", str(matrix), "--adapter", "0x0000ffff"])
+    result = _monitor(env, seconds="1", extra=("--matrix", str(matrix), "--adapter", "0x0000ffff"))
     assert json.loads(result.stdout)["shared_usage"]["adapter"] is None
     assert "--adapter names '0x0000ffff', which matches none" in result.stdout
 
