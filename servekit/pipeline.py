@@ -87,8 +87,8 @@ class Boot:
     def shared_summary(self) -> dict | None:
         if not self.shared:
             return None
-        adapter = self.dep.matrix.hosts["wsl2"].adapter if self.dep.matrix and "wsl2" in self.dep.matrix.hosts else None
-        return self.shared.summary(adapter, phases=self.phases, origin=self.record.started)
+        host = self.dep.matrix.hosts.get(self.dep.host) if self.dep.matrix else None
+        return self.shared.summary(host.adapter if host else None, phases=self.phases, origin=self.record.started)
 
     def start_samplers(self) -> None:
         if not self.dep.engine.same_machine:  # NVML and Get-Counter read this machine, not the engine's

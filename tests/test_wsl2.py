@@ -51,6 +51,29 @@ def test_spill_is_checked_only_on_wsl2_after_the_other_checks_with_the_profiles_
     assert list(checks_to_run(matrix, "default", "cpu", ["spill", "greedy"], "wsl2")) == ["greedy", "spill"]
 
 
+def test_a_boot_reads_the_adapter_images_yaml_names(repo, monkeypatch):
+    """The same choice as monitor's: the matrix's hosts.wsl2.adapter, here the iGPU, wins over dedicated memory."""
+    from servekit.deploy import Deployment
+    from servekit.matrix import load_matrix
+    from servekit.pipeline import Boot
+    from wsl2.shared_usage import SharedUsageSampler
+    matrix_path = repo / "images.yaml"
+    matrix_path.write_text(matrix_path.read_text().replace('    cuda_arch: "8.9"\n',
+                                                           '    cuda_arch: "8.9"\n    adapter: "0x0000a18d"\n'))
+    matrix = load_matrix(matrix_path)
+    monkeypatch.setenv("PATH", f"{STANDINS}:{os.environ['PATH']}")
+    monkeypatch.setenv("STANDIN_INTERVAL_S", "0.05")
+    boot = Boot(Deployment(repo, "cpu", "wsl2", "unused", "127.0.0.1", TEST_PORT, matrix=matrix), "default")
+    boot.shared = SharedUsageSampler().start()
+    try:
+        assert boot.shared.wait_for_samples(3, 20)
+        boot.mark("load")
+    finally:
+        boot.shared.stop()
+    summary = boot.shared_summary() or {}
+    assert summary["adapter"] == INTEL and "hosts.wsl2.adapter in images.yaml (0x0000a18d)" in summary["chosen_because"]
+
+
 def _boot(spilled: bool | None, margin: int = 500 * 2**20) -> dict:
     return {"survived": True, "kind": "survived", "gpu_margin_bytes": margin, "spilled": spilled}
 
