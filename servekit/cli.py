@@ -591,8 +591,9 @@ def build_parser() -> argparse.ArgumentParser:
             "Usage counter (every second) for N seconds or until Ctrl-C, then print the summary")
     p.add_argument("--seconds", type=float, metavar="N", help="how long (default: until Ctrl-C)")
     p.add_argument("--interval", type=float, default=0.05, metavar="S", help="NVML sampling interval (default 0.05)")
-    p.add_argument("--adapter", metavar="LUID", help="the WSL2 adapter to read, by its LUID (whole or its last part); "
-                   "default: hosts.wsl2.adapter of images.yaml, else the adapter with the most dedicated memory in use")
+    p.add_argument("--adapter", metavar="LUID|NAME", help="the WSL2 adapter to read, by its LUID (whole or its last "
+                   "part) or its name (any part: 'RTX 4090'); default: hosts.wsl2.adapter of images.yaml, else the "
+                   "adapter with the most dedicated memory in use")
     p = add("run", cmd_run, "image, up, smoke checks, down and a report for each profile, on one engine or on "
             "several in parallel; exit 0 only when every check passed", locked=True)
     add_target(p)

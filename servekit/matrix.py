@@ -112,9 +112,10 @@ class Host(Strict):
     description: str
     cuda_arch: str | None = Field(None, pattern=r"^\d+\.\d+$", description="the card's compute capability; "
                                   "the cuda image's verify compiles a FlashInfer kernel for every host's")
-    adapter: str | None = Field(None, description="WSL2: the GPU adapter whose Shared Usage is read, by its LUID "
-                                "(whole or its last part, as Get-Counter lists it); default: the adapter with the "
-                                "most dedicated memory in use, which is the card and never an integrated GPU")
+    adapter: str | None = Field(None, min_length=1, description="WSL2: the GPU adapter whose Shared Usage is read, "
+                                "by its LUID (whole or its last part, as Get-Counter lists it) or by its name (any "
+                                "part: 'RTX 4090'); default: the adapter with the most dedicated memory in use, "
+                                "which is the card and never an integrated GPU")
     knobs: Knobs = {}
     env: dict[str, str] = Field({}, description="environment the launcher sets on this host")
 
@@ -123,10 +124,6 @@ class Host(Strict):
     def _luid(cls, value: object) -> object:
         if isinstance(value, int):  # YAML reads an unquoted 0x0000c3a1 as a number
             raise ValueError(f"write the LUID in quotes ('0x{value:08x}'): unquoted, YAML reads it as the number {value}")
-        if isinstance(value, str) and not re.fullmatch(r"(?i)(luid_)?(0x[0-9a-f]+_)?0x[0-9a-f]+(_phys_\d+)?", value):
-            raise ValueError(f"{value!r} is not a LUID: Windows' counters name adapters by LUID only, as in "
-                             "luid_0x00000000_0x0000c3a1_phys_0 or its last part '0x0000c3a1' (`python build.py "
-                             "monitor --seconds 10` on the WSL2 host lists them)")
         return value
     component_knobs: dict[str, Knobs] = Field({}, description="knobs for profiles that use a component")
 

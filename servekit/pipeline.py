@@ -123,9 +123,10 @@ class Boot:
         shared = self.shared_summary()
         cm = self.container_memory
         container = {"peak_bytes": max(cm.used), "samples": len(cm.used)} if cm and cm.used else None
+        said = [f"Shared Usage: {error}" for error in (self.shared.errors if self.shared else [])]
         return {"gpus": gpus, "gpu_series": series, "shared_usage": shared, "phases": self.phases,
                 "container": container, "container_series": {"t": cm.t, "used": cm.used} if cm else None,
-                "notes": self.notes}
+                "notes": self.notes + said}
 
 
 def boot(dep: deploy.Deployment, profile: str, timeout_s: float, say=None, knobs: dict | None = None,

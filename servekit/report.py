@@ -100,7 +100,8 @@ def shared_usage_lines(shared: dict | None, gpu: dict | None) -> list[str]:
     if shared.get("adapter") is None:
         return [f"Shared Usage not read: {shared['chosen_because']}", ""]
     nvml = (gpu or {}).get("phases") or {}
-    lines = [f"Shared Usage of adapter `{shared['adapter']}`, read because: {shared['chosen_because']}.", "",
+    name = f" ({shared['adapter_name']})" if shared.get("adapter_name") else ""
+    lines = [f"Shared Usage of adapter `{shared['adapter']}`{name}, read because: {shared['chosen_because']}.", "",
              "| phase | from | Shared Usage first | peak | last | dedicated peak (Get-Counter) | GPU used peak (NVML) |",
              "|---|---|---|---|---|---|---|"]
     for name, p in shared["phases"].items():

@@ -54,6 +54,14 @@ def test_an_adapter_named_in_the_matrix_is_the_one_monitor_reads(tmp_path):
     result = _monitor(env, seconds="1", extra=("--matrix", str(matrix), "--adapter", "0x0000ffff"))
     assert json.loads(result.stdout)["shared_usage"]["adapter"] is None
     assert "--adapter names '0x0000ffff', which matches none" in result.stdout
+    result = _monitor(env, seconds="1", extra=("--adapter", "rtx 4090"))  # by the name Windows' driver gives it
+    shared = json.loads(result.stdout)["shared_usage"]
+    assert shared["adapter"] == NVIDIA and shared["adapter_name"] == "NVIDIA GeForce RTX 4090"
+    assert shared["adapters"][INTEL]["name"] == "Intel(R) UHD Graphics 770"
+    # where Windows gives no names, a name reads no adapter, and the reason says why
+    result = _monitor({**env, "STANDIN_ADAPTER_NAMES": "error"}, seconds="1", extra=("--adapter", "RTX 4090"))
+    shared = json.loads(result.stdout)["shared_usage"]
+    assert shared["adapter"] is None and "adapter names not read: Exception calling" in shared["chosen_because"]
 
 
 def test_interop_off_is_one_clear_line():

@@ -51,15 +51,17 @@ def test_spill_is_checked_only_on_wsl2_after_the_other_checks_with_the_profiles_
     assert list(checks_to_run(matrix, "default", "cpu", ["spill", "greedy"], "wsl2")) == ["greedy", "spill"]
 
 
-def test_a_boot_reads_the_adapter_images_yaml_names(repo, monkeypatch):
-    """The same choice as monitor's: the matrix's hosts.wsl2.adapter, here the iGPU, wins over dedicated memory."""
+@pytest.mark.parametrize("named", ["0x0000a18d", "UHD Graphics"])
+def test_a_boot_reads_the_adapter_images_yaml_names(repo, monkeypatch, named):
+    """The same choice as monitor's: the matrix's hosts.wsl2.adapter, here the iGPU by its LUID or by its name,
+    wins over dedicated memory."""
     from servekit.deploy import Deployment
     from servekit.matrix import load_matrix
     from servekit.pipeline import Boot
     from wsl2.shared_usage import SharedUsageSampler
     matrix_path = repo / "images.yaml"
     matrix_path.write_text(matrix_path.read_text().replace('    cuda_arch: "8.9"\n',
-                                                           '    cuda_arch: "8.9"\n    adapter: "0x0000a18d"\n'))
+                                                           f'    cuda_arch: "8.9"\n    adapter: "{named}"\n'))
     matrix = load_matrix(matrix_path)
     monkeypatch.setenv("PATH", f"{STANDINS}:{os.environ['PATH']}")
     monkeypatch.setenv("STANDIN_INTERVAL_S", "0.05")
@@ -71,7 +73,8 @@ def test_a_boot_reads_the_adapter_images_yaml_names(repo, monkeypatch):
     finally:
         boot.shared.stop()
     summary = boot.shared_summary() or {}
-    assert summary["adapter"] == INTEL and "hosts.wsl2.adapter in images.yaml (0x0000a18d)" in summary["chosen_because"]
+    assert summary["adapter"] == INTEL and summary["adapter_name"] == "Intel(R) UHD Graphics 770"
+    assert f"hosts.wsl2.adapter in images.yaml ({named}: Intel(R) UHD Graphics 770)" in summary["chosen_because"]
 
 
 def _boot(spilled: bool | None, margin: int = 500 * 2**20) -> dict:
