@@ -104,10 +104,10 @@ def shared_usage_lines(shared: dict | None, gpu: dict | None) -> list[str]:
     lines = [f"Shared Usage of adapter `{shared['adapter']}`{name}, read because: {shared['chosen_because']}.", "",
              "| phase | from | Shared Usage first | peak | last | dedicated peak (Get-Counter) | GPU used peak (NVML) |",
              "|---|---|---|---|---|---|---|"]
-    for name, p in shared["phases"].items():
+    for phase, p in shared["phases"].items():
         start = "" if p["start_s"] is None else f"{p['start_s']:.1f} s"
-        lines.append(f"| {name} | {start} | {_mb(p['first_bytes'])} | {_mb(p['peak_bytes'])} | {_mb(p['last_bytes'])} "
-                     f"| {_mb(p['peak_dedicated_bytes'])} | {_gib((nvml.get(name) or {}).get('peak_used_bytes'))} |")
+        lines.append(f"| {phase} | {start} | {_mb(p['first_bytes'])} | {_mb(p['peak_bytes'])} | {_mb(p['last_bytes'])} "
+                     f"| {_mb(p['peak_dedicated_bytes'])} | {_gib((nvml.get(phase) or {}).get('peak_used_bytes'))} |")
     lines.append("")
     if "traffic_start_bytes" in shared:
         lines += [f"Baseline {_mb(shared['baseline_bytes'])}; when the first request came {_mb(shared['traffic_start_bytes'])}"
