@@ -72,9 +72,9 @@ class Boot:
         if phase in dict(self.phases):
             return
         if self.shared and phase in ("traffic", "end"):
-            if not self.shared.wait_for_samples(2, self.shared.fresh_level_timeout()):
-                self.notes.append(f"Shared Usage: no fresh sample at the start of {phase} within "
-                                  f"{self.shared.fresh_level_timeout():.0f} s")
+            limit = self.shared.fresh_level_timeout()
+            if not self.shared.wait_for_samples(2, limit):
+                self.notes.append(f"Shared Usage: no fresh sample at the start of {phase} within {limit:.0f} s")
         self.phases.append((phase, round(time.time() - self.record.started, 3)))
         if self.gpu:
             self.gpu.mark(phase)

@@ -112,10 +112,6 @@ def choose_adapter(series: dict[str, AdapterSeries], named: str | None = None,
                        "all shared")
 
 
-def _level(values: list[float]) -> int | None:
-    return int(values[-1]) if values else None
-
-
 def summarize(series: dict[str, AdapterSeries], adapter: str, why: str, phases: Sequence[tuple[str, float]] = (),
               origin: float | None = None, names: dict[str, str] | None = None) -> dict:
     """The figures of one adapter: overall, and per phase. `phases` are (name, seconds since `origin`), the
@@ -133,7 +129,7 @@ def summarize(series: dict[str, AdapterSeries], adapter: str, why: str, phases: 
         per_phase[name] = {"start_s": None if start == float("-inf") else start,
                            "end_s": None if stop == float("inf") else stop, "samples": len(picked),
                            "first_bytes": int(shared[0]) if shared else None,
-                           "peak_bytes": int(max(shared)) if shared else None, "last_bytes": _level(shared),
+                           "peak_bytes": int(max(shared)) if shared else None, "last_bytes": int(shared[-1]) if shared else None,
                            "peak_dedicated_bytes": int(max(dedicated)) if dedicated else None}
     before = per_phase["before load"]
     traffic = per_phase.get("traffic")
