@@ -392,15 +392,16 @@ def cmd_run(args) -> int:
 
 
 def cmd_smoke(args) -> int:
-    from .pipeline import smoke_running
+    from smoke import all_passed
+
+    from .pipeline import console_line, smoke_running
     url, results = smoke_running(_session(args), args.profile, args.target, _engine(args) if args.engine else None,
                                  args.url, Path(args.api_key_file) if args.api_key_file else None,
                                  say=None if args.json else
-                                 lambda r: print(f"{r.status:7} {r.name} ({r.seconds} s) {r.reason}"),
-                                 only=args.check)
+                                 lambda r: print(console_line(r)), only=args.check)
     if args.json:
         _emit_json({"url": url, "checks": [r.to_json() for r in results]})
-    return 0 if all(r.status != "failed" for r in results) else 1
+    return 0 if all_passed(r.status for r in results) else 1
 
 
 def cmd_compare(args) -> int:

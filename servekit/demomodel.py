@@ -176,7 +176,55 @@ def make(out: Path, steps: int, say=print) -> None:
     GenerationConfig(eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id).save_pretrained(out)
     (out / "servekit-demo.json").write_text(json.dumps({"seed": SEED, "steps": steps, "final_loss": round(loss, 5)})
                                             + "\n")
-    say(f"demo model in {out}: final loss {loss:.4f}, {time.monotonic() - started:.0f} s")
+    failed = {case: said for case, said in behaviour(out).items() if said != "ok"}
+    if failed:  # `regenerate` then keeps the shipped model
+        raise SystemExit(f"demo model: trained to loss {loss:.4f}, but it does not do what the checks ask: "
+                         + "; ".join(f"{case}: {said}" for case, said in failed.items()))
+    say(f"demo model in {out}: final loss {loss:.4f}, {len(BEHAVIOURS)} behaviours as the checks ask, "
+        f"{time.monotonic() - started:.0f} s")
+
+
+# What the checks ask of the demo model, as (case, messages, tools, thinking on, what a greedy answer must be):
+# the plain reply that ends, exactly one call with {} whenever a tool is offered, and JSON that closes.
+BEHAVIOURS = [
+    ("plain reply, thinking on", [{"role": "user", "content": "Say hello."}], None, True, REPLY),
+    ("plain reply, thinking off", [{"role": "user", "content": "Say hello."}], None, False, REPLY),
+    ("forced call of the checks' tool", [{"role": "user", "content": "What time is it?"}],
+     [{"type": "function", "function": {"name": "get_time", "description": "Get the current time.",
+                                        "parameters": {"type": "object", "properties": {}}}}], True,
+     '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'),
+    ("json colour", [{"role": "user", "content": "Pick a colour as JSON."}], None, True, "colour"),
+]
+
+
+def behaviour(folder: Path) -> dict[str, str]:
+    """Each of BEHAVIOURS answered greedily by the model in `folder`: 'ok', or what it said instead. CPU training is
+    not bit-reproducible across processors, so this, not the weights' bytes, is what a trained model must match."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    out = {}
+    for case, messages, tools, thinking, wanted in BEHAVIOURS:
+        prompt = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False,
+                                               enable_thinking=thinking)
+        ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            done = model.generate(ids, max_new_tokens=48, do_sample=False, eos_token_id=tokenizer.eos_token_id,
+                                  pad_token_id=tokenizer.pad_token_id)
+        answer = done[0, ids.shape[1]:].tolist()
+        ended = answer[-1:] == [tokenizer.eos_token_id]
+        text = tokenizer.decode(answer[:-1] if ended else answer).strip()  # <tool_call> is a special token: kept
+        if wanted == "colour":
+            try:
+                ok = json.loads(text).get("colour") in COLOURS
+            except (ValueError, AttributeError):
+                ok = False
+        else:
+            ok = text == wanted
+        out[case] = "ok" if ok and ended else f"said {text!r}" + ("" if ended else " without ending")
+    return out
 
 
 def regenerate(engine, image: str, dest: Path, say=print) -> None:
@@ -222,9 +270,17 @@ def regenerate_shipped(session, say=print, show=None) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, help="train a model into this folder")
+    parser.add_argument("--check", type=Path, metavar="DIR", help="print (JSON) how the model in DIR answers what "
+                        "the checks ask, and exit 1 unless it all holds")
     parser.add_argument("--steps", type=int, default=900)
     args = parser.parse_args(argv)
+    if args.check:
+        said = behaviour(args.check)
+        print(json.dumps(said))
+        return 0 if all(v == "ok" for v in said.values()) else 1
+    if not args.out:
+        parser.error("give --out DIR (train) or --check DIR")
     make(args.out, args.steps, say=lambda s: print(s, flush=True))
     return 0
 

@@ -20,7 +20,7 @@ from typing import Any
 from . import processes
 from .atomic import write_text
 from .errors import UserError
-from .engines import Engine, docker_errors, local_url, resolve
+from .engines import Engine, EngineError, docker_errors, local_url, resolve
 from .processes import is_process_engine
 from .image.launcher import MIN_KEY_CHARS
 
@@ -214,6 +214,24 @@ def knobs_of(container) -> dict[str, str]:
     from .image.knobs import KNOBS
     env = dict(e.split("=", 1) for e in (container.attrs.get("Config") or {}).get("Env") or [] if "=" in e)
     return {k: v for k, v in sorted(env.items()) if k in KNOBS}
+
+
+def server_environ(container) -> dict[str, str]:
+    """The environment the serving process runs with (not only the container's: what the launcher exported before it
+    exec'd vLLM, as PID 1 of the container, or the process engine's server, holds it). EngineError when unreadable."""
+    if hasattr(container, "environ"):  # the process engine's server
+        try:
+            return container.environ()
+        except OSError as exc:
+            raise EngineError(f"the server's environment cannot be read: {exc}", str(exc)) from None
+    try:
+        done = container.exec_run(["cat", "/proc/1/environ"], stdout=True, stderr=True)
+    except Exception as exc:  # the SDK's errors, a container gone: said, never a crash in a check
+        raise EngineError(f"the server's environment cannot be read: {type(exc).__name__}: {exc}", str(exc)) from None
+    if done.exit_code != 0:
+        raise EngineError(f"the server's environment cannot be read: cat /proc/1/environ exited {done.exit_code}",
+                          done.output.decode("utf-8", "replace")[-200:])
+    return processes.parse_environ(done.output)
 
 
 def running_profiles(engine: Engine | None = None) -> list[str]:

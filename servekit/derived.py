@@ -62,7 +62,7 @@ def _allowed(knob: Knob) -> str:
     if knob.kind == "enum":
         return ", ".join(f"`{c}`" for c in knob.choices)
     if knob.kind == "bool":
-        return "1/0, true/false, yes/no, on/off"
+        return "1/0, true/false, yes/no, on/off (any case; vLLM is given 1 or 0)"
     bounds = [f"≥ {knob.minimum:g}" if knob.minimum is not None else "",
               f"≤ {knob.maximum:g}" if knob.maximum is not None else ""]
     return " ".join([{"int": "integer", "float": "number", "str": "text"}[knob.kind], *filter(None, bounds)])
@@ -74,6 +74,19 @@ def _profile_table(matrix: Matrix) -> list[str]:
         needs = f" (needs {', '.join(p.components)})" if p.components else ""
         rows.append(f"| `{name}` | {', '.join(p.targets)} | {_knobs(p.knobs) or '(defaults)'} | "
                     f"{_host_knobs(matrix, name)} | {', '.join(p.checks)} | {_cell(p.description)}{needs} |")
+    return rows + [""]
+
+
+def _check_table(matrix: Matrix) -> list[str]:
+    """Each check, what it judges, its parameters, and where a target does not require it (with why)."""
+    rows = ["", "| check | judges | parameters | not required |", "|---|---|---|---|"]
+    for name, c in matrix.checks.items():
+        exempt = [f"{profile} on {target}: {_cell(why)}" for profile in matrix.profiles for target in matrix.targets
+                  if target in matrix.profiles[profile].targets
+                  for check, why in matrix.not_required(profile, target).items() if check == name]
+        params = " ".join(f"`{k}={v}`" for k, v in c.params.items())
+        hosts = f" ({', '.join(c.hosts)} only)" if c.hosts else ""
+        rows.append(f"| `{name}` | {_cell(c.description)}{hosts} | {params} | {'; '.join(exempt)} |")
     return rows + [""]
 
 
@@ -112,7 +125,8 @@ PARTS = {
     ".dockerignore": {"context": _context},
     "compose/compose.yaml": {"knobs": _compose_knobs, "profiles": _compose_services},
     "compose/compose.wsl2.yaml": {"profiles": _compose_wsl2_services},
-    "docs/profiles.md": {"profile-table": _profile_table, "profile-flags": _profile_flags, "knob-table": _knob_table},
+    "docs/profiles.md": {"profile-table": _profile_table, "check-table": _check_table, "profile-flags": _profile_flags,
+                         "knob-table": _knob_table},
 }
 
 

@@ -88,6 +88,9 @@ class Model(Strict):
     max_len: int | None = Field(None, ge=1, description="the longest context the model allows")
     dir: str | None = Field(None, description="for source: generated, the folder of this repository that holds the "
                             "model, baked into the image (`make demo-model` regenerates it)")
+    checks: dict[str, dict[str, int | float | str | bool]] = Field(
+        {}, description="check parameters that fit this model only, over every profile's that serves it: the "
+        "thresholds a generated model meets where the served checkpoint's (the profiles' own) cannot be met")
 
 
 class Target(Strict):
@@ -141,6 +144,9 @@ CheckParams = dict[str, int | float | str | bool]
 class ProfileTarget(Strict):
     knobs: Knobs = {}
     checks: dict[str, CheckParams | None] = {}
+    not_required: dict[str, str] = Field({}, description="checks of the profile this target cannot pass by design, "
+                                         "each with why (no GPU, no drafter, weights that never learned it): the "
+                                         "report lists them as not required here, and they do not gate")
 
 
 class Profile(Strict):
@@ -264,17 +270,22 @@ class Matrix(Strict):
         return next((name for name, t in self.targets.items() if t.gpu == gpu), next(iter(self.targets)))
 
     def profile_checks(self, profile: str, target: str, host: str | None = None) -> dict[str, dict[str, Any]]:
-        """Each check of the profile on the target (and on `host`, where a check names its hosts), with its
-        parameters merged in order."""
+        """Each check the profile requires on the target (and on `host`, where a check names its hosts), with its
+        parameters merged in order: the check's, the profile's, the target's, the served model's."""
         prof = self.profiles[profile]
         per_target = prof.targets.get(target) or ProfileTarget()
+        model = self.models[self.targets[target].model]
         merged = {}
         for name in {**prof.checks, **per_target.checks}:
-            if host and self.checks[name].hosts and host not in self.checks[name].hosts:
+            if name in per_target.not_required or (host and self.checks[name].hosts and host not in self.checks[name].hosts):
                 continue
             merged[name] = {**self.checks[name].params, **(prof.checks.get(name) or {}),
-                            **(per_target.checks.get(name) or {})}
+                            **(per_target.checks.get(name) or {}), **model.checks.get(name, {})}
         return merged
+
+    def not_required(self, profile: str, target: str) -> dict[str, str]:
+        """The profile's checks that `target` cannot pass by design, each with why (images.yaml says so)."""
+        return dict((self.profiles[profile].targets.get(target) or ProfileTarget()).not_required)
 
 
 # Names that become folder names, Compose services, tags and Kubernetes names (servekit-<profile>): one safe
@@ -358,6 +369,10 @@ def _cross_references(m: Matrix, root: Path) -> list[tuple[tuple, str]]:
     for pkg in m.may_omit:
         need(pkg, m.pins, "pinned package", ("may_omit", pkg))
     for name, model in m.models.items():
+        for check, sizes in model.checks.items():
+            need(check, m.checks, "check", ("models", name, "checks", check))
+            if check in m.checks:
+                params_fit(check, sizes, ("models", name, "checks", check))
         if (model.source == "generated") != bool(model.dir):
             problems.append((("models", name), "a generated model names the folder that holds it (dir:), a "
                              "downloaded one does not"))
@@ -402,6 +417,14 @@ def _cross_references(m: Matrix, root: Path) -> list[tuple[tuple, str]]:
             problems.append((("profiles", name, "targets"), "a profile needs at least one target"))
         for target, override in p.targets.items():
             need(target, m.targets, "target", ("profiles", name, "targets", target))
+            listed = {**p.checks, **(override.checks if override else {})}
+            for check, why in (override.not_required if override else {}).items():
+                if check not in listed:
+                    problems.append((("profiles", name, "targets", target, "not_required", check),
+                                     f"{check!r} is not a check of profile {name}; it lists {', '.join(listed)}"))
+                elif not why.strip():
+                    problems.append((("profiles", name, "targets", target, "not_required", check),
+                                     "say why the check is not required here (the report shows it)"))
             for check, params in (override.checks if override else {}).items():
                 need(check, m.checks, "check", ("profiles", name, "targets", target, "checks", check))
                 if check in m.checks:

@@ -174,17 +174,32 @@ def boot(dep: deploy.Deployment, profile: str, timeout_s: float, say=None, knobs
 def checks_to_run(matrix, profile: str, target: str, only: list[str] | None = None,
                   host: str | None = None) -> dict[str, dict]:
     """The profile's checks on `host` with their parameters, or only those named (each with the profile's parameters
-    where it has the check, else the check's own); those that judge the others' traffic (spill) come last."""
+    where it has the check, else the check's own); those that judge the others' traffic (spill) come last. A check
+    the target does not require is left out, unless named."""
     from smoke import AFTER_TRAFFIC
     for name in only or []:
         if name not in matrix.checks:
             raise UserError(f"--check {name}: expected one of {', '.join(matrix.checks)}")
     checks = matrix.profile_checks(profile, target, host)
     if only:
-        everywhere = matrix.profile_checks(profile, target)
+        everywhere = {**matrix.profile_checks(profile, target),
+                      **{name: {} for name in matrix.not_required(profile, target)}}
         checks = {name: {**matrix.checks[name].params, **everywhere.get(name, {})} for name in only}
     return dict(sorted(checks.items(), key=lambda item: AFTER_TRAFFIC.index(item[0]) + 1
                        if item[0] in AFTER_TRAFFIC else 0))
+
+
+def not_required_results(matrix, profile: str, target: str, only: list[str] | None = None) -> list:
+    """A result for each check of the profile the target does not require (images.yaml says why), unless named."""
+    from smoke import Result
+    return [Result(name, "not_required", why) for name, why in matrix.not_required(profile, target).items()
+            if not only or name not in only]
+
+
+def console_line(result) -> str:
+    """A check's verdict in one line, its whole first line of reason (report.md holds all of it)."""
+    reason = result.reason.splitlines()[0] if result.reason else ""
+    return f"{result.status.replace('_', ' '):12} {result.name} ({result.seconds} s) {reason}".rstrip()
 
 
 def smoke(ctx, checks: dict[str, dict], say=None, deadline_s: float | None = None) -> list:
@@ -196,7 +211,7 @@ def smoke(ctx, checks: dict[str, dict], say=None, deadline_s: float | None = Non
     for name, params in checks.items():
         left = ends - time.monotonic()
         if left <= 0:
-            results.append(Result(name, "failed", "not run: the run's deadline for its checks had passed"))
+            results.append(Result(name, "not_run", "the run's deadline for its checks had passed"))
             continue
         try:
             result = run_check(name, ctx, params, deadline_s=left)
@@ -226,7 +241,7 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
 
     `knobs` apply to this boot only; `only` limits the checks to those named."""
     import datetime as dt
-    from smoke import Context, Result
+    from smoke import Context, Result, all_passed
     checks = checks_to_run(matrix, profile, dep.target, only, dep.host)
     created = dt.datetime.now(dt.timezone.utc)
     report = {"kind": "run", "run_id": f"{created:%Y%m%d-%H%M%S}-{profile}-{dep.target}",
@@ -245,15 +260,17 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
         b.mark("traffic")
         lines = lambda: list(b.record.lines)  # noqa: E731
         served_name = matrix.models[matrix.targets[dep.target].model].served_name
+        container = b.container
         ctx = Context(dep.url, key_file.read_text().strip(), served_name,
                       gpu=matrix.targets[dep.target].gpu, logs=lines, healthy_line=len(b.record.lines),
+                      environ=lambda: deploy.server_environ(container),
                       shared_usage=b.end_traffic if dep.host == "wsl2" else None)
-        results = smoke(ctx, checks, say=lambda r: say(f"  {r.status:7} {r.name} ({r.seconds} s) {r.reason[:120]}"))
+        results = smoke(ctx, checks, say=lambda r: say(f"  {console_line(r)}"))
         b.mark("end")
     except BootFailed as exc:
         say(f"  boot failed: {exc}")
         results = [Result("boot", "failed", str(exc), {"last_lines": exc.last_lines[-12:]})]
-        results += [Result(name, "skipped", "the server did not boot") for name in checks]
+        results += [Result(name, "not_run", "the server did not boot") for name in checks]
     finally:
         if b:
             b.stop_samplers()
@@ -270,8 +287,11 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
     report["notes"] += memory["notes"]
     # what the server ran with (the shell's knobs included), else what this run asked for
     report["knobs"] = deploy.knobs_of(b.container) if b and b.container else (knobs or {})
+    for result in not_required_results(matrix, profile, dep.target, only):
+        say(f"  {console_line(result)}")
+        results.append(result)
     report["checks"] = [r.to_json() for r in results]
-    report["passed"] = all(r.status != "failed" for r in results)
+    report["passed"] = all_passed(r.status for r in results)
     return report, series
 
 
@@ -387,19 +407,25 @@ def smoke_running(session, profile: str, target: str | None = None, engine=None,
     key_path = api_key_file or dep.api_key_file
     if not key_path.is_file():
         raise UserError(f"no API key file at {key_path}: pass --api-key-file")
-    logs, port, healthy_line = None, dep.port, 0
-    if not url:  # a profile on an engine: its log is readable, so the log checks can run
+    logs, environ, port, healthy_line = None, None, dep.port, 0
+    if not url:  # a profile on an engine: its log and environment are readable, so the log checks can run
         engine.check()
         container = deploy.find_container(profile, engine)
         if container is None:
             raise UserError(f"{profile} is not running on engine {engine.given}: start it with `python build.py up "
                             f"{profile}" + ("" if engine.is_local else f" --engine {engine.given}") + "`")
         logs = lambda: container.logs().decode("utf-8", "replace").splitlines()  # noqa: E731
+        environ = lambda: deploy.server_environ(container)  # noqa: E731
         port = deploy.published_port(container) or port
         # compiles while booting are expected; the log checks judge what came after the server was ready
         healthy_line = next((i + 1 for i, line in enumerate(logs()) if READY.search(line)), 0)
     with (nullcontext(url) if url else engines.reach(engine, dep.bind, port)) as base_url:
         ctx = Context(base_url.rstrip("/"), key_path.read_text().strip(),
                       matrix.models[matrix.targets[target].model].served_name, gpu=matrix.targets[target].gpu,
-                      logs=logs, healthy_line=healthy_line)
-        return ctx.url, smoke(ctx, checks, say=say)
+                      logs=logs, environ=environ, healthy_line=healthy_line)
+        results = smoke(ctx, checks, say=say)
+        for result in not_required_results(matrix, profile, target, only):
+            results.append(result)
+            if say:
+                say(result)
+        return ctx.url, results

@@ -39,6 +39,12 @@ VERSIONS = ("import importlib.metadata as m, json; "
             "print(json.dumps([[d.metadata['Name'], d.version] for d in m.distributions()]))")
 
 
+def parse_environ(raw: bytes) -> dict[str, str]:
+    """/proc/PID/environ: NUL-separated NAME=VALUE entries."""
+    pairs = (entry.decode("utf-8", "replace").partition("=") for entry in raw.split(b"\0") if b"=" in entry)
+    return {name: value for name, _, value in pairs}
+
+
 def _stat(pid: int | str) -> list[str]:
     """/proc/PID/stat's fields after the command name (state first), or [] when there is no such process."""
     try:
@@ -225,6 +231,10 @@ class ProcessServer:
                         yield rest
                     return
                 time.sleep(0.1)
+
+    def environ(self) -> dict[str, str]:
+        """The serving process's environment as the kernel holds it (the launcher execs vLLM in its own pid)."""
+        return parse_environ(Path(f"/proc/{self.record['pid']}/environ").read_bytes())
 
     def stats(self, stream: bool = True, decode: bool = True):
         """Memory of the whole process group (vLLM's engine core is a child), once a second, in docker's shape."""

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from smoke import all_passed
+
 from .atomic import write_text
 from .errors import UserError
 
@@ -30,10 +32,15 @@ class Document(Record):
 
 class CheckResult(Record):
     name: str
-    status: Literal["passed", "failed", "skipped"]
+    status: Literal["passed", "failed", "not_run", "not_required"]  # smoke.STATUSES
     reason: str = ""
     figures: dict[str, Any] = {}
     seconds: float = 0.0
+
+    @field_validator("status", mode="before")
+    @classmethod
+    def _skipped_is_not_run(cls, value):  # reports written before the three outcomes said "skipped" for "not run"
+        return "not_run" if value == "skipped" else value
 
 
 class ImageUsed(Record):
@@ -72,6 +79,11 @@ class RunReport(Document):
     checks: list[CheckResult]
     passed: bool
     notes: list[str] = []
+
+    @property
+    def gate_passes(self) -> bool:
+        """Passed by today's rule: every check passed or was not required (an older report's word is not taken)."""
+        return self.passed and all_passed(c.status for c in self.checks)
 
 
 # --- a sweep and a fleet run --------------------------------------------------------------------------

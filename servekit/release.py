@@ -50,9 +50,9 @@ def gate(matrix: Matrix, target: str, image_id: str, root: Path) -> dict[str, Pr
     for profile in required:
         mine = [(p, r) for p, r in _reports(root) if r.profile == profile and r.target == target]
         same = [(p, r) for p, r in mine if r.image.id == image_id]
-        passing = [(p, r) for p, r in same if r.passed]
+        passing = [(p, r) for p, r in same if r.gate_passes]
         if not passing:
-            others = [(r.image.id or "?")[:19] for _, r in mine if r.passed]
+            others = [(r.image.id or "?")[:19] for _, r in mine if r.gate_passes]
             if others:
                 raise CheckFailed(f"{target}: the passing {profile} reports are of another image ({others[-1]}...), "
                                   f"not of {image_id[:19]}...; run `python build.py run --target {target} "

@@ -77,8 +77,9 @@ def render_markdown(r: RunReport) -> str:
     lines += ["![GPU memory, or the container's without a GPU, and Shared Usage over the run](memory.png)", ""]
     lines += ["| check | result | figures | reason |", "|---|---|---|---|"]
     for c in r.checks:
-        mark = {"passed": "passed", "failed": "**FAILED**", "skipped": "skipped"}[c.status]
-        lines.append(f"| {_cell(c.name)} | {mark} | {_cell(_figures(c.figures))} | {_cell(c.reason[:200])} |")
+        mark = {"passed": "passed", "failed": "**FAILED**", "not_run": "**not run**", "not_required": "not required"}[
+            c.status]
+        lines.append(f"| {_cell(c.name)} | {mark} | {_cell(_figures(c.figures))} | {_cell(c.reason)} |")
     failed_boot = next((c for c in r.checks if c.name == "boot" and c.status == "failed"), None)
     if failed_boot:
         lines += ["", f"The boot failed: {failed_boot.reason}", "", "```text",

@@ -1,8 +1,10 @@
 """Smoke checks: each a small unit with a name and parameters, runnable against any base URL.
 
-A check returns a Result: passed, failed or skipped (with the reason; never `passed` for
-something that could not run), and the figures it measured. The registry maps the names used
-in images.yaml to the functions.
+A check returns a Result with one of three outcomes: passed, failed, or not run (with why: a check
+that could not measure never passes), and the figures it measured. A fourth status, not required,
+is given by the matrix to a check a profile does not need on a target by design (with why), never by
+a check. A run passes only when every check passed or was not required (`all_passed`). The registry
+maps the names used in images.yaml to the functions.
 """
 
 from __future__ import annotations
@@ -20,10 +22,19 @@ RUN_DEADLINE_S = 3600.0  # every check of one run
 MAX_BODY_BYTES = 32 << 20  # the largest answer a check reads (a 64-prompt completion is well under 1 MiB)
 
 
+STATUSES = ("passed", "failed", "not_run", "not_required")
+GATE_PASSES = ("passed", "not_required")  # a required check that did not run fails the gate
+
+
+def all_passed(statuses) -> bool:
+    """The one rule for a run, a sweep's boot, a smoke command and the release gate."""
+    return all(status in GATE_PASSES for status in statuses)
+
+
 @dataclass
 class Result:
     name: str
-    status: str  # passed, failed, skipped
+    status: str  # one of STATUSES
     reason: str = ""
     figures: dict = field(default_factory=dict)
     seconds: float = 0.0
@@ -37,8 +48,9 @@ class Context:
     url: str
     api_key: str
     model: str  # the served model name the profile expects
-    gpu: bool = False  # whether the target has a GPU (a GPU-only check is skipped otherwise)
+    gpu: bool = False  # whether the target has a GPU (a GPU-only check does not run otherwise)
     logs: Callable[[], list[str]] | None = None  # the server's log lines, when known
+    environ: Callable[[], dict[str, str]] | None = None  # the serving process's environment, when it can be read
     healthy_line: int = 0  # index of the first log line after the server became healthy
     # WSL2 only: ends the traffic and gives the run's Shared Usage figures (None where it was not sampled)
     shared_usage: Callable[[], dict | None] | None = None
@@ -102,8 +114,8 @@ class CheckFailure(Exception):
         self.figures = figures
 
 
-class Skip(Exception):
-    """Raised inside a check: it cannot run here; the reason says why."""
+class NotRun(Exception):
+    """Raised inside a check: it could not measure here; the reason says why. Never a pass."""
 
 
 CHECKS: dict[str, tuple[Callable, bool]] = {}  # name -> (function, gpu_only)
@@ -111,12 +123,15 @@ AFTER_TRAFFIC = ("spill",)  # checks that judge the traffic the others sent: run
 # name -> parameter -> (least, most): a numeric parameter not named here must be at least 1, so that no
 # configuration makes a check do nothing (seeds: 0) and pass.
 BOUNDS: dict[str, dict[str, tuple[float, float | None]]] = {}
+DEADLINE_FACTORS: dict[str, float] = {}  # name -> its deadline in check deadlines, for a check of many requests
 
 
-def check(name: str, gpu_only: bool = False, bounds: dict[str, tuple[float, float | None]] | None = None):
+def check(name: str, gpu_only: bool = False, bounds: dict[str, tuple[float, float | None]] | None = None,
+          deadline_factor: float = 1.0):
     def register(func):
         CHECKS[name] = (func, gpu_only)
         BOUNDS[name] = bounds or {}
+        DEADLINE_FACTORS[name] = deadline_factor
         return func
     return register
 
@@ -155,8 +170,8 @@ def _verdict(name: str, func: Callable, ctx: Context, params: dict) -> Result:
                 Result(name, "failed", "the check did no work: it reported no figures"))
     except CheckFailure as exc:
         return Result(name, "failed", str(exc), exc.figures)
-    except Skip as exc:
-        return Result(name, "skipped", str(exc))
+    except NotRun as exc:
+        return Result(name, "not_run", str(exc))
     except requests.RequestException as exc:
         return Result(name, "failed", f"request failed: {type(exc).__name__}: {str(exc)[:200]}")
     except Exception as exc:  # a bug in the check, or an answer of a shape it did not expect: said, never hidden
@@ -169,8 +184,9 @@ def run_check(name: str, ctx: Context, params: dict, deadline_s: float | None = 
     func, gpu_only = CHECKS[name]
     started = time.monotonic()
     if gpu_only and not ctx.gpu:
-        return Result(name, "skipped", "needs a GPU target")
-    limit = min(ctx.check_deadline_s, deadline_s if deadline_s is not None else ctx.check_deadline_s)
+        return Result(name, "not_run", "needs a GPU target (images.yaml can mark it not required on this target)")
+    own = ctx.check_deadline_s * DEADLINE_FACTORS.get(name, 1.0)
+    limit = min(own, deadline_s if deadline_s is not None else own)
     box: list[Result] = []
     # A daemon thread: a request stuck in a read cannot be interrupted, but it no longer holds the run.
     worker = threading.Thread(target=lambda: box.append(_verdict(name, func, ctx, params)), daemon=True,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import requests
 
 from . import Context, check, ensure, text_of
 
@@ -69,42 +70,139 @@ def streaming(ctx: Context, max_tokens: int = 16) -> dict:
     return {"chunks": len(chunks), "completion_tokens": usage[-1]["completion_tokens"], "text": text}
 
 
-@check("api")
-def api(ctx: Context, long_prompt_words: int = 1200) -> dict:
-    """The rest of the source repository's API smoke, each part a sub-check with its own verdict."""
+def _reasoning(message: dict) -> str:
+    return message.get("reasoning_content") or message.get("reasoning") or ""
+
+
+@check("api", bounds={"long_prompt_tokens": (1, None), "top_logprobs": (1, 20)})
+def api(ctx: Context, long_prompt_tokens: int = 12000, top_logprobs: int = 5, min_tokens: int = 30) -> dict:
+    """The source repository's API smoke (bench/api_smoke.py) at its sizes, each part with its own verdict (a part
+    the server refuses fails alone, with the server's answer): greedy and seeded determinism, logprobs, n=2, a stop
+    string that stops, json_schema, min_tokens with penalties, streaming, completions with echo and prompt logprobs,
+    and a prompt of over 12,000 tokens. Its two reasoning parts are the `thinking` check."""
     parts: dict[str, str] = {}
+    plain = {"chat_template_kwargs": {"enable_thinking": False}}
+    greedy = ctx.answer(HELLO, temperature=0, max_tokens=32, **plain)
+    measured: dict[str, int] = {}
 
-    def part(name: str, ok: bool, detail: str = "") -> None:
+    def same_twice(**sampling) -> tuple[bool, str]:
+        again = [ctx.answer(HELLO, max_tokens=32, **plain, **sampling) for _ in range(2)]
+        return again[0] == again[1], f"{again[0]!r} / {again[1]!r}"
+
+    def logprobs() -> tuple[bool, str]:
+        r = ctx.chat(HELLO, max_tokens=8, logprobs=True, top_logprobs=top_logprobs, temperature=0)
+        content = (r["choices"][0].get("logprobs") or {}).get("content") or []
+        return bool(content) and all(len(t["top_logprobs"]) == top_logprobs for t in content), str(content)[:120]
+
+    def n2() -> tuple[bool, str]:
+        r = ctx.chat(HELLO, max_tokens=8, n=2)
+        return len(r["choices"]) == 2, f"{len(r['choices'])} choices"
+
+    def json_schema() -> tuple[bool, str]:
+        # A schema whose every valid document ends by itself: unconstrained, no model here would answer with it.
+        schema = {"enum": ["red", "green", "blue"]}
+        r = ctx.chat([{"role": "user", "content": "Pick a colour as JSON."}], max_tokens=48, temperature=0,
+                     response_format={"type": "json_schema", "json_schema": {"name": "colour", "schema": schema}},
+                     **plain)
+        message = r["choices"][0]["message"]
+        raw = text_of(message) or _reasoning(message)  # a reasoning parser may keep a short answer as reasoning
+        try:
+            parsed = json.loads(raw)
+        except ValueError as exc:
+            return False, f"not JSON: {exc}: {raw[:80]!r}"
+        return parsed in schema["enum"], repr(parsed)
+
+    def min_tokens_part() -> tuple[bool, str]:
+        r = ctx.chat(HELLO, max_tokens=min_tokens + 16, min_tokens=min_tokens, presence_penalty=0.5,
+                     frequency_penalty=0.5, temperature=0)
+        return r["usage"]["completion_tokens"] >= min_tokens, f"{r['usage']['completion_tokens']} tokens"
+
+    def echo() -> tuple[bool, str]:
+        resp = ctx.post("/v1/completions", {"model": ctx.model, "prompt": "The river", "max_tokens": 4, "echo": True,
+                                            "logprobs": 1, "prompt_logprobs": 1, "temperature": 0})
+        resp.raise_for_status()
+        choice = resp.json()["choices"][0]
+        ok = choice["text"].startswith("The river") and bool((choice.get("logprobs") or {}).get("tokens")) and \
+            bool(choice.get("prompt_logprobs"))
+        return ok, f"{choice['text']!r}, prompt_logprobs {str(choice.get('prompt_logprobs'))[:60]}"
+
+    def long_prompt() -> tuple[bool, str]:
+        r = ctx.chat([{"role": "user", "content": _text_of_tokens(ctx, long_prompt_tokens)}], max_tokens=4)
+        measured["long_prompt_tokens"] = r["usage"]["prompt_tokens"]
+        return r["usage"]["prompt_tokens"] > long_prompt_tokens, \
+            f"{r['usage']['prompt_tokens']} tokens, not over {long_prompt_tokens}"
+
+    for name, run in (("greedy determinism", lambda: same_twice(temperature=0)),
+                      ("seeded sampling", lambda: same_twice(temperature=1.0, seed=1234)),
+                      ("logprobs", logprobs), ("n=2", n2), ("stop", lambda: _stop(ctx, greedy, plain)),
+                      ("json_schema", json_schema), ("min_tokens", min_tokens_part),
+                      ("streaming", lambda: _streamed_chunks(ctx)), ("completions echo", echo),
+                      ("long prompt", long_prompt)):
+        try:
+            ok, detail = run()
+        except requests.HTTPError as exc:
+            ok, detail = False, f"HTTP {exc.response.status_code}: {exc.response.text[:200]}"
         parts[name] = "ok" if ok else f"failed: {detail}"
-
-    r = ctx.chat(HELLO, max_tokens=8, logprobs=True, top_logprobs=2, temperature=0)
-    content = r["choices"][0]["logprobs"]["content"]
-    part("logprobs", bool(content) and all(len(t["top_logprobs"]) == 2 for t in content), str(content)[:120])
-    r = ctx.chat(HELLO, max_tokens=8, n=2)
-    part("n=2", len(r["choices"]) == 2, f"{len(r['choices'])} choices")
-    r = ctx.chat(HELLO, max_tokens=32, temperature=0, stop=["demo"])
-    text = text_of(r["choices"][0]["message"])
-    part("stop", "demo" not in text and r["choices"][0]["finish_reason"] == "stop", repr(text))
-    # A schema whose every valid document ends by itself: unconstrained, no model here would answer with it.
-    schema = {"enum": ["red", "green", "blue"]}
-    r = ctx.chat([{"role": "user", "content": "Pick a colour as JSON."}], max_tokens=48, temperature=0,
-                 response_format={"type": "json_schema", "json_schema": {"name": "colour", "schema": schema}})
-    try:
-        parsed = json.loads(text_of(r["choices"][0]["message"]))
-        part("json_schema", parsed in schema["enum"], repr(parsed))
-    except ValueError as exc:
-        part("json_schema", False, f"not JSON: {exc}")
-    r = ctx.chat(HELLO, max_tokens=24, min_tokens=12, presence_penalty=0.5, frequency_penalty=0.5, temperature=0)
-    part("min_tokens", r["usage"]["completion_tokens"] >= 12, f"{r['usage']['completion_tokens']} tokens")
-    resp = ctx.post("/v1/completions", {"model": ctx.model, "prompt": "The river", "max_tokens": 4, "echo": True,
-                                        "logprobs": 1, "temperature": 0})
-    resp.raise_for_status()
-    choice = resp.json()["choices"][0]
-    part("completions echo", choice["text"].startswith("The river") and bool(choice["logprobs"]["tokens"]),
-         repr(choice["text"]))
-    long_text = " ".join(f"word{i % 97}" for i in range(long_prompt_words))
-    r = ctx.chat([{"role": "user", "content": long_text}], max_tokens=4)
-    part("long prompt", r["usage"]["prompt_tokens"] > long_prompt_words // 2, f"{r['usage']['prompt_tokens']} tokens")
     failed = {k: v for k, v in parts.items() if v != "ok"}
-    ensure(not failed, "; ".join(f"{k}: {v}" for k, v in failed.items()), parts=parts)
-    return {"parts": parts}
+    ensure(not failed, "; ".join(f"{k}: {v}" for k, v in failed.items()), parts=parts, **measured)
+    return {"parts": parts, **measured}
+
+
+def _text_of_tokens(ctx: Context, tokens: int, sample_words: int = 200) -> str:
+    """Words whose templated prompt is a little over `tokens` tokens, by the server's own count (/tokenize); a word
+    a token where the server cannot count."""
+    def text(n: int) -> str:
+        return " ".join(f"word{i % 97}" for i in range(n))
+    try:
+        resp = ctx.post("/tokenize", {"model": ctx.model, "prompt": text(sample_words), "add_special_tokens": False})
+        resp.raise_for_status()
+        per_word = resp.json()["count"] / sample_words
+    except (requests.RequestException, ValueError, KeyError, TypeError):
+        per_word = 1.0
+    return text(int((tokens + 16) / max(per_word, 0.1)) + 1)
+
+
+def _stop(ctx: Context, greedy: str, plain: dict) -> tuple[bool, str]:
+    """A stop string the model will reach (a word from the middle of its own greedy answer) must end the answer
+    there, and vLLM must say that string stopped it: a natural end is no proof that stop strings work."""
+    words = greedy.split()
+    if len(words) < 3:
+        return False, f"the greedy answer {greedy!r} is too short to hold a stop string"
+    stop = words[len(words) // 2]
+    r = ctx.chat(HELLO, max_tokens=32, temperature=0, stop=[stop], **plain)
+    choice = r["choices"][0]
+    text = text_of(choice["message"])
+    return stop not in text and choice["finish_reason"] == "stop" and choice.get("stop_reason") == stop, \
+        f"stop {stop!r}: {text!r}, finish_reason {choice['finish_reason']}, stop_reason {choice.get('stop_reason')!r}"
+
+
+def _streamed_chunks(ctx: Context, max_tokens: int = 16) -> tuple[bool, str]:
+    resp = ctx.post("/v1/chat/completions", {"model": ctx.model, "messages": HELLO, "max_tokens": max_tokens,
+                                             "temperature": 0, "stream": True})
+    resp.raise_for_status()
+    chunks = [line for line in resp.content.splitlines() if line.startswith(b"data: ") and line != b"data: [DONE]"]
+    return len(chunks) > 5, f"{len(chunks)} chunks, not more than 5"
+
+
+@check("thinking", bounds={"budget": (1, None)})
+def thinking(ctx: Context, max_tokens: int = 2048, budget: int = 16) -> dict:
+    """The API smoke's reasoning parts: with thinking on, 17 x 23 answers 391 and the reasoning comes apart from
+    the answer; with thinking_token_budget set, the reasoning ends within the budget."""
+    parts: dict[str, str] = {}
+    ask = [{"role": "user", "content": "What is 17 * 23? Answer with the number only."}]
+    on = {"chat_template_kwargs": {"enable_thinking": True}, "temperature": 0}
+    message = ctx.chat(ask, max_tokens=max_tokens, **on)["choices"][0]["message"]
+    answer, reasoning = text_of(message), _reasoning(message)
+    parts["thinking mode"] = "ok" if "391" in answer and reasoning.strip() else \
+        f"failed: answer {answer[:80]!r}, reasoning {len(reasoning)} characters"
+    message = ctx.chat(ask, max_tokens=max_tokens, thinking_token_budget=budget, **on)["choices"][0]["message"]
+    reasoning = _reasoning(message)
+    resp = ctx.post("/tokenize", {"model": ctx.model, "prompt": reasoning, "add_special_tokens": False})
+    resp.raise_for_status()
+    spent = resp.json()["count"]
+    # the budget's closing of the reasoning may add its end marker's tokens
+    parts["thinking budget"] = "ok" if reasoning.strip() and spent <= budget + 4 else \
+        f"failed: {spent} reasoning tokens with a budget of {budget}"
+    failed = {k: v for k, v in parts.items() if v != "ok"}
+    ensure(not failed, "; ".join(f"{k}: {v}" for k, v in failed.items()), parts=parts, budget_spent=spent)
+    return {"parts": parts, "budget": budget, "budget_spent": spent}

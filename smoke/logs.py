@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import ast
+import json
 import re
 import shlex
 
-from . import CheckFailure, Context, Skip, check, ensure
+from servekit.image.recipe import BOOLEAN_ENV
+
+from . import CheckFailure, Context, NotRun, check, ensure
 
 TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
 OOM = re.compile(r"out of memory|OutOfMemoryError|No available memory for the cache blocks", re.I)
@@ -17,7 +20,7 @@ NON_DEFAULT = re.compile(r"non-default args: (\{.*\})\s*$")
 
 def _lines(ctx: Context) -> list[str]:
     if ctx.logs is None:
-        raise Skip("the server's log is not available (a remote URL)")
+        raise NotRun("the server's log cannot be read (a remote URL): nothing to judge")
     return ctx.logs()
 
 
@@ -49,52 +52,120 @@ def _flag_values(argv: list[str]) -> dict[str, str | bool]:
     return out
 
 
+def _parsed(text: str):
+    """A flag's value as vLLM's argument parser reads it: JSON (a config, a number, null) where it parses."""
+    if text == "None":
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
 def _same(wanted, got) -> bool:
+    """Whether the engine's parsed value is the flag's: numbers as numbers, a JSON config key by key (the engine may
+    hold more keys than were given, never other values for those given)."""
     if wanted is True:
         return got is True
-    if isinstance(got, list):
-        got = got[0] if len(got) == 1 else got
-    try:
+    wanted = _parsed(wanted)
+    if isinstance(got, list) and len(got) == 1 and not isinstance(wanted, list):
+        got = got[0]
+    return _same_value(wanted, got)
+
+
+def _same_value(wanted, got) -> bool:
+    if isinstance(wanted, dict):
+        return isinstance(got, dict) and all(k in got and _same_value(v, got[k]) for k, v in wanted.items())
+    if isinstance(wanted, bool) or isinstance(got, bool):
+        return wanted is got
+    if isinstance(wanted, (int, float)) and isinstance(got, (int, float)):
         return float(wanted) == float(got)
-    except (TypeError, ValueError):
-        return str(wanted) == str(got) or str(got).replace("'", '"').replace(" ", "") == \
-            str(wanted).replace(" ", "")
+    if isinstance(wanted, list) and isinstance(got, (list, tuple)):
+        return len(wanted) == len(got) and all(_same_value(a, b) for a, b in zip(wanted, got))
+    return wanted == got or (isinstance(got, str) and str(wanted) == got)
 
 
 ENUM_REPR = re.compile(r"<[\w.]+: ('[^']*'|-?\d+)>")
+# Flags vLLM consumes before it logs its non-default arguments, so their absence there says nothing: the API server's
+# count (the H200 runs: named "did not reach the engine" while in force), and the bind address and port, which it
+# leaves out at their defaults. Checked where they do appear, listed as not echoed where they do not.
+NOT_ECHOED = frozenset({"api_server_count", "host", "port"})
+ALIASES = {"model": "model_tag"}
+ENVIRONMENT = re.compile(r"launcher: profile \S+: environment (\{.*\})\s*$")
 
 
-@check("knobs")
-def knobs(ctx: Context) -> dict:
-    """Every flag the launcher passed must appear, with its value, among the engine's logged arguments."""
-    lines = _lines(ctx)
-    launch = next((LAUNCH.search(line) for line in lines if LAUNCH.search(line)), None)
-    engine = next((NON_DEFAULT.search(line) for line in lines if NON_DEFAULT.search(line)), None)
+def _engine_args(lines: list[str]) -> tuple[dict[str, str | bool], dict]:
+    launch = next((m for m in map(LAUNCH.search, lines) if m), None)
+    engine = next((m for m in map(NON_DEFAULT.search, lines) if m), None)
     if not launch or not engine:
-        raise Skip("the launcher's or the engine's argument line is not in the log")
-    wanted = _flag_values(shlex.split(launch[1]))
+        raise NotRun("the launcher's or the engine's argument line is not in the log, so what reached the engine "
+                     "could not be read")
     try:  # an enum is logged as its repr (<DynamicShapesType.BACKED: 'backed'>): read it as its value
         got = ast.literal_eval(ENUM_REPR.sub(r"\1", engine[1]))
     except (ValueError, SyntaxError) as exc:
         raise CheckFailure(f"the engine's argument line cannot be read ({type(exc).__name__}): "
                            f"{engine[1][:160]}") from None
-    aliases = {"model": "model_tag", "enable_prefix_caching": "enable_prefix_caching"}
-    missing, seen = {}, {}
+    return _flag_values(shlex.split(launch[1])), got
+
+
+def _flags_missing(wanted: dict[str, str | bool], got: dict) -> tuple[dict, dict, list[str]]:
+    """(flag -> what the engine holds instead, flag -> the engine's value, flags it does not echo)."""
+    missing, seen, not_echoed = {}, {}, []
     for name, value in wanted.items():
-        if name in ("host", "port") and name not in got:
-            continue  # vLLM leaves its defaults out of "non-default args" (port 8000)
-        key = name if name in got else aliases.get(name, name)
         if name.startswith("no_"):
-            key, value = name[3:], False
-            if got.get(key, False) is not False:
-                missing[name] = got.get(key)
+            if got.get(name[3:], False) is not False:
+                missing[name] = got.get(name[3:])
+            continue
+        key = name if name in got else ALIASES.get(name, name)
+        if key not in got and name in NOT_ECHOED:
+            not_echoed.append(name)
             continue
         seen[name] = got.get(key, "absent")
         if key not in got or not _same(value, got[key]):
             missing[name] = got.get(key, "absent")
+    return missing, seen, not_echoed
+
+
+def _environment_missing(lines: list[str], environ: dict[str, str]) -> tuple[dict[str, str], int]:
+    """(variable -> what the serving process holds instead, how many were compared) for every variable the launcher
+    exported, as its log line says; a masked value (a key) is not compared. A variable vLLM reads as a boolean
+    holds 1 or 0: vLLM reads anything else as off (the source's VLLM_DFLASH2_LOOKUP=true ran without lookup)."""
+    said = next((m for m in map(ENVIRONMENT.search, lines) if m), None)
+    if not said:
+        raise NotRun("the launcher's environment line is not in the log, so what it exported could not be compared")
+    exported = json.loads(said[1])
+    missing = {}
+    for name, value in exported.items():
+        if value == "***":
+            continue
+        if environ.get(name) != value:
+            missing[name] = environ.get(name, "absent")
+        elif name in BOOLEAN_ENV and value not in ("0", "1"):
+            missing[name] = f"{value!r}, which vLLM reads as off (it reads 1 as on)"
+    return missing, sum(1 for v in exported.values() if v != "***")
+
+
+@check("knobs")
+def knobs(ctx: Context) -> dict:
+    """Every flag the launcher passed appears, with its value as vLLM parses it, among the engine's logged arguments,
+    and every variable the launcher exported is in the serving process's environment, as vLLM reads it."""
+    lines = _lines(ctx)
+    wanted, got = _engine_args(lines)
+    if ctx.environ is None:
+        raise NotRun("the serving process's environment cannot be read (a remote URL), so the exported knobs could "
+                     "not be compared")
+    missing, seen, not_echoed = _flags_missing(wanted, got)
+    try:
+        environ = ctx.environ()
+    except Exception as exc:  # the engine's error (a container gone, no /proc): the comparison could not be made
+        raise NotRun(f"the serving process's environment could not be read: {exc}") from None
+    env_missing, compared = _environment_missing(lines, environ)
     # what the engine says it runs with, per flag: a sweep's cells can be told apart by it
-    figures = {"flags": len(wanted), "reached": len(wanted) - len(missing),
+    figures = {"flags": len(wanted), "reached": len(wanted) - len(missing) - len(not_echoed),
+               "not_echoed": not_echoed, "environment": compared, "environment_reached": compared - len(env_missing),
                "engine_values": {k: v if isinstance(v, (str, int, float, bool)) or v is None else str(v)
                                  for k, v in seen.items() if "key" not in k and "token" not in k}}
-    ensure(not missing, f"flags that did not reach the engine: {missing}", **figures)
+    problems = ([f"flags that did not reach the engine: {missing}"] if missing else []) + \
+        ([f"environment the serving process lacks: {env_missing}"] if env_missing else [])
+    ensure(not problems, "; ".join(problems), **figures)
     return figures

@@ -5,7 +5,7 @@ met, and how far the traffic raised it. It runs after every other check, on the 
 
 from __future__ import annotations
 
-from . import CheckFailure, Context, Skip, check
+from . import CheckFailure, Context, NotRun, check
 
 MB = 1_000_000
 
@@ -45,7 +45,7 @@ def judge(summary: dict, max_rise_mb: float, settled_below_mb: float) -> dict:
 @check("spill", bounds={"max_rise_mb": (0, None), "settled_below_mb": (1, None)})
 def spill(ctx: Context, max_rise_mb: float = 125.0, settled_below_mb: float = 400.0) -> dict:
     if ctx.shared_usage is None:
-        raise Skip("Shared Usage is read only under WSL2 (this run is not on a wsl2 host)")
+        raise NotRun("Shared Usage is read only under WSL2 (this run is not on a wsl2 host)")
     summary = ctx.shared_usage()
     if summary is None:
         raise CheckFailure("Shared Usage was not sampled on this WSL2 run (the report's notes say why), so a spill "

@@ -13,8 +13,10 @@ ASK = [{"role": "user", "content": "What time is it?"}]
 
 @check("tool_required", bounds={"max_runaway": (0, None)})
 def tool_required(ctx: Context, seeds: int = 20, max_tokens: int = 2048, max_runaway: int = 2) -> dict:
-    """N seeds; each must return one call with arguments exactly {}. A call that keeps decoding after
-    a correct {} until max_tokens (the source saw 2 of 20) is counted, and allowed up to max_runaway."""
+    """N seeds; each must return one call with arguments exactly {}. The source's runaway, a call that is complete
+    ({} and its closing tag decoded) and then decodes whitespace until max_tokens (2 of 20 seeds on 0.31.0 batch),
+    is counted as such and allowed up to max_runaway; a call cut off by max_tokens before it was complete, or text
+    decoded after it, is no runaway but a wrong answer."""
     empty = runaway = 0
     wrong: list[str] = []
     for seed in range(seeds):
@@ -22,17 +24,29 @@ def tool_required(ctx: Context, seeds: int = 20, max_tokens: int = 2048, max_run
         choice = r["choices"][0]
         calls = choice["message"].get("tool_calls") or []
         args = [c["function"]["arguments"] for c in calls]
-        if len(calls) == 1 and json.loads(args[0] or "null") == {}:
+        complete = len(calls) == 1 and _json(args[0]) == {}
+        trailing = (choice["message"].get("content") or "").strip()
+        if complete and not trailing:
             empty += 1
+            runaway += choice["finish_reason"] == "length"  # a whitespace runaway: complete, then blanks to the end
+        elif complete:
+            wrong.append(f"seed {seed}: text after the call: {trailing[:60]!r}")
         else:
-            wrong.append(f"seed {seed}: {args}")
-        if choice["finish_reason"] == "length":
-            runaway += 1
-    figures = {"seeds": seeds, "empty_arguments": empty, "runaway_to_max_tokens": runaway}
-    ensure(empty == seeds, f"{empty} of {seeds} seeds returned exactly {{}}; {'; '.join(wrong[:3])}", **figures)
-    ensure(runaway <= max_runaway, f"{runaway} of {seeds} forced calls kept decoding to max_tokens "
-           f"(allowed {max_runaway})", **figures)
+            cut = " (cut off by max_tokens)" if choice["finish_reason"] == "length" else ""
+            wrong.append(f"seed {seed}: {args}{cut}")
+    figures = {"seeds": seeds, "empty_arguments": empty, "whitespace_runaways": runaway}
+    ensure(not wrong, f"{seeds - len(wrong)} of {seeds} seeds returned exactly {{}}; {'; '.join(wrong[:3])}",
+           **figures)
+    ensure(runaway <= max_runaway, f"{runaway} of {seeds} forced calls were complete and then decoded whitespace "
+           f"until max_tokens (allowed {max_runaway})", **figures)
     return figures
+
+
+def _json(text: str | None):
+    try:
+        return json.loads(text or "null")
+    except ValueError:
+        return None
 
 
 @check("tool_auto")

@@ -111,23 +111,51 @@ def test_no_secret_in_any_layer(cpu_image):
 
 
 @pytest.mark.slow
+def test_the_cpu_image_sends_no_usage_statistics(cpu_image):
+    from servekit.image.recipe import PRIVACY_ENV
+    env = dict(e.split("=", 1) for e in json.loads(_docker("image", "inspect", cpu_image).stdout)[0]["Config"]["Env"])
+    assert PRIVACY_ENV.items() <= env.items()
+
+
+@pytest.mark.slow
 def test_demo_model_is_in_the_image(cpu_image):
     listing = _docker("run", "--rm", "--entrypoint", "ls", cpu_image, "/opt/models/demo").stdout.split()
     assert {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json"} <= set(listing)
 
 
+def _tensor_shapes(path: Path) -> dict:
+    """A safetensors file's tensors by name: dtype and shape, from its header (the bytes differ by processor)."""
+    raw = path.read_bytes()
+    header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+    return {name: (spec["dtype"], spec["shape"]) for name, spec in header.items() if name != "__metadata__"}
+
+
+def _behaviour(image: str, folder: Path) -> dict:
+    done = _docker("run", "--rm", "--entrypoint", "/opt/venv/bin/python", "-v",
+                   f"{ROOT / 'servekit' / 'demomodel.py'}:/gen/demomodel.py:ro", "-v", f"{folder}:/m:ro", image,
+                   "/gen/demomodel.py", "--check", "/m")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.slow
-def test_make_demo_model_makes_the_shipped_model_again_byte_for_byte(cpu_image, tmp_path):
-    """`demo-model` trains in the cpu image (a few CPU minutes) and replaces docker/demo-model/: every file comes out
-    as shipped, so the regenerated model passes exactly the checks the shipped one passes in every run."""
+def test_make_demo_model_makes_a_model_that_does_what_the_shipped_one_does(cpu_image, tmp_path):
+    """`demo-model` trains in the cpu image (a few CPU minutes) and replaces docker/demo-model/. CPU training is not
+    bit-reproducible across processors, so what must come out the same is what the checks rely on: the tokenizer,
+    template and config to the byte, every tensor's name, dtype and shape, and the answers the checks ask for."""
     root = tracked_copy(tmp_path)
-    folder = root / "docker/demo-model"
-    shipped = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (ROOT / "docker/demo-model").iterdir()}
+    folder, shipped = root / "docker/demo-model", ROOT / "docker/demo-model"
     before = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
     done = run_build_py("demo-model", cwd=root, timeout=1800)
     assert done.returncode == 0, done.stderr[-3000:]
     assert all(p.stat().st_mtime_ns != before.get(p.name) for p in folder.iterdir())  # written anew, every file
-    assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir()} == shipped
+    assert {p.name for p in folder.iterdir()} == {p.name for p in shipped.iterdir()}
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json",
+                 "generation_config.json"):
+        assert (folder / name).read_bytes() == (shipped / name).read_bytes(), name
+    assert _tensor_shapes(folder / "model.safetensors") == _tensor_shapes(shipped / "model.safetensors")
+    assert json.loads((folder / "servekit-demo.json").read_text())["final_loss"] < 0.2
+    said = _behaviour(cpu_image, folder)
+    assert said == _behaviour(cpu_image, shipped) and set(said.values()) == {"ok"}, said
 
 
 @pytest.mark.slow

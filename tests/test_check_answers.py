@@ -77,7 +77,8 @@ def test_a_check_that_breaks_says_so_at_once():
 
 
 def test_answers_held_by_the_reasoning_parser_are_judged_by_their_text(server):
-    for name, params in (("greedy", {}), ("sampled", {}), ("prefix_cache", {"repeats": 3})):
+    sweep = {"residues": 4, "block": 16, "document_chars": 300, "max_tokens": 8}
+    for name, params in (("greedy", {}), ("sampled", {}), ("prefix_cache", sweep)):
         result = run_check(name, server, params)
         assert result.status == "passed", (name, result.reason)
     assert run_check("greedy", server, {}).figures["answer"].split()[0] in ("alpha", "beta", "gamma", "delta")
@@ -92,8 +93,10 @@ def test_long_conversations_fit_the_servers_context(server):
 
 def test_the_knobs_check_reads_enum_reprs_in_the_engines_arguments():
     lines = ["launcher: profile default: vllm serve --model /m --max-num-seqs 8",
+             'launcher: profile default: environment {"DO_NOT_TRACK": "1"}',
              "(APIServer pid=1) INFO 12-01 04:51:20 [utils.py:1] non-default args: {'model_tag': '/m', 'model': '/m', "
              "'max_num_seqs': 8, 'compilation_config': {'dynamic_shapes_config': "
              "{'type': <DynamicShapesType.BACKED: 'backed'>}}}"]
-    result = run_check("knobs", Context("http://127.0.0.1:9", "k", "m", logs=lambda: lines), {})
+    result = run_check("knobs", Context("http://127.0.0.1:9", "k", "m", logs=lambda: lines,
+                                        environ=lambda: {"DO_NOT_TRACK": "1"}), {})
     assert result.status == "passed" and result.figures["reached"] == 2, result.reason

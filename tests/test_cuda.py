@@ -72,6 +72,13 @@ def test_the_cuda_image_holds_the_pinned_stack(cuda_image):
 
 
 @pytest.mark.slow
+def test_the_cuda_image_sends_no_usage_statistics(cuda_image):
+    from servekit.image.recipe import PRIVACY_ENV
+    env = dict(e.split("=", 1) for e in json.loads(_docker("image", "inspect", cuda_image).stdout)[0]["Config"]["Env"])
+    assert PRIVACY_ENV.items() <= env.items()
+
+
+@pytest.mark.slow
 def test_the_cuda_image_says_flashinfer_compiles_at_first_use(cuda_image):
     labels = json.loads(_docker("image", "inspect", cuda_image).stdout)[0]["Config"]["Labels"]
     assert labels["io.servekit.base"] == "cuda-local"

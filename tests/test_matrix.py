@@ -34,6 +34,14 @@ def test_profile_checks_merge_target_sizes_over_defaults():
     assert m.profile_checks("default", "cpu")["tool_required"]["seeds"] == 4
 
 
+def test_a_check_the_target_does_not_require_is_left_out_with_why_and_the_model_sizes_win():
+    m = load_matrix(ROOT / "images.yaml")
+    assert "spec_decode" in m.profile_checks("default", "cuda") and "spec_decode" not in m.profile_checks("default", "cpu")
+    assert "speculation" in m.not_required("default", "cpu")["spec_decode"] and m.not_required("default", "cuda") == {}
+    assert m.profile_checks("default", "cuda")["api"] == {}  # the source's sizes: the check's own
+    assert m.profile_checks("default", "cpu")["api"] == {"long_prompt_tokens": 1500}  # what the demo model's 2,048 fit
+
+
 def test_schema_file_is_in_sync_with_the_model():
     assert (ROOT / "images.schema.json").read_text() == render_json_schema(), \
         "images.schema.json is stale: run `make schema`"
@@ -103,6 +111,13 @@ BAD = [
      ["may_omit.flashinfer-cubn", "pinned package 'flashinfer-cubn' is not defined"], "flashinfer-cubn:"),
     ("unimplemented-check", _sub("  greedy:\n    description:", "  greedier:\n    description:"),
      ["checks.greedier", "no check named 'greedier' is implemented"], "greedier:"),
+    ("not-required-unknown-check", _sub("          thinking: the cpu target serves", "          thinkin: the cpu target serves"),
+     ["profiles.default.targets.cpu.not_required.thinkin", "not a check of profile default"], "thinkin:"),
+    ("not-required-without-why", _sub("          thinking: the cpu target serves without a reasoning parser, and the demo "
+                                      "model never learned to reason", "          thinking: ' '"),
+     ["profiles.default.targets.cpu.not_required.thinking", "say why"], "thinking: ' '"),
+    ("model-check-param", _sub("      api: {long_prompt_tokens: 1500}", "      api: {long_prompt_words: 1500}"),
+     ["models.demo.checks.api.long_prompt_words", "takes no parameter"], "long_prompt_words"),
     ("check-param-name", _sub("tool_required: {seeds: 4,", "tool_required: {seed: 4,"),
      ["profiles.default.targets.cpu.checks.tool_required", "takes no parameter 'seed'", "seeds"], "seed: 4"),
     ("check-param-type", _sub("params: {prompts: 64}", "params: {prompts: many}"),

@@ -20,7 +20,8 @@ TAIL = "--reasoning-parser qwen3 --enable-prompt-tokens-details --enable-auto-to
        "qwen3_coder --tool-strict-level parameter"
 OPS = '"custom_ops": ["+rms_norm", "+silu_and_mul"]'
 DRAFTER = "/app/models/qwen38-27b-dflash"
-BASE_ENV = {"FLASHINFER_DISABLE_VERSION_CHECK": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0"}
+BASE_ENV = {"FLASHINFER_DISABLE_VERSION_CHECK": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1"}
 
 
 def _mtp(k: int) -> str:
@@ -68,6 +69,15 @@ EXPECTED = {
         """--default-chat-template-kwargs '{"enable_thinking": false}' """
         "--enable-prefix-caching --mamba-cache-mode align --prefix-cache-retention-interval 0",
         {"VLLM_DFLASH2_LOOKUP": "1", "VLLM_INT4_MQ_3D": "1"}),
+    ("alternative-tier", "native"): (  # an 8 GB CPU tier: dense retention for the tier to serve from
+        f"--gpu-memory-utilization 0.95 --max-model-len 256000 --max-num-seqs 1 --api-server-count 1 "
+        f"--language-model-only --attention-backend TRITON_ATTN --kv-cache-dtype int4_per_token_head {COMMON} "
+        f"--async-scheduling --max-num-batched-tokens 2048 --speculative-config {_dflash(7)} "
+        f"--compilation-config {_graphs(8)} {TAIL} "
+        """--default-chat-template-kwargs '{"enable_thinking": false}' """
+        "--enable-prefix-caching --mamba-cache-mode align --prefix-cache-retention-interval None "
+        "--kv-offloading-size 8",
+        {"VLLM_DFLASH2_LOOKUP": "1", "VLLM_INT4_MQ_3D": "1"}),
     ("alternative", "wsl2"): (  # the pin document's WSL2 row: MAX_SEQS=4 MAX_LEN=160000
         f"--gpu-memory-utilization 0.95 --max-model-len 160000 --max-num-seqs 4 --api-server-count 1 "
         f"--language-model-only --attention-backend TRITON_ATTN --kv-cache-dtype int4_per_token_head {COMMON} "
@@ -105,7 +115,8 @@ def test_each_profile_emits_the_source_launchers_argv_and_environment(profile, h
     flags, extra_env = EXPECTED[(profile, host)]
     argv, env = build_command(CUDA, profile, host, {})
     assert shlex.join(argv) == f"{HEAD} {flags}"
-    alloc = {"PYTORCH_CUDA_ALLOC_CONF": f"expandable_segments:{'False' if host == 'wsl2' else 'True'}"}
+    off = host == "wsl2" or "--kv-offloading-size" in argv  # vLLM 0.31 refuses expandable segments beside a tier
+    alloc = {"PYTORCH_CUDA_ALLOC_CONF": f"expandable_segments:{'False' if off else 'True'}"}
     assert env == {**BASE_ENV, **alloc, **extra_env}
 
 

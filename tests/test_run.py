@@ -19,8 +19,8 @@ def test_a_profile_expecting_another_model_name_fails_naming_the_check(tmp_path)
     root = tracked_copy(tmp_path)
     matrix = root / "images.yaml"
     text = matrix.read_text()
-    matrix.write_text(text.replace("          api: {long_prompt_words: 500}",
-                                   "          api: {long_prompt_words: 500}\n          models: {expect: not-served}"))
+    matrix.write_text(text.replace("          tool_auto: {thinking: \"on\"}",
+                                   "          tool_auto: {thinking: \"on\"}\n          models: {expect: not-served}"))
     result = subprocess.run([sys.executable, str(ROOT / "build.py"), "--matrix", str(matrix), "run", "--target", "cpu",
                              "--profile", "default"], cwd=root, capture_output=True, text=True, timeout=3000)
     assert result.returncode == 1, result.stderr[-2000:]

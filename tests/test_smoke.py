@@ -15,14 +15,14 @@ from smoke import CHECKS, Context, run_check
 pytestmark = pytest.mark.engine
 
 
-def test_a_check_that_cannot_run_is_skipped_never_passed():
+def test_a_check_that_cannot_run_is_not_run_never_passed():
     ctx = Context("http://127.0.0.1:9", "k", "m", gpu=False, logs=None)
-    assert run_check("logs", ctx, {}).status == "skipped"  # no log for a remote URL
-    assert run_check("knobs", ctx, {}).status == "skipped"
+    assert run_check("logs", ctx, {}).status == "not_run"  # no log for a remote URL
+    assert run_check("knobs", ctx, {}).status == "not_run"
     CHECKS["gpu_probe"] = (lambda ctx: {}, True)
     try:
         result = run_check("gpu_probe", ctx, {})
-        assert result.status == "skipped" and "GPU" in result.reason
+        assert result.status == "not_run" and "GPU" in result.reason
     finally:
         del CHECKS["gpu_probe"]
 
@@ -114,7 +114,9 @@ def test_smoke_command_against_the_running_server(server):
     remote = run_build_py("smoke", "default", "--target", "cpu", "--url", server["url"],
                           "--api-key-file", server["api_key_file"], "--json", timeout=600)
     by_name = {c["name"]: c for c in json.loads(remote.stdout)["checks"]}
-    assert by_name["logs"]["status"] == "skipped"  # a remote server's log cannot be read
+    assert by_name["logs"]["status"] == "not_run"  # a remote server's log cannot be read
+    assert by_name["knobs"]["status"] == "not_run"
+    assert remote.returncode == 1  # a required check that did not run fails the command
 
 
 def test_the_kv_tier_counters_are_read_from_vllms_exposition():

@@ -25,7 +25,31 @@ class Knob:
 
     def check(self, raw: str) -> str | None:
         """Return why `raw` is not a valid value of this knob, or None when it is."""
+        try:
+            self.normalize(raw)
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    def normalize(self, raw: str) -> str:
+        """The value in the one form every reader takes (vLLM reads a boolean variable as on only when it is `1`):
+        a boolean as 1 or 0 whatever its spelling, a number as Python writes it, text stripped. ValueError says
+        why `raw` is not a value of this knob."""
         value = raw.strip()
+        problem = self._problem(value)
+        if problem:
+            raise ValueError(problem)
+        if self.kind == "bool":
+            return "1" if value.lower() in TRUE_WORDS else "0"
+        if self.kind == "int":
+            return str(int(value))
+        if self.kind == "float":
+            number = float(value)
+            return str(int(number)) if number.is_integer() and "." not in value and "e" not in value.lower() \
+                else repr(number)
+        return value
+
+    def _problem(self, value: str) -> str | None:
         if self.kind == "bool":
             if value.lower() not in TRUE_WORDS | FALSE_WORDS:
                 return f"expected one of {'/'.join(sorted(TRUE_WORDS | FALSE_WORDS))} (any case)"

@@ -40,18 +40,59 @@ class KnobError(Exception):
 
 
 def merged_knobs(profile_knobs: dict[str, str], environ: dict[str, str]) -> dict[str, str]:
+    """The profile's knobs under the environment's, each in its one normalized form (knobs.py): whatever spelling a
+    user chose, the recipe sees 1/0, plain numbers and stripped text."""
     knobs = dict(profile_knobs)
     # An empty variable is unset: `KNOB=` in a compose file or shell must not override a default.
     knobs.update({k: v for k, v in environ.items() if k in KNOBS and v != ""})
+    out = {}
     for name, value in knobs.items():
-        problem = KNOBS[name].check(value)
-        if problem:
-            raise KnobError(f"{name}={value!r}: {problem}")
-    return knobs
+        try:
+            out[name] = KNOBS[name].normalize(value)
+        except ValueError as exc:
+            raise KnobError(f"{name}={value!r}: {exc}") from None
+    return out
 
 
 def _flag_name(token: str) -> str:
     return token.split("=", 1)[0]
+
+
+# Flags of EXTRA_ARGS whose companion settings (environment, sizes, backends) only a knob brings: refused on the
+# source's recipes with the knob to use. A CPU tier (--kv-offloading-size) is taken as KV_OFFLOAD_GB instead.
+NEEDS_A_KNOB = {
+    "--speculative-config": "set SPEC, DRAFT_TOKENS and DRAFT_SAMPLE instead: the drafter's environment "
+                            "(VLLM_DFLASH2_LOOKUP, VLLM_SPEC_DECODE_ATTN...) and the CUDA-graph sizes come with them",
+    "--kv-cache-dtype": "set CTX (single-user) or KV (batch) instead: the attention backend, the block size and the "
+                        "KVarN pool's environment come with them",
+}
+TIER_FLAG = "--kv-offloading-size"
+
+
+def _extra_args(k: dict[str, str]) -> list[str]:
+    """EXTRA_ARGS as tokens, its CPU tier folded into KV_OFFLOAD_GB (so the tier's environment and retention rules
+    apply, as the source's `EXTRA_ARGS="--kv-offloading-size 8"` needs) and the flags that need a knob refused."""
+    try:
+        extra = shlex.split(k.get("EXTRA_ARGS", ""))
+    except ValueError as exc:
+        raise KnobError(f"EXTRA_ARGS={k['EXTRA_ARGS']!r}: does not split into arguments as a shell would ({exc})") \
+            from None
+    rest, i = [], 0
+    while i < len(extra):
+        token, name = extra[i], _flag_name(extra[i])
+        if name in NEEDS_A_KNOB and k.get("MODE", "plain") != "plain":
+            raise KnobError(f"EXTRA_ARGS sets {name}: {NEEDS_A_KNOB[name]}")
+        if name == TIER_FLAG:
+            value = token.partition("=")[2] if "=" in token else (extra[i + 1] if i + 1 < len(extra) else "")
+            i += 1 if "=" in token else 2
+            try:
+                k["KV_OFFLOAD_GB"] = KNOBS["KV_OFFLOAD_GB"].normalize(value)
+            except ValueError as exc:
+                raise KnobError(f"EXTRA_ARGS {TIER_FLAG} {value!r}: {exc}") from None
+            continue
+        rest.append(token)
+        i += 1
+    return rest
 
 
 def build_command(profiles: dict, profile: str, host: str, environ: dict[str, str],
@@ -64,16 +105,16 @@ def build_command(profiles: dict, profile: str, host: str, environ: dict[str, st
     if host not in profiles["hosts"]:
         raise KnobError(f"HOST={host!r}: expected one of {', '.join(profiles['hosts'])}")
     k = merged_knobs(profiles["profiles"][profile][host], environ)
+    extra_args = _extra_args(k)
     model = profiles["model"]
     try:
         flags, recipe_env = recipe.command(k, host, model)
     except recipe.RecipeError as exc:
         raise KnobError(str(exc)) from None
-    env = {**recipe_env, **profiles.get("env", {}), **profiles["hosts"][host]["env"]}
+    env = {**recipe.PRIVACY_ENV, **recipe_env, **profiles.get("env", {}), **profiles["hosts"][host]["env"]}
     args = ["--model", model["path"], "--served-model-name", model["served_name"], "--host",
             k.get("BIND", "0.0.0.0"), "--port", k.get("PORT", "8000"), *flags]
-    extra = (["--kv-offloading-size", k["KV_OFFLOAD_GB"]] if "KV_OFFLOAD_GB" in k else []) + \
-        shlex.split(k.get("EXTRA_ARGS", ""))
+    extra = ([TIER_FLAG, k["KV_OFFLOAD_GB"]] if "KV_OFFLOAD_GB" in k else []) + extra_args
     if warn:
         mine = {_flag_name(t) for t in args}
         for flag in sorted({_flag_name(t) for t in extra if t.startswith("--")} & mine & set(recipe.WATCHED)):
@@ -172,13 +213,15 @@ def main(argv: list[str]) -> int:
         print(f"launcher: refusing to start: {what} in {missing[0]['path']} is missing or incomplete; "
               "run the prepare step first (docker compose runs it before every profile)", file=sys.stderr)
         return 2
+    shown = {name: "***" if "KEY" in name or "TOKEN" in name else env[name] for name in sorted(env)}
     if os.environ.get("PRINT_ARGV") == "1":
         print(shlex.join(VLLM[2:] + args))
-        for name in sorted(env):
-            print(f"{name}={'***' if 'KEY' in name or 'TOKEN' in name else env[name]}")
+        print("\n".join(f"{name}={value}" for name, value in shown.items()))
         return 0
     os.environ.update(env)
+    # Both lines are what the knobs check compares with what the engine parsed and the process holds.
     print(f"launcher: profile {profile}: vllm serve {shlex.join(args)}", file=sys.stderr, flush=True)
+    print(f"launcher: profile {profile}: environment {json.dumps(shown)}", file=sys.stderr, flush=True)
     os.execv(VLLM[0], VLLM + args)
 
 

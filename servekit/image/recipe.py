@@ -11,11 +11,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-try:
-    from .knobs import TRUE_WORDS
-except ImportError:  # run as a script inside the image, beside knobs.py
-    from knobs import TRUE_WORDS  # type: ignore[no-redef]
-
+# What every target's server runs with: no usage statistics leave the machine (the source's image sets both).
+PRIVACY_ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+# The variables this recipe sets that vLLM (or FlashInfer) reads as booleans, on only when `1`: each is written as 1
+# or 0 from a knob already normalized (knobs.py), never from the user's spelling.
+BOOLEAN_ENV = frozenset({"FLASHINFER_DISABLE_VERSION_CHECK", "VLLM_USE_FLASHINFER_SAMPLER", "VLLM_SPEC_DECODE_ATTN",
+                         "VLLM_DFLASH2_LOOKUP", "VLLM_DFLASH2_LOOKUP_ADAPTIVE", "VLLM_WSL2_ENABLE_PIN_MEMORY",
+                         "VLLM_INT4_MQ_3D", *PRIVACY_ENV})
 # Mode defaults: each is overridden by a knob of the same name set in images.yaml or the environment.
 MODES: dict[str, dict[str, str]] = {
     "single": {"SPEC": "mtp", "CTX": "fast", "GPU_UTIL": "0.93", "DRAFT_SAMPLE": "probabilistic", "TOOLS": "1",
@@ -71,8 +73,13 @@ class RecipeError(Exception):
 
 
 def _on(value: str | None) -> bool:
-    """A boolean knob (its value already checked against the knob table)."""
-    return (value or "").strip().lower() in TRUE_WORDS
+    """A boolean knob, already normalized to 1 or 0 by the launcher (knobs.py)."""
+    return value == "1"
+
+
+def _bit(value: str | None, default: bool) -> str:
+    """A boolean knob as the variable vLLM reads: 1 or 0."""
+    return "1" if (default if value is None else _on(value)) else "0"
 
 
 def command(k: dict[str, str], host: str, model: dict) -> tuple[list[str], dict[str, str]]:
@@ -141,7 +148,7 @@ def command(k: dict[str, str], host: str, model: dict) -> tuple[list[str], dict[
         sample = k["DRAFT_SAMPLE"]
         if spec == "mtp":
             config = {"method": "mtp", "num_speculative_tokens": drafts, "draft_sample_method": sample}
-            env.setdefault("VLLM_SPEC_DECODE_ATTN", k.get("SPEC_ATTN", "1"))
+            env.setdefault("VLLM_SPEC_DECODE_ATTN", _bit(k.get("SPEC_ATTN"), True))
         else:
             config = {"method": "dflash", "model": model["drafters"]["dflash"]["path"], "num_speculative_tokens": drafts,
                       "draft_sample_method": sample}
@@ -173,7 +180,7 @@ def command(k: dict[str, str], host: str, model: dict) -> tuple[list[str], dict[
         if mode == "single" and k.get("CTX") == "huge" and drafts > 7 and spec == "dflash2":
             env["VLLM_DFLASH2_LOOKUP_ADAPTIVE"] = "0"
     if mode == "alternative":
-        env["VLLM_INT4_MQ_3D"] = k.get("INT4_MQ_3D", "1")
+        env["VLLM_INT4_MQ_3D"] = _bit(k.get("INT4_MQ_3D"), True)
     if k.get("INT8_ACT") == "int8":
         env["VLLM_MARLIN_INPUT_DTYPE"] = "int8"
         env["VLLM_MARLIN_INT8_INCLUDE_RE"] = "mlp" if mode == "batch" else "mlp|linear_attn|self_attn"
