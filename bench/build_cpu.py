@@ -25,6 +25,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from servekit.build.locks import lock_file  # noqa: E402
+
 RESULTS = ROOT / ".cache" / "bench" / "cold.json"
 
 
@@ -44,8 +46,8 @@ def image_json(cwd: Path = ROOT) -> dict:
 def pip_install_seconds() -> float:
     with tempfile.TemporaryDirectory() as venv:
         subprocess.run([sys.executable, "-m", "venv", venv], check=True)
-        seconds, done = timed([f"{venv}/bin/pip", "install", "--no-cache-dir", "-q", "-r",
-                               str(ROOT / "docker/requirements/cpu.txt")])
+        seconds, done = timed([f"{venv}/bin/pip", "install", "--no-cache-dir", "-q", "--require-hashes",
+                               "--no-deps", "-r", str(ROOT / lock_file("cpu", "3.11"))])  # the image's own set
         if done.returncode != 0:
             sys.exit(f"pip install failed: {done.stderr[-1000:]}")
         return seconds

@@ -9,7 +9,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from .errors import CheckFailed, EnvironmentProblem, UserError
+from servekit.errors import CheckFailed, EnvironmentProblem, UserError
 
 EPILOG = """exit codes: 0 ok, 1 a check failed (or the machine lacks something), 2 bad input or usage.
 The matrix (images.yaml) is the single source of truth; see README.md and docs/."""
@@ -27,12 +27,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _session(args):
-    from .session import Session
+    from servekit.session import Session
     return Session.open(args.matrix, args.base, args.without, args.wheels)
 
 
 def _engine(args):
-    from .engines import resolve
+    from servekit.engines import resolve
     return resolve(args.engine)
 
 
@@ -105,7 +105,7 @@ def _findings(args, findings, what: str) -> int:
 
 
 def cmd_engine(args) -> int:
-    from .bootstrap import ensure_engine, ensure_test_tools
+    from servekit.engines.bootstrap import ensure_engine, ensure_test_tools
     say = _say("engine: ")
     ensure_engine(Path(args.matrix).resolve().parent / ".cache" / "engine", say=say)
     if args.test_tools:
@@ -115,7 +115,7 @@ def cmd_engine(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from .engines import local
+    from servekit.engines.docker import local
     session = _session(args)
     for t in args.target or []:
         session.check_target(t)
@@ -142,13 +142,13 @@ def cmd_plan(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from .verify import verify
+    from servekit.build.verify import verify
     return _findings(args, verify(_session(args), args.offline, series=not args.no_series, say=_say("verify: ")),
                      "verify")
 
 
 def cmd_lock(args) -> int:
-    from .packagelock import make_locks
+    from servekit.build.locks import make_locks
     session = _session(args)
     targets = [session.check_target(t) for t in args.target or []]
     everything = not targets and not args.host_tool
@@ -160,7 +160,7 @@ def cmd_lock(args) -> int:
 
 
 def cmd_bump(args) -> int:
-    from .pins import bump
+    from servekit.build.pins import bump
     b = bump(_session(args), args.to, args.dry_run, say=_say())
     if args.json:
         _emit_json({"from": b.old, "to": b.new, "dry_run": args.dry_run, "changes": b.changes, "renames": b.renames,
@@ -194,7 +194,7 @@ def cmd_completion(args) -> int:
 
 
 def cmd_port(args) -> int:
-    from .portcheck import run_port
+    from servekit.build.portcheck import run_port
     session = _session(args)
     accept = {}
     for item in args.accept or []:
@@ -212,7 +212,7 @@ def cmd_port(args) -> int:
 
 
 def cmd_series(args) -> int:
-    from .seriesexport import export
+    from servekit.build.seriesexport import export
     session = _session(args)
     out = Path(args.out) if args.out else session.root / session.matrix.series.dir
     names = export(Path(args.repo), args.tag, args.branch, out)
@@ -226,7 +226,7 @@ def cmd_series(args) -> int:
 
 
 def cmd_doctor(args) -> int:
-    from .doctor import doctor
+    from servekit.serve.doctor import doctor
     findings = doctor(args.matrix)
     if args.json:
         _emit_json([f.__dict__ for f in findings])
@@ -240,9 +240,12 @@ def cmd_doctor(args) -> int:
 
 
 def cmd_image(args) -> int:
-    from .builder import build_targets
-    results = build_targets(_session(args), args.target, args.force or args.no_cache, say=_say("image: "),
+    from servekit.build.builder import build_targets
+    from servekit.serve.deploy import ready_for_compose
+    session = _session(args)
+    results = build_targets(session, args.target, args.force or args.no_cache, say=_say("image: "),
                             show=_step_printer(), no_cache=args.no_cache)
+    ready_for_compose(session, results[-1].target, results[-1].tag)  # for `docker compose up PROFILE` in compose/
     if args.json:
         _emit_json({"images": [{"target": r.target, "tag": r.tag, "built": r.built, "seconds": round(r.seconds, 1),
                                 "log": str(r.log) if r.log else None} for r in results]})
@@ -254,7 +257,7 @@ def cmd_image(args) -> int:
 
 
 def cmd_demo_model(args) -> int:
-    from .demomodel import regenerate_shipped
+    from servekit.build.demomodel import regenerate_shipped
     dest = regenerate_shipped(_session(args), say=_say(), show=_step_printer())
     print(f"demo-model: {dest} replaced; `make demo` and `make test` use it")
     return 0
@@ -263,9 +266,9 @@ def cmd_demo_model(args) -> int:
 def cmd_up(args) -> int:
     from rich.console import Console
 
-    from .pipeline import up_profile
-    from .sweep import parse_settings
-    from .watch import BootFailed
+    from servekit.serve.pipeline import up_profile
+    from servekit.serve.sweep import parse_settings
+    from servekit.serve.watch import BootFailed
     knobs = parse_settings(args.knob or [])
     try:
         with Console(stderr=True).status(f"waiting for {args.profile} to become healthy") as status:
@@ -311,14 +314,14 @@ def usage_snippets(url: str, key_file: str, model: str) -> str:
 
 
 def cmd_down(args) -> int:
-    from .deploy import down_profiles
+    from servekit.serve.deploy import down_profiles
     left = down_profiles(_session(args), _engine(args), args.profile)
     print(f"down: {'nothing left running' if not left else 'still present: ' + ', '.join(left)}")
     return 0 if not left else 1
 
 
 def cmd_ps(args) -> int:
-    from .deploy import status
+    from servekit.serve.deploy import status
     session = _session(args)
     rows = status(_engine(args), session.matrix.serve.bind)
     if args.json:
@@ -335,7 +338,7 @@ def cmd_ps(args) -> int:
 
 
 def cmd_logs(args) -> int:
-    from .deploy import logs
+    from servekit.serve.deploy import logs
     try:
         for line in logs(args.profile, _engine(args), follow=args.follow, tail=args.tail):
             print(line, flush=True)
@@ -345,7 +348,7 @@ def cmd_logs(args) -> int:
 
 
 def cmd_monitor(args) -> int:
-    from .monitor import monitor
+    from servekit.serve.monitor import monitor
     result = monitor(args.seconds, args.interval, args.adapter, args.matrix, say=_say())
     if args.json:
         _emit_json(result)
@@ -366,8 +369,8 @@ def cmd_run(args) -> int:
     if args.engines and (args.knob or args.check):
         raise UserError("--knob and --check apply to one engine's run; leave out --engines")
     if args.engines:
-        from .engines import parse_engines
-        from . import fleet
+        from servekit.engines import parse_engines
+        from servekit.serve import fleet
         doc, summary_md, runs = fleet.run(session, parse_engines(args.engines), args.target, args.profile, args.host,
                                     args.port, say=_say(), show=_step_printer())
         if args.json:
@@ -377,8 +380,8 @@ def cmd_run(args) -> int:
                         doc["table"]["rows"], summary_md.read_text())
             print(f"run: summary in {summary_md.relative_to(session.root)}")
         return 0 if doc["passed"] else 1
-    from . import pipeline
-    from .sweep import parse_settings
+    from servekit.serve import pipeline
+    from servekit.serve.sweep import parse_settings
     done = pipeline.run(session, args.target, args.profile, args.host, _engine(args), args.port, say=_say(),
                         show=_step_printer(), knobs=parse_settings(args.knob or []), only=args.check)
     for report, run_dir in done:
@@ -394,7 +397,7 @@ def cmd_run(args) -> int:
 def cmd_smoke(args) -> int:
     from smoke import all_passed
 
-    from .pipeline import console_line, smoke_running
+    from servekit.serve.pipeline import console_line, smoke_running
     url, results = smoke_running(_session(args), args.profile, args.target, _engine(args) if args.engine else None,
                                  args.url, Path(args.api_key_file) if args.api_key_file else None,
                                  say=None if args.json else
@@ -405,7 +408,7 @@ def cmd_smoke(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from .report import compare, load_report
+    from servekit.records.report import compare, load_report
     reports = [load_report(Path(path)) for path in (args.report_a, args.report_b)]
     rows = compare(reports[0], reports[1], threshold=args.threshold)
     if args.json:
@@ -418,7 +421,7 @@ def cmd_compare(args) -> int:
 
 
 def cmd_release(args) -> int:
-    from .release import release, summary_text, verify_release
+    from servekit.release.publish import release, summary_text, verify_release
     session = _session(args)
     if args.verify:
         problems = verify_release(session, say=_say())
@@ -439,7 +442,7 @@ def cmd_release(args) -> int:
 
 
 def cmd_render(args) -> int:
-    from .k8s import render_profile
+    from servekit.serve.k8s import render_profile
     paths, how = render_profile(_session(args), args.profile, Path(args.out), args.target,
                                 "native" if args.host == "auto" else args.host, args.kube_version)
     print(f"image {how}", file=sys.stderr)
@@ -451,7 +454,7 @@ def cmd_render(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from .sweep import sweep
+    from servekit.serve.sweep import sweep
     session = _session(args)
     out, doc, markdown = sweep(session, args.profile, args.knob, args.boots, args.target, args.host,
                                args.checks.split(",") if args.checks else None, say=_say(), show=_step_printer(),
@@ -464,7 +467,7 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_patch_env(args) -> int:
-    from .processes import patch_environment
+    from servekit.build.patchenv import patch_environment
     session = _session(args)
     applied = patch_environment(session, session.target(args.target), args.python, say=_say())
     if args.json:
@@ -473,7 +476,7 @@ def cmd_patch_env(args) -> int:
 
 
 def cmd_derive(args) -> int:
-    from .derived import derive_files
+    from servekit.config.derived import derive_files
     session = _session(args)
     count, changed = derive_files(session.matrix, session.root, args.check)
     for rel in changed:
@@ -483,7 +486,7 @@ def cmd_derive(args) -> int:
 
 
 def cmd_schema(args) -> int:
-    from .matrix import render_json_schema
+    from servekit.config.matrix import render_json_schema
     sys.stdout.write(render_json_schema())
     return 0
 
@@ -702,7 +705,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         if not args.locked:
             return args.func(args)
-        from .lock import exclusive
+        from servekit.exclusive import exclusive
         with exclusive(Path(args.matrix).resolve().parent / ".cache", args.command, say=_say()):
             return args.func(args)
     except (UserError, CheckFailed, EnvironmentProblem) as exc:
@@ -715,7 +718,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except Exception as exc:  # a bug or an exception a stage did not turn into ours: one line, the rest in a log
-        from .engines import is_client_error, said
+        from servekit.engines.docker import is_client_error, said
         print(f"error: {'docker: ' + said(exc) if is_client_error(exc) else _unexpected(exc, argv)}", file=sys.stderr)
         return 1
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .engines import Engine, resolve
-from .errors import EnvironmentProblem, UserError
-from .matrix import Matrix, load_matrix
-from .plan import TargetPlan, plan_targets
-from .settings import BuildSettings
+from servekit.engines import Engine, resolve
+from servekit.errors import EnvironmentProblem, UserError
+from servekit.config.matrix import Matrix, load_matrix
+from servekit.build.plan import TargetPlan, plan_targets
+from servekit.config.settings import BuildSettings
 
 
 @dataclass(frozen=True)
@@ -87,8 +87,8 @@ class Session:
 
     def deployment(self, target: str, engine: Engine, host: str | None = "auto", port: int | None = None,
                    tag: str | None = None):
-        from .deploy import Deployment
-        from .processes import is_process_engine
+        from servekit.serve.deploy import Deployment
+        from servekit.engines.process import is_process_engine
         pins: dict[str, str] = {}  # what a process engine's environment must hold; an image carries its own
         if is_process_engine(engine):
             pins = self.plan(target).pins

@@ -19,13 +19,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from servekit.derived import PARTS  # noqa: E402
+from servekit.config.derived import PARTS  # noqa: E402
 
 TEST_PROJECT = "servekit-test"
 TEST_PORT = 18000  # the tests' servers publish here, never on a developer's 8000
 
 # The matrix, the files that repeat its pins, and every file `derive` writes into.
-COPIED = ("images.yaml", "images.schema.json", "docker/requirements", "docker/locks", "requirements.in", "requirements.lock",
+COPIED = ("images.yaml", "images.schema.json", "docker/locks", "requirements.in", "requirements.lock",
           "docker/patches", "docs/install.md", "compose",
           *PARTS)
 
@@ -87,8 +87,8 @@ def tracked_copy(dst: Path) -> Path:
 @pytest.fixture(scope="session")
 def cpu_base() -> str:
     """The cpu target's base image, made here as a build would make it (a no-op once it is there)."""
-    from servekit.bases import ensure_made_base
-    from servekit.matrix import load_matrix
+    from servekit.build.bases import ensure_made_base
+    from servekit.config.matrix import load_matrix
     matrix = load_matrix(ROOT / "images.yaml")
     name = next(t.bases[0] for t in matrix.targets.values() if not t.gpu)
     ensure_made_base(name, matrix.bases[name], ROOT / ".cache" / "bases", say=lambda line: None)

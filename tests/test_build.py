@@ -50,7 +50,7 @@ def test_cpu_image_holds_the_pinned_patched_vllm(cpu_image):
 
 def _frozen(tag: str) -> dict[str, str]:
     """`pip freeze --all` of the image's environment, as normalized name -> version."""
-    from servekit.index import normalize
+    from servekit.build.index import normalize
     done = _docker("run", "--rm", "--entrypoint", "/usr/bin/python3", tag, "-m", "pip", "--python",
                    "/opt/venv/bin/python", "freeze", "--all")
     assert done.returncode == 0, done.stderr[-2000:]
@@ -59,7 +59,7 @@ def _frozen(tag: str) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_cpu_image_installs_exactly_its_lock(cpu_image):
-    from servekit.packagelock import lock_file, read
+    from servekit.build.locks import lock_file, read
     assert _frozen(cpu_image) == read(ROOT / lock_file("cpu", "3.11")).packages
 
 
@@ -132,7 +132,7 @@ def _tensor_shapes(path: Path) -> dict:
 
 def _behaviour(image: str, folder: Path) -> dict:
     done = _docker("run", "--rm", "--entrypoint", "/opt/venv/bin/python", "-v",
-                   f"{ROOT / 'servekit' / 'demomodel.py'}:/gen/demomodel.py:ro", "-v", f"{folder}:/m:ro", image,
+                   f"{ROOT / 'servekit' / 'build' / 'demomodel.py'}:/gen/demomodel.py:ro", "-v", f"{folder}:/m:ro", image,
                    "/gen/demomodel.py", "--check", "/m")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -343,7 +343,7 @@ def test_index_credentials_reach_the_build_only_as_a_secret_file(tmp_path, monke
     """No build argument, label or build file names them; the pip configuration secret, outside the context, does."""
     import yaml
 
-    from servekit.builder import _command
+    from servekit.build.builder import _command
     from servekit.credentials import pip_config, with_auth
     from servekit.session import Session
     monkeypatch.setenv("SERVEKIT_INDEX_AUTH_PYPI", f"servekit-test:{TOKEN}")

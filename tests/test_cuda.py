@@ -24,7 +24,7 @@ LOCAL = ("--base", "cuda-local", "--without", "flashinfer-cubin")
 
 
 def _reachable(url: str) -> bool:
-    from servekit.builder import _reachable as reachable
+    from servekit.build.builder import _reachable as reachable
     return reachable(url)
 
 

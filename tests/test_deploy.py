@@ -16,7 +16,7 @@ import requests
 from conftest import (COMPOSE, ROOT, TEST_PORT, TEST_PROJECT, WORK, follow_logs, project_containers, run_build_py,
                       tracked_copy)
 from servekit.image.prepare import COMPLETE, is_complete, prepare
-from servekit.watch import LogFollower, BootRecord, classify, without_frames
+from servekit.serve.watch import LogFollower, BootRecord, classify, without_frames
 
 PROFILES = ["default", "batch", "alternative", "mtp", "mtp-long", "dflash2", "dflash2-k15", "huge"]
 
@@ -108,8 +108,8 @@ def test_a_half_prepared_model_is_redone_and_never_served(tmp_path):
     dest.mkdir(parents=True)
     (dest / "weights").write_text("half")  # a copy that stopped: no completion marker
     profiles = tmp_path / "profiles.json"
-    from servekit.profiles import render_profiles
-    from servekit.matrix import load_matrix
+    from servekit.config.profiles import render_profiles
+    from servekit.config.matrix import load_matrix
     rendered = render_profiles(load_matrix(ROOT / "images.yaml"), "cpu")
     rendered["model"].update(path=str(dest), baked=str(baked))
     profiles.write_text(json.dumps(rendered))
@@ -126,7 +126,7 @@ def test_a_half_prepared_model_is_redone_and_never_served(tmp_path):
 
 
 def test_a_key_that_is_empty_short_or_a_link_is_made_again_and_the_link_target_left_alone(tmp_path):
-    from servekit.deploy import Deployment, ensure_secrets
+    from servekit.serve.deploy import Deployment, ensure_secrets
     from servekit.image.launcher import MIN_KEY_CHARS
     dep = Deployment(tmp_path, "cpu", "native", "x", "127.0.0.1", 18000)
     key = dep.api_key_file
@@ -192,7 +192,7 @@ def test_knobs_pass_through_only_when_set(compose_env):
 
 
 def test_wsl2_env_file_selects_the_wsl2_overrides(tmp_path, monkeypatch):
-    from servekit.deploy import Deployment, write_env
+    from servekit.serve.deploy import Deployment, write_env
     (tmp_path / "compose").mkdir()
     dep = Deployment(tmp_path, "cuda", "wsl2", "vllm-serve:x", "127.0.0.1", 8000)
     text = write_env(dep).read_text()  # type: ignore[union-attr]
@@ -205,7 +205,7 @@ def test_the_env_file_names_its_path_separator_for_compose_on_windows(tmp_path):
     """Compose on Windows splits COMPOSE_FILE at ';' by default; the env file says ':' itself, so `docker compose up`
     from PowerShell reads both files. Compose takes COMPOSE_PATH_SEPARATOR from the env file: shown here by the
     Windows spelling, which Linux's Compose then follows too."""
-    from servekit.deploy import Deployment, write_env
+    from servekit.serve.deploy import Deployment, write_env
     root = tracked_copy(tmp_path)
     env_file = write_env(Deployment(root, "cuda", "wsl2", "vllm-serve:x", "127.0.0.1", 8000))
     assert env_file is not None
@@ -232,7 +232,7 @@ def test_the_env_file_names_its_path_separator_for_compose_on_windows(tmp_path):
 
 
 def test_a_non_loopback_bind_warns():
-    from servekit.deploy import check_bind
+    from servekit.serve.deploy import check_bind
     said: list[str] = []
     check_bind("127.0.0.1", said.append)
     assert said == []
@@ -340,7 +340,7 @@ def test_up_as_another_uid_on_fresh_volumes(cpu_built):
     must write into fresh volumes and the server must read its key as that uid."""
     project = f"{TEST_PROJECT}-uid"
     env = dict(os.environ, SERVEKIT_PROJECT=project, SERVEKIT_UID="4321", SERVEKIT_GID="4321")
-    from servekit.engines import free_port
+    from servekit.engines.docker import free_port
     try:
         up = subprocess.run([sys.executable, str(ROOT / "build.py"), "up", "default", "--target", "cpu", "--json",
                              "--port", str(free_port())], cwd=WORK, env=env, capture_output=True, text=True,

@@ -16,7 +16,8 @@ import pytest
 import second_engine
 from conftest import COMPOSE, ROOT, TEST_PROJECT, WORK, follow_logs, run_build_py
 from servekit.errors import UserError
-from servekit.engines import address, reach, resolve, tunnel_command
+from servekit.engines import resolve
+from servekit.engines.docker import address, reach, tunnel_command
 
 
 
@@ -46,7 +47,7 @@ def test_bad_engines_are_refused_in_one_line(cli, argv, says):
 
 
 def test_an_engine_on_docker_desktop_under_wsl2_gets_the_wsl2_defaults():
-    from servekit.engines import host_kind_of
+    from servekit.engines.docker import host_kind_of
     # GET /info as Docker Desktop's WSL2 engine and a native Linux engine answer it (the fields used)
     desktop = {"OperatingSystem": "Docker Desktop", "KernelVersion": "5.15.153.1-microsoft-standard-WSL2"}
     native = {"OperatingSystem": "Ubuntu 24.04.1 LTS", "KernelVersion": "6.8.0-45-generic"}
@@ -71,7 +72,7 @@ def test_a_tcp_engine_elsewhere_needs_ssh_or_a_bind_it_can_reach():
 
 
 def test_another_engine_gets_its_own_env_file_and_no_bind_mounted_secrets(tmp_path):
-    from servekit.deploy import Deployment, write_env
+    from servekit.serve.deploy import Deployment, write_env
     (tmp_path / "compose").mkdir()
     dep = Deployment(tmp_path, "cpu", "native", "vllm-serve:x", "127.0.0.1", 8001,
                      engine=resolve("ssh://me@gpu1"), overrides=("compose.cpu.yaml",))
@@ -82,8 +83,8 @@ def test_another_engine_gets_its_own_env_file_and_no_bind_mounted_secrets(tmp_pa
 
 
 def test_the_summary_has_a_row_per_engine_and_fails_with_any(tmp_path):
-    from servekit.deploy import Deployment
-    from servekit.fleet import EngineRun, summary
+    from servekit.serve.deploy import Deployment
+    from servekit.serve.fleet import EngineRun, summary
     report = {"profile": "default", "passed": True, "image": {"arrived": "sent (save+load) in 57 s"},
               "boot": {"time_to_healthy_s": 26.7, "kv_pool_tokens": 4151936},
               "checks": [{"name": "burst", "status": "passed", "figures": {"tokens_per_s": 888.1}}]}
@@ -175,10 +176,10 @@ def _running(url: str | None, service: str | None = None) -> list[str]:
 @pytest.mark.engine
 @pytest.mark.slow
 def test_an_image_reaches_another_engine_by_stream_then_by_registry(second, tmp_path, cpu_base):
-    from servekit.localregistry import start_registry
-    from servekit.release import push
-    from servekit.engines import free_port
-    from servekit.transfer import ensure_image
+    from servekit.release.localregistry import start_registry
+    from servekit.release.publish import push
+    from servekit.engines.docker import free_port
+    from servekit.engines.transfer import ensure_image
     engine = resolve(second)
     local_id = subprocess.run(["docker", "image", "inspect", cpu_base, "--format", "{{.Id}}"], capture_output=True,
                               text=True).stdout.strip()
@@ -195,7 +196,7 @@ def test_an_image_reaches_another_engine_by_stream_then_by_registry(second, tmp_
         repository = f"127.0.0.1:{port}/test/bookworm-python"
         digest = push(docker.from_env(), docker.from_env().images.get(cpu_base), repository, "3.11", say=said.append)
         _on_second(second, "image", "rm", "-f", cpu_base)
-        from servekit.records import ReleaseRecord
+        from servekit.records.models import ReleaseRecord
         release = ReleaseRecord(target="cpu", repository=repository, tags=["3.11"], registry_digest=digest,
                                 image_id=local_id, content_digest="test", pins={}, smoke={})
         assert ensure_image(engine, cpu_base, release=release).startswith("pulled from the registry")
@@ -209,7 +210,7 @@ def test_an_image_reaches_another_engine_by_stream_then_by_registry(second, tmp_
 @pytest.mark.engine
 @pytest.mark.slow
 def test_up_smoke_and_down_on_another_engine(second):
-    from servekit.engines import free_port
+    from servekit.engines.docker import free_port
     port = str(free_port())
     try:
         up = run_build_py("up", "default", "--target", "cpu", "--engine", second, "--port", port, "--json",
@@ -264,7 +265,7 @@ def ssh_engine(second, tmp_path_factory):
     import os
     import shutil
     import time
-    from servekit.engines import free_port
+    from servekit.engines.docker import free_port
     sshd = shutil.which("sshd") or "/usr/sbin/sshd"
     assert Path(sshd).exists(), "no sshd: `make engine` installs openssh-server"
     d = tmp_path_factory.mktemp("ssh")

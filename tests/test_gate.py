@@ -17,9 +17,9 @@ from conftest import ROOT
 from servekit.image.knobs import FALSE_WORDS, KNOBS, TRUE_WORDS
 from servekit.image.launcher import KnobError, build_command
 from servekit.image.recipe import BOOLEAN_ENV, PRIVACY_ENV
-from servekit.matrix import load_matrix
-from servekit.pipeline import console_line, not_required_results, smoke
-from servekit.profiles import render_profiles
+from servekit.config.matrix import load_matrix
+from servekit.serve.pipeline import console_line, not_required_results, smoke
+from servekit.config.profiles import render_profiles
 from smoke import Context, Result, all_passed, run_check
 
 MATRIX = load_matrix(ROOT / "images.yaml")
@@ -97,7 +97,7 @@ def test_a_check_the_matrix_does_not_require_is_listed_with_why_and_does_not_gat
 
 
 def test_an_old_report_that_skipped_a_check_no_longer_gates():
-    from servekit.records import RunReport
+    from servekit.records.models import RunReport
     report = RunReport.model_validate({
         "run_id": "r", "url": "http://127.0.0.1:1", "created": "2026-11-29T00:00:00+00:00", "profile": "default",
         "target": "cpu", "host": "native", "image": {"tag": "x"}, "pins": {}, "passed": True,
@@ -112,8 +112,8 @@ def test_the_console_prints_a_failures_whole_first_line():
 
 
 def test_the_markdown_report_holds_the_whole_reason_and_says_not_run():
-    from servekit.records import RunReport
-    from servekit.report import render_markdown
+    from servekit.records.models import RunReport
+    from servekit.records.report import render_markdown
     reason = "the check could not measure " + "y" * 300
     report = RunReport.model_validate({
         "run_id": "r", "url": "http://127.0.0.1:1", "created": "2026-11-29T00:00:00+00:00", "profile": "default",

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, WORK
-from servekit.processes import _start_ticks
+from servekit.engines.process import _start_ticks
 
 pytestmark = [pytest.mark.slow, pytest.mark.network]
 
@@ -76,8 +76,8 @@ def doc_home(tmp_path_factory):
 
 
 def test_the_document_installs_the_cpu_images_lock():
-    from servekit.matrix import load_matrix
-    from servekit.pins import mirror_problems
+    from servekit.config.matrix import load_matrix
+    from servekit.build.pins import mirror_problems
     matrix = load_matrix(ROOT / "images.yaml")
     problems = [p for p in mirror_problems(matrix, ROOT).problems if p.startswith("docs/install.md")]
     assert problems == [], "\n".join(problems)  # each says the line and what the matrix pins

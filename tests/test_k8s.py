@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from conftest import COMPOSE, ROOT, run_build_py
-from servekit import k8s
-from servekit.matrix import load_matrix
-from servekit.profiles import resolve_knobs
+from servekit.serve import k8s
+from servekit.config.matrix import load_matrix
+from servekit.config.profiles import resolve_knobs
 
 MATRIX = load_matrix(ROOT / "images.yaml")
 CASES = [(p, t, h) for p, spec in MATRIX.profiles.items() for t in spec.targets for h in MATRIX.hosts]

@@ -10,8 +10,8 @@ import pytest
 
 from conftest import ROOT
 from servekit.image.launcher import KnobError, build_command
-from servekit.matrix import load_matrix
-from servekit.profiles import render_profiles, resolve_knobs
+from servekit.config.matrix import load_matrix
+from servekit.config.profiles import render_profiles, resolve_knobs
 
 MATRIX = load_matrix(ROOT / "images.yaml")
 CUDA = render_profiles(MATRIX, "cuda")
@@ -143,3 +143,48 @@ def test_a_cpu_kv_tier_boots_with_expandable_segments_off():
     argv, tiered = build_command(CUDA, "mtp-long", "native", {"KV_OFFLOAD_GB": "12"})
     assert plain["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     assert tiered["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:False" and _flag(argv, "--kv-offloading-size") == "12"
+
+
+def _a_value(knob, rng) -> str:
+    if knob.kind == "enum":
+        return rng.choice(knob.choices)
+    if knob.kind == "bool":
+        return rng.choice(["1", "0"])
+    if knob.kind == "int":
+        return str(rng.randint(int(knob.minimum or 1), int(knob.maximum or 64)))
+    if knob.kind == "float":
+        return str(round(rng.uniform(knob.minimum or 0.1, knob.maximum or 1.0), 2))
+    return ""
+
+
+def test_every_flag_the_launcher_emits_is_in_the_list_verify_checks():
+    """The flag list is derived from the recipe's tables; any knob combination stays inside it (the image's verify
+    asks vLLM for exactly that list)."""
+    import random
+    from servekit.image.knobs import KNOBS
+    from servekit.image.launcher import flags
+    allowed, seen = set(flags()), set()
+    rng = random.Random(20261201)
+    free = [k for k in KNOBS.values() if k.name not in ("MODE", "PORT", "BIND", "EXTRA_ARGS", "TOOL_PARSER",
+                                                          "PREFIX_RETENTION")]
+    for _ in range(600):
+        profiles = rng.choice([CUDA, CPU])
+        environ = {k.name: _a_value(k, rng) for k in rng.sample(free, 6)}
+        try:
+            argv, _ = build_command(profiles, rng.choice(list(profiles["profiles"])), rng.choice(["native", "wsl2"]),
+                                    environ)
+        except KnobError:
+            continue  # a combination the source's launchers refuse
+        seen |= {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+    assert seen <= allowed, seen - allowed
+    assert len(seen) > len(allowed) * 0.8  # the draw reached most of them: the test would see a new one
+
+
+def test_batch_takes_its_host_defaults_per_kv_from_images_yaml():
+    argv, _ = build_command(CUDA, "batch", "wsl2", {"KV": "kvarn"})
+    assert (_flag(argv, "--gpu-memory-utilization"), _flag(argv, "--max-model-len")) == ("0.88", "131072")
+    argv, _ = build_command(CUDA, "batch", "native", {"KV": "kvarn"})
+    assert (_flag(argv, "--gpu-memory-utilization"), _flag(argv, "--max-model-len")) == ("0.93", "262144")
+    argv, _ = build_command(CUDA, "batch", "wsl2", {"KV": "kvarn", "GPU_UTIL": "0.8", "MAX_LEN": "1000"})
+    assert (_flag(argv, "--gpu-memory-utilization"), _flag(argv, "--max-model-len")) == ("0.8", "1000")
+    assert MATRIX.hosts["wsl2"].batch["kvarn"] == {"GPU_UTIL": "0.88", "MAX_LEN": "131072"}

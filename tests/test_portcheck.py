@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from servekit.portcheck import FINDINGS, port, read_accepted, record_accepted
+from servekit.build.portcheck import FINDINGS, port, read_accepted, record_accepted
 
 FILLER = "".join(f"def filler_{i}(x):\n    return x * {i}\n\n\n" for i in range(6))
 CORE = FILLER + '''class Runner:

@@ -14,8 +14,8 @@ import pytest
 
 from servekit.engines import resolve
 from servekit.errors import EnvironmentProblem, UserError
-from servekit.processes import ProcessEngine, ProcessServer, _start_ticks, check_environment, down, stop_group
-from servekit.processes import resolve as process_engine
+from servekit.engines.process import ProcessEngine, ProcessServer, _start_ticks, check_environment, down, stop_group
+from servekit.engines.process import resolve as process_engine
 
 
 def test_venv_names_a_process_engine(tmp_path):
@@ -115,7 +115,7 @@ def test_the_gpu_page_quotes_its_reports():
     page gives are the report's own."""
     import re
 
-    from servekit.records import RunReport, load
+    from servekit.records.models import RunReport, load
     gpu = Path(__file__).resolve().parent.parent / "docs" / "gpu"
     rows = re.findall(r"^\| \[[^\]]+\]\((\S+)/report\.md\)[^|]*\| ([\d.]+) s[^|]*\| ([\d,]+) tokens \|",
                       (gpu / "README.md").read_text(), re.M)

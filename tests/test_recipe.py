@@ -10,8 +10,8 @@ import pytest
 
 from conftest import ROOT
 from servekit.image.launcher import KnobError, build_command
-from servekit.matrix import load_matrix
-from servekit.profiles import render_profiles
+from servekit.config.matrix import load_matrix
+from servekit.config.profiles import render_profiles
 
 CUDA = render_profiles(load_matrix(ROOT / "images.yaml"), "cuda")
 HEAD = "--model /app/models/qwen38-27b --served-model-name qwen3.8-27b --host 0.0.0.0 --port 8000"

@@ -3,7 +3,7 @@ stream: status, id, progressDetail {current, total}, then aux {Tag, Digest, Size
 
 from __future__ import annotations
 
-from servekit.registry import PushProgress, host_of
+from servekit.release.registry import PushProgress, host_of
 
 
 def test_names_resolve_as_docker_resolves_them():

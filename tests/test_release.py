@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from conftest import ROOT, WORK, run_build_py, tracked_copy
-from servekit.localregistry import start_registry
+from servekit.release.localregistry import start_registry
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -156,7 +156,7 @@ USER, PASSWORD = "releaser", "a-password-for-the-test-registry"
 
 @pytest.fixture(scope="module")
 def locked_registry(tmp_path_factory):
-    from servekit.localregistry import htpasswd_line
+    from servekit.release.localregistry import htpasswd_line
     folder = tmp_path_factory.mktemp("locked")
     (folder / "htpasswd").write_text(htpasswd_line(USER, PASSWORD) + "\n")
     port = _free_port()
@@ -294,9 +294,9 @@ def test_a_login_that_expires_between_the_immutable_and_the_moving_tags(checked_
     """The credential stops working the moment the immutable tag is in (a short-lived token, a rotated password):
     the release stops in one line naming the registry and `docker login`, no moving tag moves and no manifest is
     written; logged in again, a plain re-run completes it without pushing anything twice."""
-    from servekit import release as release_mod
-    from servekit.localregistry import htpasswd_line
-    from servekit.registry import RegistryAuthError
+    from servekit.release import publish as release_mod
+    from servekit.release.localregistry import htpasswd_line
+    from servekit.release.registry import RegistryAuthError
     from servekit.session import Session
     port, htpasswd = locked_registry["port"], locked_registry["folder"] / "htpasswd"
     monkeypatch.setenv("DOCKER_CONFIG", _client_config(tmp_path, port, PASSWORD)["DOCKER_CONFIG"])

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import WORK, project_containers, run_build_py
-from servekit.sweep import Cell, sizing_advice, spread_versus_gap
+from servekit.serve.sweep import Cell, sizing_advice, spread_versus_gap
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import ROOT, TEST_PORT, WORK, project_containers
 from standins.docker_api import RecordedEngine
-from servekit.sweep import Cell, sizing_advice
+from servekit.serve.sweep import Cell, sizing_advice
 from smoke import CheckFailure
 from smoke.spill import judge
 
@@ -42,8 +42,8 @@ def test_the_spill_check_judges_the_level_before_traffic_and_the_rise_in_it():
 
 
 def test_spill_is_checked_only_on_wsl2_after_the_other_checks_with_the_profiles_thresholds():
-    from servekit.matrix import load_matrix
-    from servekit.pipeline import checks_to_run
+    from servekit.config.matrix import load_matrix
+    from servekit.serve.pipeline import checks_to_run
     matrix = load_matrix(ROOT / "images.yaml")
     assert "spill" not in checks_to_run(matrix, "alternative", "cuda", host="native")
     on_wsl2 = checks_to_run(matrix, "alternative", "cuda", host="wsl2")
@@ -55,9 +55,9 @@ def test_spill_is_checked_only_on_wsl2_after_the_other_checks_with_the_profiles_
 def test_a_boot_reads_the_adapter_images_yaml_names(repo, monkeypatch, named):
     """The same choice as monitor's: the matrix's hosts.wsl2.adapter, here the iGPU by its LUID or by its name,
     wins over dedicated memory."""
-    from servekit.deploy import Deployment
-    from servekit.matrix import load_matrix
-    from servekit.pipeline import Boot
+    from servekit.serve.deploy import Deployment
+    from servekit.config.matrix import load_matrix
+    from servekit.serve.pipeline import Boot
     from wsl2.shared_usage import SharedUsageSampler
     matrix_path = repo / "images.yaml"
     matrix_path.write_text(matrix_path.read_text().replace('    cuda_arch: "8.9"\n',
@@ -177,7 +177,7 @@ RECORDED = ROOT / "tests" / "recorded" / "docker"
     ("desktop-mac", False, "Docker Desktop 4.37.1 (178610) not on its WSL2 backend (kernel 6.10.14-linuxkit)"),
 ])
 def test_recorded_engines_pick_the_target_as_docker_documents_gpu_access(case, gpu, said):
-    from servekit.engines import Engine
+    from servekit.engines.docker import Engine
     from servekit.session import Session
     session = Session.open(ROOT / "images.yaml")
     with RecordedEngine(RECORDED / case) as recorded:

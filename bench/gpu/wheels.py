@@ -71,7 +71,7 @@ def main() -> int:
     from servekit.session import Session
     session = Session.open(ROOT / "images.yaml", without=["flashinfer-cubin"])  # FlashInfer's index: not here
     pins = session.plan("cuda").pins
-    from servekit.packagelock import HOST_LOCK, read
+    from servekit.build.locks import HOST_LOCK, read
     lock = read(ROOT / HOST_LOCK).packages
     wanted = [f"{n}=={v}" for n, v in pins.items()] + [f"{n}=={lock[n]}" for n in HOST_TOOL]
     wheels = [w for w in resolve(wanted) if w["name"].lower().replace("_", "-") not in LEAVE_OUT]

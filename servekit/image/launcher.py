@@ -20,19 +20,18 @@ except ImportError:  # run as a script inside the image, beside knobs.py and rec
     import recipe  # type: ignore[no-redef]
     from knobs import KNOBS  # type: ignore[no-redef]
 
+CONTAINER_PORT = 8000  # where vLLM listens inside the container: the Dockerfile and Compose use it (a test ties them)
 MIN_KEY_CHARS = 16  # a shorter key (an empty file above all) is no key: the host regenerates one this short or shorter
 PROFILES_FILE = Path(os.environ.get("SERVEKIT_PROFILES", Path(__file__).resolve().parent / "profiles.json"))
 VLLM = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
-# Every flag this launcher can emit; the image's verify step checks each against `vllm serve --help`.
-FLAGS = ("--model", "--served-model-name", "--host", "--port", "--max-model-len", "--max-num-seqs",
-         "--gpu-memory-utilization", "--kv-cache-dtype", "--enable-prefix-caching", "--no-enable-prefix-caching",
-         "--speculative-config", "--tool-strict-level", "--enable-auto-tool-choice", "--tool-call-parser",
-         "--kv-offloading-size", "--default-chat-template-kwargs", "--async-scheduling", "--no-async-scheduling",
-         "--api-server-count", "--enforce-eager", "--dtype", "--enable-prompt-tokens-details", "--attention-backend",
-         "--block-size", "--kv-cache-memory-bytes", "--mamba-ssm-cache-dtype", "--max-num-batched-tokens",
-         "--compilation-config", "--reasoning-parser", "--sse-keep-alive-interval", "--mamba-cache-mode",
-         "--prefix-match-unit", "--prefix-cache-retention-interval", "--language-model-only",
-         "--limit-mm-per-prompt", "--mm-processor-kwargs")
+# The flags the launcher itself adds around the recipe's.
+OWN_FLAGS = ("--model", "--served-model-name", "--host", "--port")
+
+
+def flags() -> list[str]:
+    """Every flag this launcher can emit, derived from the recipe's tables: the image's verify step checks each
+    against `vllm serve --help`."""
+    return [*OWN_FLAGS, TIER_FLAG, *(f for f in recipe.every_flag() if f not in OWN_FLAGS and f != TIER_FLAG)]
 
 
 class KnobError(Exception):
@@ -108,12 +107,12 @@ def build_command(profiles: dict, profile: str, host: str, environ: dict[str, st
     extra_args = _extra_args(k)
     model = profiles["model"]
     try:
-        flags, recipe_env = recipe.command(k, host, model)
+        flags, recipe_env = recipe.command(k, host, model, profiles["hosts"][host].get("batch"))
     except recipe.RecipeError as exc:
         raise KnobError(str(exc)) from None
     env = {**recipe.PRIVACY_ENV, **recipe_env, **profiles.get("env", {}), **profiles["hosts"][host]["env"]}
     args = ["--model", model["path"], "--served-model-name", model["served_name"], "--host",
-            k.get("BIND", "0.0.0.0"), "--port", k.get("PORT", "8000"), *flags]
+            k.get("BIND", "0.0.0.0"), "--port", k.get("PORT", str(CONTAINER_PORT)), *flags]
     extra = ([TIER_FLAG, k["KV_OFFLOAD_GB"]] if "KV_OFFLOAD_GB" in k else []) + extra_args
     if warn:
         mine = {_flag_name(t) for t in args}
@@ -172,7 +171,7 @@ def _prepared(step, error: type[Exception]) -> int:
 def main(argv: list[str]) -> int:
     command = argv[1] if len(argv) > 1 else "serve"
     if command == "flags":
-        print("\n".join(FLAGS))
+        print("\n".join(flags()))
         return 0
     if command not in ("serve", "prepare"):
         print(f"launcher: unknown command {command!r}; expected serve [PROFILE], prepare [PROFILE] or flags",

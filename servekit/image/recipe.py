@@ -46,12 +46,12 @@ SINGLE: dict[tuple[str, str], dict[str, Any]] = {
 SINGLE.update({("off", ctx): {k: v for k, v in row.items() if k != "drafts"} for (spec, ctx), row in SINGLE.items()
                if spec == "mtp"})
 
-# batch: KV -> KV dtype, attention backend, block size, max length (and on WSL2), GPU_UTIL native and on WSL2.
+# batch: KV -> KV dtype, attention backend, block size, max length and GPU_UTIL (a host's own defaults per KV come
+# from images.yaml, hosts.<h>.batch, over these).
 BATCH: dict[str, dict[str, Any]] = {
-    "fp8": dict(kv="fp8", max_len=150000, util="0.94", util_wsl2="0.91"),
-    "kvarn": dict(kv="kvarn_k4v2_g128", block=128, max_len=262144, max_len_wsl2=131072, util="0.93",
-                  util_wsl2="0.88", env={"KVARN_POOL_MEM_FRAC": "0.25"}),
-    "int4pth": dict(kv="int4_per_token_head", attention="TRITON_ATTN", max_len=262144, util="0.93", util_wsl2="0.91"),
+    "fp8": dict(kv="fp8", max_len=150000, util="0.94"),
+    "kvarn": dict(kv="kvarn_k4v2_g128", block=128, max_len=262144, util="0.93", env={"KVARN_POOL_MEM_FRAC": "0.25"}),
+    "int4pth": dict(kv="int4_per_token_head", attention="TRITON_ATTN", max_len=262144, util="0.93"),
 }
 
 # alternative.sh: int4 per-token-head KV on Triton attention, DFlash2 with k7.
@@ -82,8 +82,10 @@ def _bit(value: str | None, default: bool) -> str:
     return "1" if (default if value is None else _on(value)) else "0"
 
 
-def command(k: dict[str, str], host: str, model: dict) -> tuple[list[str], dict[str, str]]:
-    """(flags after --model/--host/--port, environment) for knobs `k` (mode defaults under them) on `host`."""
+def command(k: dict[str, str], host: str, model: dict, batch_defaults: dict[str, dict[str, str]] | None = None
+            ) -> tuple[list[str], dict[str, str]]:
+    """(flags after --model/--host/--port, environment) for knobs `k` (mode defaults under them) on `host`, whose
+    batch defaults per KV (images.yaml's hosts.<h>.batch) are `batch_defaults`."""
     mode = k.get("MODE", "plain")
     k = {**MODES[mode], **k}
     if mode == "plain":
@@ -103,8 +105,9 @@ def command(k: dict[str, str], host: str, model: dict) -> tuple[list[str], dict[
             raise RecipeError(f"SPEC={spec}: batch serves without speculation (SPEC=off)")
         row = BATCH[k["KV"]]
         drafts, seqs = 0, int(k["MAX_SEQS"])
-        util = k.get("GPU_UTIL") or (row["util_wsl2"] if host == "wsl2" else row["util"])
-        max_len = k.get("MAX_LEN") or str(row["max_len_wsl2" if host == "wsl2" and "max_len_wsl2" in row else "max_len"])
+        on_host = (batch_defaults or {}).get(k["KV"], {})
+        util = k.get("GPU_UTIL") or on_host.get("GPU_UTIL") or row["util"]
+        max_len = k.get("MAX_LEN") or on_host.get("MAX_LEN") or str(row["max_len"])
         cudagraphs = 64
     elif mode == "alternative":
         if spec not in ("dflash2", "off"):
@@ -187,6 +190,34 @@ def command(k: dict[str, str], host: str, model: dict) -> tuple[list[str], dict[
     if _on(k.get("VISION")):
         env["VLLM_VISION_CPU_OFFLOAD_GB"] = "1"
     return args, env
+
+
+# The knobs that add, drop or change a flag beyond what a mode's rows choose (every_flag runs each on every row).
+FLAG_VARIANTS: list[dict[str, str]] = [
+    {}, {"VISION": "1"}, {"PREFIX_CACHE": "1"}, {"PREFIX_CACHE": "0"}, {"ASYNC_SCHED": "0"}, {"ASYNC_SCHED": "1"},
+    {"TOOLS": "0"}, {"ENFORCE_EAGER": "1"}, {"DTYPE": "auto"}, {"ENABLE_THINKING": "1"}, {"CUDAGRAPH_MODE": "FULL"},
+    {"MAX_LEN": "1024", "MAX_SEQS": "1", "GPU_UTIL": "0.5", "API_SERVERS": "1"}, {"KV_OFFLOAD_GB": "1"},
+    {"SSE_KEEP_ALIVE": "0"}, {"KV_MEM": "0"}, {"DRAFT_TOKENS": "15"}]
+
+
+def every_flag() -> list[str]:
+    """Every flag `command` can emit, found by running it over each mode's rows (SPEC, CTX, KV) with each knob of
+    FLAG_VARIANTS on both hosts: the image's verify asks the pinned `vllm serve` for each."""
+    model = {"drafters": {"dflash": {"path": "/drafter"}}}
+    found: set[str] = set()
+    for mode in MODES:
+        for spec in ("off", "mtp", "dflash2"):
+            for ctx in ("fast", "long", "huge"):
+                for kv in BATCH:
+                    for variant in FLAG_VARIANTS:
+                        for host in ("native", "wsl2"):
+                            try:
+                                args, _ = command({"MODE": mode, "SPEC": spec, "CTX": ctx, "KV": kv, **variant}, host,
+                                                  model)
+                            except RecipeError:
+                                continue
+                            found.update(a.split("=", 1)[0] for a in args if a.startswith("--"))
+    return sorted(found)
 
 
 def _retention(k: dict[str, str], mode: str, spec: str, drafts: int) -> str:

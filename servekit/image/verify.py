@@ -128,9 +128,9 @@ def check_flags(accepted: set[str], profiles_file: Path, components: dict[str, s
     """Every flag the launcher can emit, and every profile's whole command line on every host, as vLLM parses it
     (a profile that needs a component this image lacks is not available, so not asked)."""
     sys.path.insert(0, str(HERE))
-    from launcher import FLAGS, build_command
+    from launcher import build_command, flags
     problems = [f"the launcher can emit {flag}, which the pinned `vllm serve` does not accept"
-                for flag in FLAGS if flag not in accepted]
+                for flag in flags() if flag not in accepted]
     profiles = json.loads(profiles_file.read_text())
     absent = {name for name, state in components.items() if state != "present"}
     argvs = []

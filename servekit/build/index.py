@@ -1,0 +1,203 @@
+"""Read a release's declared requirements from a package index, without downloading the wheel.
+
+The simple index (PEP 691 JSON) lists the files. Where the index serves the metadata file
+(PEP 658) it is fetched; otherwise the wheel's METADATA is read out of the zip with HTTP range
+requests (a few hundred KB of a 300 MB wheel). Results are cached on disk, so `verify` runs
+offline once it has run online.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import zipfile
+from dataclasses import dataclass
+from email.parser import HeaderParser
+from pathlib import Path
+from urllib.parse import unquote
+
+import requests
+
+from servekit.atomic import write_text
+from servekit.trust import requests_verify
+
+TIMEOUT = 30
+JSON_ACCEPT = "application/vnd.pypi.simple.v1+json"
+
+
+class IndexUnreachable(Exception):
+    """The index could not be asked; the caller checks what it can offline."""
+
+
+class NotOnIndex(Exception):
+    """The index answered, and it does not have that release."""
+
+
+@dataclass(frozen=True)
+class Metadata:
+    name: str
+    version: str
+    requires_dist: tuple[str, ...]
+    requires_python: str | None
+
+
+def normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+class _RangeFile(io.RawIOBase):
+    """A read-only, seekable file over HTTP range requests: enough for zipfile."""
+
+    def __init__(self, session: requests.Session, url: str):
+        self.session, self.url, self.pos = session, url, 0
+        head = session.head(url, allow_redirects=True, timeout=TIMEOUT, verify=requests_verify())
+        head.raise_for_status()
+        self.size = int(head.headers["Content-Length"])
+        self.url = head.url
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.pos = {0: offset, 1: self.pos + offset, 2: self.size + offset}[whence]
+        return self.pos
+
+    def readinto(self, buffer) -> int:
+        if self.pos >= self.size:
+            return 0
+        end = min(self.pos + len(buffer), self.size) - 1
+        resp = self.session.get(self.url, headers={"Range": f"bytes={self.pos}-{end}"}, timeout=TIMEOUT,
+                                verify=requests_verify())
+        resp.raise_for_status()
+        data = resp.content
+        if resp.status_code != 206:  # the server ignored the range: take our slice of the whole
+            data = data[self.pos:end + 1]
+        buffer[:len(data)] = data
+        self.pos += len(data)
+        return len(data)
+
+
+def _pick_wheel(files: list[dict], name: str, version: str, platform: str) -> dict | None:
+    prefix = f"{normalize(name).replace('-', '_')}-{version}-"
+    wheels = [f for f in files if f["filename"].lower().startswith(prefix.lower()) and f["filename"].endswith(".whl")
+              and not f.get("yanked")]
+    # Prefer the wheel for the platform asked for; any wheel of the release declares the same requirements
+    # apart from markers, which the caller evaluates.
+    wheels.sort(key=lambda f: (platform not in f["filename"], "none-any" not in f["filename"]))
+    return wheels[0] if wheels else None
+
+
+def _parse(text: str) -> Metadata:
+    headers = HeaderParser().parsestr(text)
+    return Metadata(headers["Name"], headers["Version"], tuple(headers.get_all("Requires-Dist") or ()),
+                    headers.get("Requires-Python"))
+
+
+def _wheel_entry(session: requests.Session, name: str, version: str, index_url: str, platform: str) -> dict:
+    """The index's entry (PEP 691) for the wheel of `name==version` that suits the platform."""
+    listing = session.get(f"{index_url.rstrip('/')}/{normalize(name)}/", headers={"Accept": JSON_ACCEPT},
+                          timeout=TIMEOUT, verify=requests_verify())
+    if listing.status_code == 404:
+        raise NotOnIndex(f"{name} is not on {index_url}")
+    listing.raise_for_status()
+    if "json" not in listing.headers.get("Content-Type", ""):
+        raise IndexUnreachable(f"{index_url} does not answer in PEP 691 JSON")
+    wheel = _pick_wheel(listing.json()["files"], name, version, platform)
+    if wheel is None:
+        raise NotOnIndex(f"{index_url} has no wheel of {name}=={version}")
+    return wheel
+
+
+def fetch_metadata(name: str, version: str, index_url: str, cache_dir: Path,
+                   platform: str = "x86_64") -> Metadata:
+    """The METADATA of `name==version` as the index serves it; cached under cache_dir (written whole, and checked
+    against its own digest when read: a damaged copy is fetched again, never believed)."""
+    cached = cache_dir / f"{normalize(name)}-{version}.metadata.json"
+    text = _cached_metadata(cached, name, version)
+    if text is not None:
+        return _parse(text)
+    session = requests.Session()
+    try:
+        wheel = _wheel_entry(session, name, version, index_url, platform)
+        if wheel.get("core-metadata") or wheel.get("data-dist-info-metadata"):
+            meta = session.get(wheel["url"] + ".metadata", timeout=TIMEOUT, verify=requests_verify())
+            meta.raise_for_status()
+            text = meta.text
+        else:
+            with zipfile.ZipFile(io.BufferedReader(_RangeFile(session, wheel["url"]), 1 << 16)) as whl:
+                member = next(n for n in whl.namelist() if n.endswith(".dist-info/METADATA"))
+                text = whl.read(member).decode("utf-8")
+    except requests.RequestException as exc:
+        raise IndexUnreachable(f"{index_url} could not be reached ({type(exc).__name__})") from None
+    parsed = _parse(text)
+    if normalize(parsed.name or "") != normalize(name) or parsed.version != version:
+        raise IndexUnreachable(f"{index_url} served metadata of {parsed.name} {parsed.version} for {name} {version}")
+    write_text(cached, json.dumps({"name": name, "version": version, "sha256": hashlib.sha256(text.encode()).hexdigest(),
+                                   "metadata": text}) + "\n")
+    return parsed
+
+
+def _cached_metadata(path: Path, name: str, version: str) -> str | None:
+    try:
+        doc = json.loads(path.read_text())
+        text = doc["metadata"]
+        whole = hashlib.sha256(text.encode()).hexdigest() == doc["sha256"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return text if whole and doc.get("name") == name and doc.get("version") == version else None
+
+
+def release_exists(name: str, version: str, index_url: str, auth: tuple[str, str] | None = None) -> bool:
+    """Whether the index lists any file of that release; raises IndexUnreachable."""
+    try:
+        listing = requests.get(f"{index_url.rstrip('/')}/{normalize(name)}/", headers={"Accept": JSON_ACCEPT},
+                               timeout=TIMEOUT, verify=requests_verify(), auth=auth)
+    except requests.RequestException as exc:
+        raise IndexUnreachable(f"{index_url} could not be reached ({type(exc).__name__})") from None
+    if listing.status_code == 404:
+        return False
+    listing.raise_for_status()
+    if "json" in listing.headers.get("Content-Type", ""):
+        data = listing.json()
+        if "versions" in data:  # PEP 700
+            return version in data["versions"]
+        return _names_release((f.get("filename", "") for f in data.get("files", [])), name, version)
+    # An HTML-only index (PEP 503): look for a file of that release among the links' texts and targets.
+    return _names_release(re.findall(r"[^\s\"'<>/=]+\.(?:whl|tar\.gz|zip)", unquote(listing.text)), name, version)
+
+
+def _names_release(filenames, name: str, version: str) -> bool:
+    """Whether a file name is of `name` at exactly `version` (a local label such as +cpu included)."""
+    # File names spell the project with `_` or `-`; with every `-` made `_`, one pattern finds both.
+    stem = re.escape(normalize(name).replace("-", "_"))
+    wanted = re.compile(rf"(?i){stem}_{re.escape(version)}[_.]")
+    return any(wanted.match(f.replace("-", "_")) for f in filenames)
+
+
+def download_wheel(name: str, version: str, index_url: str, dest: Path, platform: str = "x86_64") -> Path:
+    """The wheel of `name==version` for the platform, downloaded once into `dest`."""
+    session = requests.Session()
+    try:
+        wheel = _wheel_entry(session, name, version, index_url, platform)
+        path = dest / wheel["filename"]
+        if path.is_file() and path.stat().st_size == wheel.get("size", path.stat().st_size):
+            return path
+        dest.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".part")
+        with session.get(wheel["url"], stream=True, timeout=TIMEOUT, verify=requests_verify()) as resp:
+            resp.raise_for_status()
+            with open(partial, "wb") as out:
+                for chunk in resp.iter_content(1 << 20):
+                    out.write(chunk)
+        partial.rename(path)  # only a whole file gets the wheel's name
+        return path
+    except requests.RequestException as exc:
+        raise IndexUnreachable(f"{index_url} could not be reached ({type(exc).__name__})") from None

@@ -1,0 +1,182 @@
+"""The parts of the docs and Compose files that are derived from images.yaml and the knob table.
+
+Each derived part sits between a `BEGIN name` and an `END name` comment line in a hand-written
+file, so the prose, anchors and comments around it stay readable. `python build.py derive`
+rewrites them (adding a profile is one edit to images.yaml, then `make derived`); `verify` and a
+test fail while a committed file differs from what this renders.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from servekit.image.knobs import KNOBS, Knob
+from servekit.config.matrix import Matrix
+from servekit.config.profiles import HOST_LAYERS, layers
+from servekit.build.plan import IMAGE_CODE, STAGED
+
+MARK = re.compile(r"^(?P<indent>[ \t]*)(?P<open>#|<!--) BEGIN (?P<name>[\w-]+)(?P<rest>[^\n]*)\n(?P<body>.*?)"
+                  r"^(?P=indent)(?P=open) END (?P=name)[^\n]*\n", re.M | re.S)
+
+
+# --- Compose -----------------------------------------------------------------------------------
+
+def _compose_knobs(matrix: Matrix) -> list[str]:
+    return [f"- {name}" for name, knob in KNOBS.items() if knob.passthrough]
+
+
+def _compose_services(matrix: Matrix) -> list[str]:
+    out = []
+    for name in matrix.profiles:
+        out += [f"{name}:", "  <<: *serve", f"  profiles: [{name}]", f'  command: ["serve", "{name}"]']
+    return out
+
+
+def _compose_wsl2_services(matrix: Matrix) -> list[str]:
+    return [f"{name}: *wsl2" for name in matrix.profiles]
+
+
+# --- docs/profiles.md ----------------------------------------------------------------------------
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _knobs(table: dict[str, str]) -> str:
+    return " ".join(f"`{k}={v}`" for k, v in table.items())
+
+
+def _host_knobs(matrix: Matrix, profile: str) -> str:
+    parts = []
+    for host in matrix.hosts:
+        table: dict[str, str] = {}
+        for name, layer in layers(matrix, profile, host):
+            if name in HOST_LAYERS:
+                table.update(layer)
+        if table:
+            parts.append(f"{host}: {_knobs(table)}")
+    return "; ".join(parts)
+
+
+def _allowed(knob: Knob) -> str:
+    if knob.kind == "enum":
+        return ", ".join(f"`{c}`" for c in knob.choices)
+    if knob.kind == "bool":
+        return "1/0, true/false, yes/no, on/off (any case; vLLM is given 1 or 0)"
+    bounds = [f"≥ {knob.minimum:g}" if knob.minimum is not None else "",
+              f"≤ {knob.maximum:g}" if knob.maximum is not None else ""]
+    return " ".join([{"int": "integer", "float": "number", "str": "text"}[knob.kind], *filter(None, bounds)])
+
+
+def _profile_table(matrix: Matrix) -> list[str]:
+    rows = ["", "| profile | targets | knobs | on a host | checks | what for |", "|---|---|---|---|---|---|"]
+    for name, p in matrix.profiles.items():
+        needs = f" (needs {', '.join(p.components)})" if p.components else ""
+        rows.append(f"| `{name}` | {', '.join(p.targets)} | {_knobs(p.knobs) or '(defaults)'} | "
+                    f"{_host_knobs(matrix, name)} | {', '.join(p.checks)} | {_cell(p.description)}{needs} |")
+    return rows + [""]
+
+
+def _check_table(matrix: Matrix) -> list[str]:
+    """Each check, what it judges, its parameters, and where a target does not require it (with why)."""
+    rows = ["", "| check | judges | parameters | not required |", "|---|---|---|---|"]
+    for name, c in matrix.checks.items():
+        exempt = [f"{profile} on {target}: {_cell(why)}" for profile in matrix.profiles for target in matrix.targets
+                  if target in matrix.profiles[profile].targets
+                  for check, why in matrix.not_required(profile, target).items() if check == name]
+        params = " ".join(f"`{k}={v}`" for k, v in c.params.items())
+        hosts = f" ({', '.join(c.hosts)} only)" if c.hosts else ""
+        rows.append(f"| `{name}` | {_cell(c.description)}{hosts} | {params} | {'; '.join(exempt)} |")
+    return rows + [""]
+
+
+def _profile_flags(matrix: Matrix) -> list[str]:
+    """What each profile runs, per target and host: the launcher's own argv and environment (after --model, --host
+    and --port), with no knob set in the environment."""
+    import shlex
+
+    from servekit.image.launcher import build_command
+    from servekit.config.profiles import render_profiles
+    out = [""]
+    for target in matrix.targets:
+        rendered = render_profiles(matrix, target)
+        for profile in rendered["profiles"]:
+            for host in matrix.hosts:
+                argv, env = build_command(rendered, profile, host, {})
+                out.append(f"- `{profile}` on {target}, {host}: `vllm serve {shlex.join(argv[8:])}`"
+                           + (f"; environment `{' '.join(f'{k}={v}' for k, v in sorted(env.items()))}`" if env else ""))
+    return out + [""]
+
+
+def _knob_table(matrix: Matrix) -> list[str]:
+    rows = ["", "| knob | values | sets |", "|---|---|---|"]
+    return rows + [f"| `{k.name}` | {_allowed(k)} | {_cell(k.help)} |" for k in KNOBS.values()] + [""]
+
+
+# --- .dockerignore ------------------------------------------------------------------------------
+
+def _context(matrix: Matrix) -> list[str]:
+    """The build context admits the image's code folder and what the build stages, nothing else."""
+    return ["*", f"!{IMAGE_CODE}/", *(f"!{path}/" for path in STAGED), "**/__pycache__"]
+
+
+# file -> block name -> lines of the block (indented as its markers)
+PARTS = {
+    ".dockerignore": {"context": _context},
+    "compose/compose.yaml": {"knobs": _compose_knobs, "profiles": _compose_services},
+    "compose/compose.wsl2.yaml": {"profiles": _compose_wsl2_services},
+    "docs/profiles.md": {"profile-table": _profile_table, "check-table": _check_table, "profile-flags": _profile_flags,
+                         "knob-table": _knob_table},
+}
+
+
+def render(text: str, blocks: dict, matrix: Matrix, where: str) -> str:
+    found = [m["name"] for m in MARK.finditer(text)]
+    missing = [name for name in blocks if found.count(name) != 1]
+    if missing:
+        raise ValueError(f"{where}: needs one `BEGIN {missing[0]}` ... `END {missing[0]}` block")
+
+    def fill(m: re.Match) -> str:
+        if m["name"] not in blocks:
+            return m[0]
+        body = "".join(f"{m['indent']}{line}".rstrip() + "\n" for line in blocks[m["name"]](matrix))
+        close = " -->" if m["open"] == "<!--" else ""
+        return f"{m['indent']}{m['open']} BEGIN {m['name']}{m['rest']}\n{body}{m['indent']}{m['open']} END {m['name']}{close}\n"
+    return MARK.sub(fill, text)
+
+
+def derive(matrix: Matrix, root: Path) -> dict[str, tuple[str, str]]:
+    """Each derived file: (as it is, as it should be)."""
+    out = {}
+    for rel, blocks in PARTS.items():
+        text = (root / rel).read_text()
+        out[rel] = (text, render(text, blocks, matrix, rel))
+    return out
+
+
+def stale(matrix: Matrix, root: Path) -> list[str]:
+    missing = [rel for rel in PARTS if not (root / rel).is_file()]
+    if missing:
+        return [f"{rel} is missing" for rel in missing]
+    try:
+        files = derive(matrix, root)
+    except ValueError as exc:
+        return [str(exc)]
+    return [f"{rel} is not what images.yaml and the knob table give: run `make derived`"
+            for rel, (now, wanted) in files.items() if now != wanted]
+
+
+def derive_files(matrix: Matrix, root: Path, check: bool = False) -> tuple[int, list[str]]:
+    """`derive`: rewrite each stale derived file (only name them when `check`); (files derived, stale ones)."""
+    from servekit.atomic import write_text
+    from servekit.errors import UserError
+    try:
+        files = derive(matrix, root)
+    except (OSError, ValueError) as exc:
+        raise UserError(str(exc)) from None
+    changed = [rel for rel, (now, wanted) in files.items() if now != wanted]
+    if not check:
+        for rel in changed:
+            write_text(root / rel, files[rel][1])
+    return len(files), changed

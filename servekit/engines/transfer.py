@@ -1,0 +1,78 @@
+"""Put the image built here on another engine: already there, pulled from the release's registry, or
+streamed `docker save | docker load` (no registry needed, nothing written to disk on either side)."""
+
+from __future__ import annotations
+
+import time
+
+from servekit.errors import EnvironmentProblem, UserError
+from servekit.engines.docker import Engine
+from servekit.records.models import ReleaseRecord
+from servekit.engines.docker import local as local_engine
+
+CHUNK = 4 << 20
+
+
+def _counted(chunks, total: int, say, every_s: float = 5.0):
+    sent, last = 0, time.monotonic()
+    for chunk in chunks:
+        sent += len(chunk)
+        if time.monotonic() - last >= every_s:
+            say(f"{sent / 1e9:.1f} of about {total / 1e9:.1f} GB sent")
+            last = time.monotonic()
+        yield chunk
+
+
+def _image_id(engine: Engine, tag: str) -> str | None:
+    image = engine.image(tag)
+    return image.id if image else None
+
+
+def _pull(remote, release: ReleaseRecord, tag: str, say) -> bool:
+    """Pull the release by digest and give it the local tag; False (and why) when that does not work."""
+    import docker
+    ref = f"{release.repository}@{release.registry_digest}"
+    try:
+        image = remote.images.pull(ref)
+    except docker.errors.APIError as exc:
+        say(f"pulling {ref} failed ({exc.explanation or exc}); sending it instead")
+        return False
+    if image.id != release.image_id:
+        say(f"{ref} is image {image.id[:19]}, not the release's {release.image_id[:19]}; sending it instead")
+        return False
+    repository, _, name = tag.rpartition(":")
+    image.tag(repository, name)
+    return True
+
+
+def ensure_image(engine: Engine, tag: str, release: ReleaseRecord | None = None, say=print) -> str:
+    """Make `tag` on `engine` the very image `tag` is here; say how, in a few words, for the report.
+
+    `release` is this build's record in releases/v<vllm>.json, when it was released: the engine then
+    pulls it from the registry by digest (falling back to a stream if the registry is out of its reach)."""
+    if not engine.serves_images:
+        return "not needed: a process engine serves from its environment"
+    import docker
+    this_machine = local_engine()
+    local = this_machine.image(tag)
+    if local is None:
+        raise UserError(f"image {tag} is not built here: run `python build.py image` for its target first")
+    if engine.url == this_machine.url or _image_id(engine, tag) == local.id:
+        return "already there"
+    here, remote = this_machine.sdk(timeout=3600), engine.sdk(timeout=3600)
+    started = time.monotonic()
+    if release and release.image_id == local.id:
+        say(f"pulling {release.repository}@{release.registry_digest[:19]}... on {engine.given}")
+        if _pull(remote, release, tag, say):
+            return f"pulled from the registry in {time.monotonic() - started:.0f} s"
+    size = local.attrs.get("Size") or 0
+    say(f"sending {tag} ({size / 1e9:.1f} GB) to {engine.given}: docker save | docker load")
+    try:
+        for message in remote.api.load_image(_counted(here.api.get_image(tag, chunk_size=CHUNK), size, say)):
+            if "error" in message:
+                raise EnvironmentProblem(f"loading {tag} into {engine.given} failed: {message['error']}")
+    except docker.errors.APIError as exc:
+        raise EnvironmentProblem(f"loading {tag} into {engine.given} failed: {exc.explanation or exc}") from None
+    if _image_id(engine, tag) != local.id:
+        raise EnvironmentProblem(f"after loading, {engine.given} has no {tag} of image {local.id[:19]}")
+    return f"sent (save+load) in {time.monotonic() - started:.0f} s"

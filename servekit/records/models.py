@@ -1,0 +1,203 @@
+"""The files servekit writes and later trusts, as typed models: run reports, sweep reports, fleet
+summaries and release manifests. Each carries its kind and schema version; every writer validates
+through its model and every reader goes through `load`, which refuses a file of another kind or
+version in one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from smoke import all_passed
+
+from servekit.atomic import write_text
+from servekit.errors import UserError
+
+SCHEMA_VERSION = 1
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Document(Record):
+    """A file of its own: what kind it is and which schema version wrote it."""
+    schema_version: Literal[1] = 1  # SCHEMA_VERSION: a Literal takes the number itself
+
+
+# --- a run -----------------------------------------------------------------------------------------
+
+class CheckResult(Record):
+    name: str
+    status: Literal["passed", "failed", "not_run", "not_required"]  # smoke.STATUSES
+    reason: str = ""
+    figures: dict[str, Any] = {}
+    seconds: float = 0.0
+
+    @field_validator("status", mode="before")
+    @classmethod
+    def _skipped_is_not_run(cls, value):  # reports written before the three outcomes said "skipped" for "not run"
+        return "not_run" if value == "skipped" else value
+
+
+class ImageUsed(Record):
+    tag: str
+    id: str | None = None
+    arrived: str | None = None  # how it reached the engine: already there, pulled, sent
+
+
+class Boot(Record):
+    time_to_healthy_s: float | None = None
+    kv_pool_tokens: int | None = None
+    detection_lag_s: float | None = None
+    phases: list[tuple[str, float]] = []
+
+
+class Memory(Record):
+    gpus: list[dict[str, Any]] = []
+    shared_usage: dict[str, Any] | None = None
+    container: dict[str, Any] | None = None
+
+
+class RunReport(Document):
+    kind: Literal["run"] = "run"
+    run_id: str
+    created: str
+    profile: str
+    target: str
+    host: str
+    engine: str = "local"
+    url: str
+    image: ImageUsed
+    pins: dict[str, str]
+    knobs: dict[str, str] = {}
+    boot: Boot
+    memory: Memory
+    checks: list[CheckResult]
+    passed: bool
+    notes: list[str] = []
+
+    @property
+    def gate_passes(self) -> bool:
+        """Passed by today's rule: every check passed or was not required (an older report's word is not taken)."""
+        return self.passed and all_passed(c.status for c in self.checks)
+
+
+# --- a sweep and a fleet run --------------------------------------------------------------------------
+
+class Table(Record):
+    header: list[str]
+    rows: list[list[Any]]
+
+
+class SweepCell(Record):
+    knobs: dict[str, str]
+    boots: list[dict[str, Any]]
+
+
+class SweepReport(Document):
+    kind: Literal["sweep"] = "sweep"
+    title: str
+    profile: str
+    target: str
+    host: str
+    image: str
+    boots_per_cell: int = Field(ge=1)
+    interrupted: bool
+    advice: str | None = None
+    cells: list[SweepCell]
+    table: Table
+    notes: list[str] = []
+
+
+class FleetEngine(Record):
+    engine: str
+    label: str
+    url: str
+    port: int
+    passed: bool
+    error: str | None = None
+    reports: list[str] = []
+
+
+class FleetSummary(Document):
+    kind: Literal["fleet"] = "fleet"
+    passed: bool
+    engines: list[FleetEngine]
+    table: Table
+
+
+# --- a release --------------------------------------------------------------------------------------
+
+class ProfileGate(Record):
+    report: str
+    passed: bool
+    run_id: str
+    checks: dict[str, str]
+
+
+class ReleaseRecord(Record):
+    target: str
+    repository: str
+    tags: list[str]
+    registry_digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    image_id: str
+    content_digest: str
+    pins: dict[str, str]
+    lock: dict[str, str | None] = {}  # {"file": docker/locks/..., "sha256": ...}: every package the image holds
+    series: dict[str, str] = {}  # patch file -> sha256:...
+    components: dict[str, str] = {}  # name -> its source digest, or "absent"
+    smoke: dict[str, ProfileGate]
+    # profile -> what it serves: {"model": "repo@revision", "drafter": "repo@revision"} (revision "main" = unpinned)
+    models: dict[str, dict[str, str]] = {}
+
+    @field_validator("series", mode="before")
+    @classmethod
+    def _names_only(cls, value):  # a manifest written before the series carried hashes listed names only
+        return {name: "" for name in value} if isinstance(value, list) else value
+
+
+class ReleaseManifest(Document):
+    kind: Literal["release"] = "release"
+    version: str
+    targets: dict[str, ReleaseRecord] = {}
+    updated: str | None = None
+
+
+KINDS: dict[str, type[Document]] = {"run": RunReport, "sweep": SweepReport, "fleet": FleetSummary,
+                                    "release": ReleaseManifest}
+
+
+def load(path: Path, model: type[Document]):
+    """The file at `path` as `model`, or a UserError in one line saying what it is instead."""
+    wanted = model.model_fields["kind"].default
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path}: not a readable {wanted} file ({type(exc).__name__}: {exc})") from None
+    if isinstance(doc, dict) and "kind" not in doc and model is ReleaseManifest and {"version", "targets"} <= set(doc):
+        doc = {**doc, "kind": "release", "schema_version": SCHEMA_VERSION}  # written before files said their kind
+    if not isinstance(doc, dict) or doc.get("kind") not in KINDS:
+        raise UserError(f"{path}: not a servekit file (a JSON object with kind: {', '.join(KINDS)})")
+    if doc["kind"] != wanted:
+        raise UserError(f"{path}: a {doc['kind']} file; this reads {wanted} files")
+    if doc.get("schema_version") != SCHEMA_VERSION:
+        raise UserError(f"{path}: {wanted} schema_version {doc.get('schema_version')!r}; this servekit reads "
+                        f"{SCHEMA_VERSION}")
+    try:
+        return model.model_validate(doc)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top)"
+        raise UserError(f"{path}: {where}: {first['msg']} ({exc.error_count()} problem(s) in this {wanted} file)") \
+            from None
+
+
+def save(path: Path, record: Document) -> Path:
+    """Write `record` atomically (a reader never finds it half-written)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text(path, record.model_dump_json(indent=2) + "\n")
+    return path

@@ -1,0 +1,273 @@
+"""Release: only an image whose required profiles passed their checks, matched by image ID.
+
+Tags: an immutable `v<vllm>-<target>-<digest12>` and the moving `v<vllm>-<target>` and
+`latest-<target>`. Each push is retried on transient errors and its digest read back from the
+registry; the manifest (releases/v<vllm>.json) is written only after every push of the release
+succeeded, so a re-run after a failure completes it without duplicating anything.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from packaging.version import Version
+from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from servekit.errors import CheckFailed, EnvironmentProblem, UserError
+from servekit.config.matrix import Matrix
+from servekit.build.plan import TargetPlan
+from servekit.release import registry
+from servekit.release.registry import TransientRegistryError
+from servekit.records.models import ProfileGate, ReleaseManifest, ReleaseRecord, RunReport, load, save
+from servekit.records.report import load_report
+
+def release_tags(matrix: Matrix, plan: TargetPlan) -> list[str]:
+    base = f"v{matrix.vllm}-{plan.target}"
+    return [f"{base}-{plan.digest[:12]}", base, f"latest-{plan.target}"]
+
+
+def _reports(root: Path) -> list[tuple[Path, RunReport]]:
+    out = []
+    for path in sorted((root / "reports").glob("*/report.json")):
+        if path.parent.is_symlink():  # reports/latest points at a run that is listed by its own name
+            continue
+        try:
+            out.append((path, load_report(path)))
+        except UserError:  # a sweep's table, another version, a broken file: none of them gates a release
+            continue
+    return out
+
+
+def gate(matrix: Matrix, target: str, image_id: str, root: Path) -> dict[str, ProfileGate]:
+    """The passing report of each profile required for a release, matched by image ID; refuses otherwise."""
+    required = [p for p, spec in matrix.profiles.items() if spec.required_for_release and target in spec.targets]
+    found = {}
+    for profile in required:
+        mine = [(p, r) for p, r in _reports(root) if r.profile == profile and r.target == target]
+        same = [(p, r) for p, r in mine if r.image.id == image_id]
+        passing = [(p, r) for p, r in same if r.gate_passes]
+        if not passing:
+            others = [(r.image.id or "?")[:19] for _, r in mine if r.gate_passes]
+            if others:
+                raise CheckFailed(f"{target}: the passing {profile} reports are of another image ({others[-1]}...), "
+                                  f"not of {image_id[:19]}...; run `python build.py run --target {target} "
+                                  f"--profile {profile}` on this image")
+            raise CheckFailed(f"{target}: no passing {profile} report for image {image_id[:19]}...; run "
+                              f"`python build.py run --target {target} --profile {profile}` first")
+        path, report = passing[-1]
+        found[profile] = ProfileGate(report=str(path.relative_to(root)), passed=True, run_id=report.run_id,
+                                     checks={c.name: c.status for c in report.checks})
+    return found
+
+
+def _attempts() -> int:
+    return int(os.environ.get("SERVEKIT_PUSH_ATTEMPTS", "5"))
+
+
+def push(client, image, repository: str, tag: str, say) -> str:
+    """Tag and push one tag, retried with backoff on transient errors (never on refused credentials); the
+    registry's digest read back through the engine."""
+    image.tag(repository, tag)
+
+    @retry(retry=retry_if_exception_type(TransientRegistryError), stop=stop_after_attempt(_attempts()),
+           wait=wait_exponential(multiplier=1, max=20), reraise=True,
+           before_sleep=lambda state: say(f"  push {tag}: {state.outcome and state.outcome.exception()}; retrying"))
+    def attempt() -> str:
+        shown = registry.PushProgress(tag, lambda text, live: _show(say, text, live), sys.stderr.isatty())
+        pushed = registry.push(client, repository, tag, progress=shown)
+        _show(say, shown.line(), False)
+        confirmed = registry.digest(client, repository, tag)
+        if not pushed or confirmed != pushed:
+            raise TransientRegistryError(f"pushed {pushed}, the registry serves {confirmed}")
+        return pushed
+    return attempt()
+
+
+def _show(say, text: str, live: bool) -> None:
+    """A progress line: rewritten in place on a terminal while live, else said as a line of its own."""
+    if live and sys.stderr.isatty():
+        print(f"\r  {text}\033[K", end="", file=sys.stderr, flush=True)
+    else:
+        if sys.stderr.isatty():
+            print("\r\033[K", end="", file=sys.stderr)
+        say(f"  {text}")
+
+
+def git_tag(root: Path, name: str, message: str) -> None:
+    existing = subprocess.run(["git", "rev-parse", "-q", "--verify", f"refs/tags/{name}^{{commit}}"], cwd=root,
+                              capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+    if existing and existing != head:
+        raise CheckFailed(f"git tag {name} already exists on another commit ({existing[:12]})")
+    if not existing:
+        subprocess.run(["git", "tag", "-a", name, "-m", message], cwd=root, check=True, capture_output=True)
+
+
+def dirty(root: Path) -> list[str]:
+    out = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise EnvironmentProblem(f"--git-tag: {root} is not a git working tree")
+    return out.stdout.splitlines()
+
+
+def manifest_path(root: Path, matrix: Matrix) -> Path:
+    return root / "releases" / f"v{matrix.vllm}.json"
+
+
+def released(root: Path, matrix: Matrix, target: str, content_digest: str) -> ReleaseRecord | None:
+    """This very build's record in releases/v<vllm>.json (same content digest), or None."""
+    path = manifest_path(root, matrix)
+    if not path.exists():
+        return None
+    record = load(path, ReleaseManifest).targets.get(target)
+    return record if record and record.content_digest == content_digest else None
+
+
+def write_manifest(root: Path, matrix: Matrix, releases: list[ReleaseRecord]) -> Path:
+    """releases/v<vllm>.json, merged with the targets an earlier release of this version recorded."""
+    path = manifest_path(root, matrix)
+    doc = load(path, ReleaseManifest) if path.exists() else ReleaseManifest(version=matrix.vllm)
+    targets = {**doc.targets, **{r.target: r for r in releases}}
+    updated = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    return save(path, doc.model_copy(update={"targets": targets, "updated": updated}))  # later trusted by `up`, k8s
+
+
+def served_models(matrix: Matrix, root: Path, target: str) -> dict[str, dict[str, str]]:
+    """Per profile of the target, the model and the drafter (when its launch uses one) it serves: repo@revision, or
+    for a generated model the hash of its files (what prepare marks); worked out by the launcher's own recipe."""
+    from servekit.image.launcher import build_command, served_parts
+    from servekit.image.prepare import identity
+    from servekit.config.profiles import render_profiles
+    rendered = render_profiles(matrix, target)
+    model = rendered["model"]
+    spec = matrix.models[matrix.targets[target].model]
+    name = (lambda part: f"{part['repo']}@{part.get('revision') or 'main'}" if part.get("repo")  # noqa: E731
+            else f"generated {spec.dir} " + identity({"source": "generated", "baked": root / str(spec.dir)}))
+    out = {}
+    for profile in rendered["profiles"]:
+        try:
+            argv, _ = build_command(rendered, profile, "native", {})
+        except Exception:  # a profile whose knobs the launcher refuses serves nothing; verify reports it
+            continue
+        model_part, *drafters = served_parts(model, argv)
+        out[profile] = {"model": name(model_part), **{"drafter": name(d) for d in drafters}}
+    return out
+
+
+def series_hashes(matrix: Matrix, root: Path, names: list[str]) -> dict[str, str]:
+    folder = root / matrix.series.dir
+    return {name: "sha256:" + hashlib.sha256((folder / name).read_bytes()).hexdigest() for name in names}
+
+
+def component_digests(matrix: Matrix, root: Path, plan: TargetPlan) -> dict[str, str]:
+    from servekit.build.builder import component_digest
+    return {name: component_digest(matrix, name, root) if state == "present" else "absent"
+            for name, state in plan.components.items()}
+
+
+def verify_release(session, say=print) -> list[str]:
+    """`release --verify`: read releases/v<vllm>.json back and ask the registry, through the engine, whether every
+    tag still serves the digest it names; the problems (none: the registry serves what was released)."""
+    from servekit.engines.docker import local
+    path = manifest_path(session.root, session.matrix)
+    if not path.exists():
+        raise UserError(f"{path.relative_to(session.root)}: no release of vLLM {session.matrix.vllm} to verify")
+    manifest = load(path, ReleaseManifest)
+    engine = local()
+    engine.check()
+    client = engine.sdk(timeout=120)
+    problems = []
+    for target, record in manifest.targets.items():
+        for tag in record.tags:
+            served = registry.digest(client, record.repository, tag)
+            if served != record.registry_digest:
+                problems.append(f"{target}: {record.repository}:{tag} serves {served or 'nothing'}, the release "
+                                f"names {record.registry_digest}")
+        say(f"release: {target}: {len(record.tags)} tags checked against {record.repository}")
+    return problems
+
+
+def summary_text(matrix: Matrix, releases: list[ReleaseRecord]) -> str:
+    lines = [f"vLLM {matrix.vllm} release"]
+    for r in releases:
+        lines.append(f"{r.target}: {r.repository}@{r.registry_digest}")
+        lines.append(f"  tags: {', '.join(r.tags)}")
+        for profile, g in r.smoke.items():
+            passed = sum(1 for v in g.checks.values() if v == "passed")
+            lines.append(f"  {profile}: {passed}/{len(g.checks)} checks passed ({g.report})")
+    return "\n".join(lines)
+
+
+def release_targets(matrix: Matrix, root: Path, engine, registry_path: str, plans: dict[str, TargetPlan],
+                    explicit: bool, dry_run: bool, say) -> list[ReleaseRecord]:
+    """Gate, check the moving tags, push and read back, per target; the records for the manifest.
+
+    Everything that can refuse is checked for a target before any of its tags is pushed."""
+    releases = []
+    client = engine.sdk(timeout=600)
+    registry.check_access(client, f"{registry_path}/{matrix.image.name}")
+    for target, plan in plans.items():
+        image = engine.image(plan.tag)
+        if image is None:
+            if explicit:
+                raise CheckFailed(f"{target}: image {plan.tag} is not built: run `python build.py run --target "
+                                  f"{target}` first")
+            say(f"release: {target}: no image {plan.tag} here; skipped")
+            continue
+        smoke = gate(matrix, target, image.id, root)
+        repository = f"{registry_path}/{matrix.image.name}"
+        tags = release_tags(matrix, plan)
+        for moving in tags[1:]:
+            current = registry.vllm_version(client, repository, moving)
+            if current and current > Version(matrix.vllm):
+                raise CheckFailed(f"{target}: {repository}:{moving} carries vLLM {current}; moving it to "
+                                  f"{matrix.vllm} would go backwards (docs/release.md says how to roll back)")
+        say(f"release: {target}: {image.id[:19]}... passed {', '.join(smoke)}; tags {', '.join(tags)}")
+        if dry_run:
+            continue
+        try:
+            digests = {tag: push(client, image, repository, tag, say) for tag in tags}
+        except TransientRegistryError as exc:
+            raise EnvironmentProblem(f"{target}: the push failed after {_attempts()} attempts ({exc}); no manifest "
+                                     "written: run release again to complete it") from None
+        if len(set(digests.values())) != 1:
+            raise CheckFailed(f"{target}: the tags read back different digests: {digests}")
+        releases.append(ReleaseRecord(target=target, repository=repository, tags=tags,
+                                      registry_digest=next(iter(digests.values())), image_id=image.id,
+                                      content_digest=plan.digest, pins=plan.pins, lock=plan.build_info["lock"],
+                                      series=series_hashes(matrix, root, plan.build_info["series"]),
+                                      components=component_digests(matrix, root, plan), smoke=smoke,
+                                      models=served_models(matrix, root, target)))
+        say(f"release: {target}: pushed {len(tags)} tags, {repository}@{releases[-1].registry_digest}")
+    return releases
+
+
+def release(session, registry: str | None = None, targets: list[str] | None = None, dry_run: bool = False,
+            tag_git: bool = False, say=print) -> tuple[Path | None, list[ReleaseRecord]]:
+    """Push each target's checked image (all targets, or those named); (the manifest written, the records)."""
+    from servekit.engines.docker import local
+    matrix, root = session.matrix, session.root
+    if tag_git and not dry_run:
+        changes = dirty(root)
+        if changes:
+            raise CheckFailed(f"--git-tag: the working tree has uncommitted changes ({len(changes)} path(s), e.g. "
+                              f"{changes[0].strip()}); commit or stash them first")
+    engine = local()
+    engine.check()
+    names = [session.check_target(t) for t in (targets or list(matrix.targets))]
+    plans = {p.target: p for p in session.plans(names)}
+    releases = release_targets(matrix, root, engine, (registry or matrix.release.registry).rstrip("/"), plans,
+                               explicit=bool(targets), dry_run=dry_run, say=say)
+    if dry_run:
+        return None, releases
+    if not releases:
+        raise CheckFailed("nothing released: no target has a built image")
+    manifest = write_manifest(root, matrix, releases)
+    if tag_git:
+        git_tag(root, f"v{matrix.vllm}", summary_text(matrix, releases))
+    return manifest, releases

@@ -1,0 +1,155 @@
+"""The one door to registries, through the engine: every read and write is signed with what `docker login`
+stored for that registry (credential helpers included), as the docker CLI would; a tag's digest comes from the
+engine's distribution API; names resolve as Docker resolves them (`user/image` and `docker.io/user/image` are
+Docker Hub's, `ghcr.io/org/image` GHCR's). No HTTP of ours reaches a registry.
+"""
+
+from __future__ import annotations
+
+import re
+
+import requests
+from packaging.version import InvalidVersion, Version
+
+from servekit.errors import EnvironmentProblem
+
+VERSION_LABEL = "org.opencontainers.image.version"
+DENIED = re.compile(r"unauthorized|authentication required|denied|forbidden|incorrect username or password|"
+                    r"no basic auth credentials", re.I)
+UNREACHABLE = re.compile(r"connection refused|no such host|i/o timeout|connect: |EOF|server misbehaving", re.I)
+ACCESS_PROBE_TAG = "servekit-access-probe"  # a tag no release writes: reading it says whether we may read
+
+
+class TransientRegistryError(Exception):
+    """The registry did not answer or failed (5xx, a dropped connection): worth another try."""
+
+
+class RegistryAuthError(EnvironmentProblem):
+    """The registry refused our credentials, or we have none for it: another try cannot help."""
+
+
+def host_of(repository: str) -> str:
+    """The registry a repository lives in, as Docker resolves the name (docker.io for Docker Hub's)."""
+    from docker.auth import resolve_repository_name
+    return resolve_repository_name(repository)[0]
+
+
+def _said(exc: Exception) -> str:
+    return str(getattr(exc, "explanation", None) or exc).strip().splitlines()[0][:300]
+
+
+def refused(repository: str, what: str, reason: str) -> RegistryAuthError:
+    host = host_of(repository)
+    return RegistryAuthError(f"registry {host} refused {what} ({reason}); log in with `docker login {host}` as the "
+                             "user this engine's client config belongs to, then run release again")
+
+
+def digest(client, repository: str, tag: str) -> str | None:
+    """The digest `repository:tag` names in its registry, or None when there is no such tag."""
+    import docker
+    try:
+        return client.api.inspect_distribution(f"{repository}:{tag}")["Descriptor"]["digest"]
+    except docker.errors.NotFound:
+        return None
+    except docker.errors.APIError as exc:
+        reason = _said(exc)
+        if "manifest unknown" in reason or "not found" in reason.lower():
+            return None
+        if DENIED.search(reason):
+            raise refused(repository, f"reading {repository}:{tag}", reason) from None
+        if UNREACHABLE.search(reason):
+            raise TransientRegistryError(f"the registry of {repository} does not answer: {reason}") from None
+        raise TransientRegistryError(f"reading {repository}:{tag}: {reason}") from None
+    except requests.RequestException as exc:
+        raise TransientRegistryError(f"the engine lost the request: {type(exc).__name__}") from None
+
+
+def check_access(client, repository: str) -> None:
+    """Refuse in one line, before anything is pushed, a registry that does not answer or will not let us read."""
+    try:
+        digest(client, repository, ACCESS_PROBE_TAG)
+    except TransientRegistryError as exc:
+        raise EnvironmentProblem(f"{exc}; start it (docs/release.md) or pass --registry") from None
+
+
+def vllm_version(client, repository: str, tag: str) -> Version | None:
+    """The vLLM version the image a tag names carries (its version label), when the tag exists: the engine pulls it
+    by digest with our credentials (only its manifest and config when its layers are here) and forgets it again
+    when it was not here before."""
+    import docker
+    found = digest(client, repository, tag)
+    if found is None:
+        return None
+    reference = f"{repository}@{found}"
+    try:
+        present = client.images.get(reference) is not None
+    except docker.errors.ImageNotFound:
+        present = False
+    try:
+        image = client.images.pull(repository, tag=found)
+    except docker.errors.APIError as exc:
+        if DENIED.search(_said(exc)):
+            raise refused(repository, f"pulling {reference}", _said(exc)) from None
+        raise TransientRegistryError(f"pulling {reference}: {_said(exc)}") from None
+    label = (image.labels or {}).get(VERSION_LABEL, "")
+    if not present:
+        try:
+            client.images.remove(reference)
+        except docker.errors.APIError:
+            pass  # in use under another name: it stays, as it was before
+    try:
+        return Version(label.split("-")[0])
+    except InvalidVersion:
+        return None
+
+
+class PushProgress:
+    """The engine's per-layer push events as one figure: bytes sent of the layers being sent, the rate, layers
+    done. On a terminal one line rewritten in place; otherwise a plain line every `every_s`."""
+
+    def __init__(self, label: str, say, terminal: bool, every_s: float = 5.0):
+        import time
+        self.label, self.say, self.terminal, self.every_s = label, say, terminal, every_s
+        self.clock = time.monotonic
+        self.started = self.last = self.clock()
+        self.layers: dict[str, tuple[int, int]] = {}  # layer id -> (bytes sent, size)
+        self.done: set[str] = set()
+
+    def __call__(self, event: dict) -> None:
+        layer, status = event.get("id"), event.get("status") or ""
+        detail = event.get("progressDetail") or {}
+        if layer and detail.get("total"):
+            self.layers[layer] = (int(detail.get("current") or 0), int(detail["total"]))
+        if layer and status in ("Pushed", "Layer already exists", "Mounted from"):
+            self.done.add(layer)
+            if layer in self.layers:
+                self.layers[layer] = (self.layers[layer][1], self.layers[layer][1])
+        if self.terminal or self.clock() - self.last >= self.every_s:
+            self.last = self.clock()
+            self.say(self.line(), True)
+
+    def line(self) -> str:
+        sent = sum(current for current, _ in self.layers.values())
+        total = sum(size for _, size in self.layers.values())
+        rate = sent / max(self.clock() - self.started, 1e-3)
+        return (f"push {self.label}: {sent / 1e6:.0f} of {total / 1e6:.0f} MB, {rate / 1e6:.1f} MB/s, "
+                f"{len(self.done)} layers done")
+
+
+def push(client, repository: str, tag: str, progress=None) -> str | None:
+    """Push one tag through the engine; the digest the engine reports. A refusal of our credentials raises
+    RegistryAuthError at once; anything else the engine reports raises TransientRegistryError."""
+    pushed = None
+    try:
+        for event in client.images.push(repository, tag=tag, stream=True, decode=True):
+            if "error" in event:
+                reason = str(event["error"])[:300]
+                if DENIED.search(reason):
+                    raise refused(repository, f"the push of {repository}:{tag}", reason)
+                raise TransientRegistryError(reason)
+            if progress:
+                progress(event)
+            pushed = (event.get("aux") or {}).get("Digest") or pushed
+    except requests.RequestException as exc:
+        raise TransientRegistryError(f"the engine lost the push: {type(exc).__name__}") from None
+    return pushed

@@ -1,0 +1,257 @@
+"""Deploy: compose/.env, the API key file, and Compose up/down (python-on-whales).
+
+compose/.env is what a plain `docker compose up alternative` in compose/ reads too, so the CLI
+and a person typing compose commands run the same thing. Another engine (`--engine`) gets its own
+env file under .cache/engines/; one on another machine also gets compose.remote.yaml, which
+bind-mounts nothing from this disk.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import ipaddress
+import os
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from servekit.atomic import write_text
+from servekit.errors import UserError
+from servekit.engines import resolve
+from servekit.engines.docker import PROJECT, Engine, docker_errors, local_url
+from servekit.image.launcher import CONTAINER_PORT, MIN_KEY_CHARS
+
+IMAGE_UID = 10001  # the image's non-root user
+
+
+@dataclass(frozen=True)
+class Deployment:
+    root: Path
+    target: str
+    host: str
+    image: str
+    bind: str
+    port: int
+    engine: Engine = field(default_factory=lambda: resolve(None))
+    reached_at: str | None = None  # the URL through which this machine reaches it, when not the plain one
+    overrides: tuple[str, ...] = ()  # the target's Compose override files in compose/ (images.yaml: compose)
+    matrix: Any = field(default=None, compare=False)  # the loaded images.yaml (the process engine renders from it)
+    pins: dict[str, str] = field(default_factory=dict, compare=False)  # the target's, less what --without leaves out
+
+    @property
+    def compose_dir(self) -> Path:
+        return self.root / "compose"
+
+    @property
+    def compose_files(self) -> list[Path]:
+        names = ["compose.yaml", *self.overrides]
+        if self.host == "wsl2":
+            names.append("compose.wsl2.yaml")
+        if not self.engine.same_machine:  # this disk's files are not there to bind-mount
+            names.append("compose.remote.yaml")
+        return [self.compose_dir / n for n in names]
+
+    @property
+    def env_file(self) -> Path:
+        if self.engine.is_local:
+            return self.compose_dir / ".env"
+        return self.root / ".cache" / "engines" / f"{self.engine.label}.env"
+
+    @property
+    def url(self) -> str:
+        return self.reached_at or local_url(self.bind, self.port)
+
+    @property
+    def api_key_file(self) -> Path:
+        return self.compose_dir / "secrets" / "api_key"
+
+
+def run_as() -> tuple[int, int]:
+    """The uid:gid the containers run as: SERVEKIT_UID/SERVEKIT_GID when set, else yours when you are not root
+    (so that your 0600 key file is readable inside), else the image's user."""
+    if os.environ.get("SERVEKIT_UID"):
+        uid = int(os.environ["SERVEKIT_UID"])
+        return uid, int(os.environ.get("SERVEKIT_GID") or uid)
+    return (os.getuid(), os.getgid()) if os.geteuid() != 0 else (IMAGE_UID, IMAGE_UID)
+
+
+def _owned_by_container(path: Path) -> None:
+    """Compose bind-mounts file secrets as they are (no uid/mode outside swarm): make it the containers' user's."""
+    if os.geteuid() == 0:
+        os.chown(path, *run_as(), follow_symlinks=False)
+
+
+def _key_in(path: Path) -> str | None:
+    """The key a regular file (not a link) holds, when it is long enough to be one."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:  # missing, or a link
+        return None
+    with os.fdopen(fd) as f:
+        key = f.read().strip()
+    return key if len(key) >= MIN_KEY_CHARS else None
+
+
+def ensure_secrets(dep: Deployment) -> Path:
+    """The API key (made when missing, empty, short or a link; mode 0600, written atomically) and an HF token
+    file (empty unless you fill it)."""
+    folder = dep.api_key_file.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    folder.chmod(0o700)  # Compose bind-mounts the file itself, so the folder can stay private
+    token = folder / "hf_token"
+    with open(os.open(folder / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)) as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two commands at once make one key, not two (the second reads the first's)
+        if _key_in(dep.api_key_file) is None:
+            write_text(dep.api_key_file, f"sk-{secrets.token_urlsafe(32)}\n", mode=0o600)
+        if token.is_symlink() or not token.is_file():
+            write_text(token, "", mode=0o600)
+    for path in (dep.api_key_file, token):  # both regular files now: neither chmod nor chown follows a link
+        path.chmod(0o600)
+        _owned_by_container(path)
+    if not dep.engine.same_machine:  # compose.remote.yaml: Compose copies them into the container from its environment
+        os.environ["SERVEKIT_API_KEY"] = dep.api_key_file.read_text().strip()
+        os.environ["SERVEKIT_HF_TOKEN"] = (folder / "hf_token").read_text().strip()
+    return dep.api_key_file
+
+
+def write_env(dep: Deployment) -> Path | None:
+    """The env file (compose/.env for the local engine): image, host, address and the compose files. A process
+    engine has no Compose and gets none."""
+    if not dep.engine.serves_images:
+        return None
+    lines = [
+        "# Written by `python build.py image` / `up`; edit by hand if you like." if dep.engine.is_local else
+        f"# Written by `python build.py --engine {dep.engine.given}`; docker compose --env-file reads it.",
+        f"SERVEKIT_IMAGE={dep.image}",
+        f"SERVEKIT_HOST={dep.host}",
+        f"SERVEKIT_BIND={dep.bind}",
+        f"SERVEKIT_PORT={dep.port}",
+        f"COMPOSE_PROJECT_NAME={PROJECT}",
+        # Compose on Windows splits COMPOSE_FILE at ';' unless told otherwise: PowerShell reads this file too.
+        "COMPOSE_PATH_SEPARATOR=:",
+        f"COMPOSE_FILE={':'.join(p.name for p in dep.compose_files)}",
+    ]
+    uid, gid = run_as()
+    if (uid, gid) != (IMAGE_UID, IMAGE_UID) and dep.engine.same_machine:  # another machine's engine: the image's user
+        lines += [f"SERVEKIT_UID={uid}", f"SERVEKIT_GID={gid}"]
+    write_text(dep.env_file, "\n".join(lines) + "\n")
+    return dep.env_file
+
+
+def ready_for_compose(session, target: str, tag: str) -> None:
+    """compose/.env and the secrets for the image `tag` of `target`: all a plain `docker compose up PROFILE` in
+    compose/ needs (what `image` leaves behind)."""
+    from servekit.engines import local
+    dep = session.deployment(target, local(), tag=tag)
+    ensure_secrets(dep)
+    write_env(dep)
+
+
+def check_bind(bind: str, warn) -> None:
+    try:
+        loopback = ipaddress.ip_address(bind).is_loopback
+    except ValueError:
+        raise UserError(f"serve.bind: {bind!r} is not an IP address") from None
+    if not loopback:
+        warn(f"serve.bind is {bind}: the server is reachable from other machines; the API key is all that "
+             "guards it")
+
+
+def up(dep: Deployment, profile: str, knobs: dict[str, str] | None = None):
+    """Start the profile on its engine (Compose, or a process); the server when the engine hands it back."""
+    return dep.engine.up(dep, profile, knobs)
+
+
+def down(dep: Deployment, profile: str | None = None) -> None:
+    dep.engine.down(dep, profile)
+
+
+def find_container(profile: str, engine: Engine | None = None):
+    found = (engine or resolve(None)).containers(label=[f"com.docker.compose.project={PROJECT}",
+                                                        f"com.docker.compose.service={profile}"])
+    return found[0] if found else None
+
+
+def is_running(profile: str, engine: Engine | None = None) -> bool:
+    container = find_container(profile, engine)
+    return container is not None and container.status == "running"
+
+
+def published_port(container) -> int | None:
+    """The host port the container's port is published on (another engine may use another port)."""
+    bindings = (container.attrs.get("NetworkSettings") or {}).get("Ports") or {}
+    for binding in bindings.get(f"{CONTAINER_PORT}/tcp") or []:
+        return int(binding["HostPort"])
+    return None
+
+
+def knobs_of(container) -> dict[str, str]:
+    """The knobs a server runs with: those set in its environment (the image's, Compose's and the shell's)."""
+    from servekit.image.knobs import KNOBS
+    env = dict(e.split("=", 1) for e in (container.attrs.get("Config") or {}).get("Env") or [] if "=" in e)
+    return {k: v for k, v in sorted(env.items()) if k in KNOBS}
+
+
+def running_profiles(engine: Engine | None = None) -> list[str]:
+    return sorted({c.labels.get("com.docker.compose.service")
+                   for c in (engine or resolve(None)).containers(label=f"com.docker.compose.project={PROJECT}")})
+
+
+def status(engine: Engine | None = None, bind: str = "127.0.0.1") -> list[dict]:
+    """`ps`: each container of this Compose project on the engine: profile, state and health, uptime, image, where
+    it answers, and the knobs it was started with (its environment)."""
+    import datetime as dt
+
+    from servekit.engines.docker import address
+    engine = engine or resolve(None)
+    engine.check()
+    rows = []
+    for c in engine.containers(label=f"com.docker.compose.project={PROJECT}"):
+        state = c.attrs.get("State") or {}
+        started = (state.get("StartedAt") or "")[:26].rstrip("Z")  # RFC 3339 with nanoseconds: keep microseconds
+        try:
+            up_s = (dt.datetime.now(dt.timezone.utc) - dt.datetime.fromisoformat(started).replace(
+                tzinfo=dt.timezone.utc)).total_seconds() if state.get("Running") else None
+        except ValueError:
+            up_s = None
+        port = published_port(c)
+        rows.append({"profile": c.labels.get("com.docker.compose.service"), "container": c.name,
+                     "state": state.get("Status"), "health": (state.get("Health") or {}).get("Status"),
+                     "up_s": round(up_s) if up_s is not None else None,
+                     "image": (c.attrs.get("Config") or {}).get("Image"),
+                     "url": address(engine, bind, port) if port else None,
+                     "knobs": knobs_of(c)})
+    return sorted(rows, key=lambda r: r["profile"] or "")
+
+
+def logs(profile: str, engine: Engine | None = None, follow: bool = False, tail: int = 200):
+    """`logs`: the profile's log lines (the last `tail`), and with `follow` each new one until it stops."""
+    engine = engine or resolve(None)
+    engine.check()
+    container = find_container(profile, engine)
+    if container is None:
+        raise UserError(f"{profile} has no container on engine {engine.given}; `python build.py ps` lists what runs")
+    with docker_errors(f"logs of {profile} on engine {engine.given}"):
+        pending = b""
+        for chunk in container.logs(stream=True, follow=follow, tail=tail):
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                yield line.decode("utf-8", "replace")
+        if pending:
+            yield pending.decode("utf-8", "replace")
+
+
+def down_profiles(session, engine: Engine | None = None, profile: str | None = None) -> list[str]:
+    """Stop and remove `profile`'s containers (every profile's when None) on `engine`; the profiles still there."""
+    engine = engine or resolve(None)
+    engine.check()
+    matrix = session.matrix
+    dep = Deployment(session.root, next(iter(matrix.targets)), "native", "unused", matrix.serve.bind,
+                     matrix.serve.port, engine=engine)
+    if not dep.env_file.exists():
+        write_env(dep)
+    ensure_secrets(dep)  # Compose checks the secrets' sources even to take a project down
+    down(dep, profile)
+    return [p for p in running_profiles(engine) if not profile or p == profile]

@@ -1,0 +1,144 @@
+"""The same profiles on several engines at once: a thread per engine, a report per engine, one summary.
+
+Each engine gets the image (sent or pulled if need be), its own env file and port, and the same
+boot-check-report path as a single run. Whatever goes wrong on one engine becomes its row in the
+summary; the others go on.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+from pathlib import Path
+
+from servekit.serve import deploy
+from servekit.atomic import write_text
+from servekit.serve.pipeline import run_profiles
+from servekit.engines.docker import Engine
+from servekit.records.models import FleetSummary, save
+from servekit.records.report import write_report
+
+STOP_WAIT_S = 60  # after Ctrl-C, how long the engines' threads get to take their boots down
+
+
+@dataclass
+class EngineRun:
+    dep: deploy.Deployment
+    reports: list[tuple[dict, Path]] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def engine(self) -> Engine:
+        return self.dep.engine
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and bool(self.reports) and all(r["passed"] for r, _ in self.reports)
+
+
+def _run_one(run: EngineRun, matrix, profiles: list[str], key_file: Path, out: Path, release, say, stop) -> None:
+    label = run.engine.label
+    tell = lambda line: say(f"[{label}] {line}")  # noqa: E731
+    try:
+        run.engine.check()
+        run.reports = run_profiles(matrix, run.dep, profiles, key_file, release=release, say=tell, stop=stop,
+                                   write=lambda report, series: write_report(out / f"{label}-{report['profile']}",
+                                                                             report, series, latest=False))
+    except Exception as exc:  # one engine's failure is its row in the summary, never the others' end
+        run.error = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        tell(f"failed: {run.error}")
+
+
+def run_fleet(matrix, deps: list, profiles: list[str], key_file: Path, out: Path, release=None,
+              say=print) -> list[EngineRun]:
+    """Run `profiles` on every deployment's engine in parallel; Ctrl-C takes every engine's profile down."""
+    runs = [EngineRun(dep) for dep in deps]
+    stop = threading.Event()
+    threads = [threading.Thread(target=_run_one, args=(run, matrix, profiles, key_file, out, release, say, stop),
+                                name=f"engine-{run.engine.label}", daemon=True) for run in runs]
+    for t in threads:
+        t.start()
+    try:
+        for t in threads:
+            while t.is_alive():
+                t.join(0.5)
+    except KeyboardInterrupt:
+        stop.set()
+        _down_everywhere(runs, profiles)  # a compose up waiting on prepare fails at once; a boot then stops at its next poll
+        deadline = time.monotonic() + STOP_WAIT_S
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        _down_everywhere(runs, profiles)  # whatever a compose up in flight created after the first round
+        raise
+    return runs
+
+
+def _down_everywhere(runs: list[EngineRun], profiles: list[str]) -> None:
+    for run in runs:
+        for profile in profiles:
+            try:
+                deploy.down(run.dep, profile)
+            except Exception:  # an engine that went away has nothing left to take down
+                pass
+
+
+def summary(runs: list[EngineRun]) -> tuple[dict, str]:
+    """(summary.json's document, summary.md): one row per engine and profile."""
+    header = ["engine", "host", "profile", "result", "image", "healthy in (s)", "KV pool (tokens)", "tokens/s",
+              "checks", "report"]
+    rows: list[list[Any]] = []
+    for run in runs:
+        if run.error:
+            rows.append([run.engine.label, run.dep.host, "", f"error: {run.error}", "", "", "", "", "", ""])
+        for report, folder in run.reports:
+            burst = next((c for c in report["checks"] if c["name"] == "burst"), None)
+            passed = sum(1 for c in report["checks"] if c["status"] == "passed")
+            rows.append([run.engine.label, run.dep.host, report["profile"], "passed" if report["passed"] else "FAILED",
+                         report["image"].get("arrived", ""), report["boot"]["time_to_healthy_s"],
+                         report["boot"]["kv_pool_tokens"],
+                         burst["figures"].get("tokens_per_s") if burst and burst["status"] == "passed" else None,
+                         f"{passed}/{len(report['checks'])}", f"{folder.name}/report.md"])
+    doc = {"kind": "fleet", "passed": all(r.passed for r in runs),
+           "engines": [{"engine": r.engine.given, "label": r.engine.label, "url": r.engine.url, "port": r.dep.port,
+                        "passed": r.passed, "error": r.error, "reports": [str(folder) for _, folder in r.reports]} for r in runs],
+           "table": {"header": header, "rows": rows}}
+    cell = lambda v: "" if v is None else (f"{v:,}" if isinstance(v, int) else str(v))  # noqa: E731
+    lines = [f"# Fleet run: {sum(r.passed for r in runs)} of {len(runs)} engines passed", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(v).replace("|", "/") for v in row) + " |" for row in rows]
+    lines += ["", "Engines: " + "; ".join(f"{r.engine.label} = {r.engine.url} (port {r.dep.port})" for r in runs)]
+    return doc, "\n".join(lines) + "\n"
+
+
+def write_summary(out: Path, runs: list[EngineRun]) -> tuple[dict, Path]:
+    doc, markdown = summary(runs)
+    save(out / "summary.json", FleetSummary.model_validate(doc))
+    write_text(out / "summary.md", markdown)
+    return doc, out / "summary.md"
+
+
+def run(session, engines: list[Engine], target: str | None = None, profiles: list[str] | None = None,
+        host: str | None = "auto", port: int | None = None, say=print, show=None) -> tuple[dict, Path, list[EngineRun]]:
+    """`run --engines`: build here once, then the profiles on every engine at once; (summary, its file, runs)."""
+    import datetime as dt
+
+    from servekit.build.builder import ensure_built
+    from servekit.serve.pipeline import profiles_of
+    from servekit.release.publish import released
+    target = session.target(target, engines[0])
+    profiles = profiles_of(session, target, profiles)
+    plan = ensure_built(session, target, show, say=lambda line: say(f"run: {line}"))
+    first = port or session.matrix.serve.port  # each engine its own port: engines on one machine share its loopback
+    deps = [session.deployment(target, e, host, first + i, tag=plan.tag) for i, e in enumerate(engines)]
+    for dep in deps:  # here, not in the threads: the key file is one for all, and each env file is written once
+        key_file = deploy.ensure_secrets(dep)
+        deploy.write_env(dep)
+    out = session.root / "reports" / f"{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}-fleet-{target}"
+    say(f"run: {', '.join(profiles)} on {len(engines)} engines in parallel: "
+        f"{', '.join(f'{d.engine.given} ({d.host}, port {d.port})' for d in deps)}")
+    runs = run_fleet(session.matrix, deps, profiles, key_file, out, say=say,
+                     release=released(session.root, session.matrix, target, plan.digest))
+    doc, summary_md = write_summary(out, runs)
+    return doc, summary_md, runs

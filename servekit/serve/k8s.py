@@ -1,0 +1,131 @@
+"""Kubernetes manifests for one profile: what the compose service does, in Kubernetes' terms.
+
+A Deployment (the image by digest where a release recorded one, GPU limits on the cuda target,
+startup/readiness/liveness probes on the keyless /health, resource requests, the knobs as
+environment, the API key from a Secret), a Service, and a PersistentVolumeClaim per volume.
+The key itself is never written into a manifest: the Secret is created from the key file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from servekit.config.matrix import Matrix
+from servekit.build.plan import TargetPlan
+from servekit.config.profiles import resolve_knobs
+from servekit.image.launcher import CONTAINER_PORT
+from servekit.release.publish import released
+
+PORT = CONTAINER_PORT
+PROBE_PERIOD_S = 10
+
+
+def image_reference(matrix: Matrix, plan: TargetPlan, root: Path) -> tuple[str, str]:
+    """(reference, how it was chosen): the released digest when this build was released, else the local tag."""
+    record = released(root, matrix, plan.target, plan.digest)
+    if record:
+        return f"{record.repository}@{record.registry_digest}", f"by digest, from releases/v{matrix.vllm}.json"
+    return plan.tag, ("by tag: this build is not released yet (run `python build.py release`), so not by digest")
+
+
+def render(matrix: Matrix, profile: str, target: str, host: str, image: str) -> list[dict]:
+    name = f"servekit-{profile}"
+    labels = {"app.kubernetes.io/name": "servekit", "app.kubernetes.io/instance": name,
+              "servekit/profile": profile, "servekit/target": target}
+    spec = matrix.targets[target]
+    knobs = resolve_knobs(matrix, profile, target, host)
+    env = [{"name": "HOST", "value": host}, {"name": "API_KEY_FILE", "value": "/run/secrets/api_key"}]
+    env += [{"name": k, "value": str(v)} for k, v in sorted(knobs.items())]
+    env += [{"name": k, "value": v} for k, v in sorted(matrix.hosts[host].env.items())]
+    resources: dict = {"requests": {"cpu": "2", "memory": "8Gi" if not spec.gpu else "32Gi"}}
+    if spec.gpu:
+        resources["limits"] = {"nvidia.com/gpu": 1}
+    probe = {"httpGet": {"path": "/health", "port": PORT}, "periodSeconds": PROBE_PERIOD_S, "timeoutSeconds": 5}
+    startup_failures = -(-matrix.serve.boot_timeout_s // PROBE_PERIOD_S)  # covers a whole model load
+    volumes = [("models", "/app/models", "100Gi" if spec.gpu else "1Gi"), ("cache", "/cache", "20Gi")]
+    container = {
+        "name": "vllm", "image": image, "args": ["serve", profile], "env": env,
+        "ports": [{"name": "http", "containerPort": PORT}],
+        "resources": resources,
+        "startupProbe": {**probe, "failureThreshold": startup_failures},
+        "readinessProbe": {**probe, "failureThreshold": 3},
+        "livenessProbe": {**probe, "failureThreshold": 3},
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,
+                            "allowPrivilegeEscalation": False},
+        "volumeMounts": [{"name": v, "mountPath": path} for v, path, _ in volumes] +
+                        [{"name": "api-key", "mountPath": "/run/secrets/api_key", "subPath": "api_key",
+                          "readOnly": True}, {"name": "shm", "mountPath": "/dev/shm"}],
+    }
+    prepare = {"name": "prepare", "image": image, "args": ["prepare"],
+               "securityContext": container["securityContext"],
+               "volumeMounts": [{"name": v, "mountPath": path} for v, path, _ in volumes]}
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "replicas": 1, "strategy": {"type": "Recreate"},  # one GPU, one model load at a time
+            "selector": {"matchLabels": {"app.kubernetes.io/instance": name}},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "securityContext": {"fsGroup": 10001},
+                    "initContainers": [prepare],  # as compose's prepare service
+                    "containers": [container],
+                    "volumes": [{"name": v, "persistentVolumeClaim": {"claimName": f"{name}-{v}"}}
+                                for v, _, _ in volumes] +
+                               [{"name": "api-key", "secret": {"secretName": "servekit-api-key",
+                                                               "items": [{"key": "api-key", "path": "api_key"}]}},
+                                {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}}],
+                },
+            },
+        },
+    }
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "labels": labels},
+               "spec": {"type": "ClusterIP", "selector": {"app.kubernetes.io/instance": name},
+                        "ports": [{"name": "http", "port": PORT, "targetPort": "http"}]}}
+    claims = [{"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+               "metadata": {"name": f"{name}-{v}", "labels": labels},
+               "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}}}}
+              for v, _, size in volumes]
+    return [deployment, service, *claims]
+
+
+def write(docs: list[dict], out: Path) -> list[Path]:
+    import yaml
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for doc in docs:
+        path = out / f"{doc['kind'].lower()}-{doc['metadata']['name']}.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        paths.append(path)
+    return paths
+
+
+def validate(docs: list[dict], version: str = "1.31") -> list[str]:
+    """Problems found by the Kubernetes schemas (offline, kubernetes-validate), strict about unknown fields."""
+    import kubernetes_validate
+    problems = []
+    for doc in docs:
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            problems.append(f"{doc['kind']}/{doc['metadata']['name']}: {exc.message} at "
+                            f"{'.'.join(str(p) for p in exc.path)}")
+    return problems
+
+
+def render_profile(session, profile: str, out: Path, target: str | None = None, host: str = "native",
+                   kube_version: str = "1.31") -> tuple[list[Path], str]:
+    """`render k8s`: the manifests for one profile, validated before anything is written; (paths, how the image
+    is referenced)."""
+    from servekit.errors import CheckFailed, UserError
+    matrix = session.matrix
+    target = session.profile_target(profile, target)
+    if host not in matrix.hosts:
+        raise UserError(f"--host {host}: expected one of {', '.join(matrix.hosts)}")
+    image, how = image_reference(matrix, session.plan(target), session.root)
+    docs = render(matrix, profile, target, host, image)
+    problems = validate(docs, kube_version)
+    if problems:
+        raise CheckFailed("the rendered manifests do not validate: " + "; ".join(problems))
+    return write(docs, out), how
