@@ -380,15 +380,18 @@ def cmd_run(args) -> int:
                         doc["table"]["rows"], summary_md.read_text())
             print(f"run: summary in {summary_md.relative_to(session.root)}")
         return 0 if doc["passed"] else 1
+    from smoke import GATE_PASSES
+
     from servekit.serve import pipeline
     from servekit.serve.sweep import parse_settings
     done = pipeline.run(session, args.target, args.profile, args.host, _engine(args), args.port, say=_say(),
                         show=_step_printer(), knobs=parse_settings(args.knob or []), only=args.check)
     for report, run_dir in done:
-        failed = [c["name"] for c in report["checks"] if c["status"] == "failed"]
-        print(f"run: {report['profile']}: {'passed' if report['passed'] else 'FAILED: ' + ', '.join(failed)}; report "
+        failed = [f"{c.name}{' (not run)' if c.status == 'not_run' else ''}" for c in report.checks
+                  if c.status not in GATE_PASSES]
+        print(f"run: {report.profile}: {'passed' if report.passed else 'FAILED: ' + ', '.join(failed)}; report "
               f"in {run_dir.relative_to(session.root)}/report.md", file=sys.stderr)
-    passed = all(report["passed"] for report, _ in done)
+    passed = all(report.passed for report, _ in done)
     if args.json:
         _emit_json({"passed": passed, "reports": [str(run_dir) for _, run_dir in done]})
     return 0 if passed else 1

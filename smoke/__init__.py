@@ -13,7 +13,7 @@ import math
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable
+from typing import Callable, Literal
 
 import requests
 
@@ -33,8 +33,11 @@ def all_passed(statuses) -> bool:
 
 @dataclass
 class Result:
+    """A check's verdict: the one type, from the check to the report on disk (servekit's RunReport holds these)."""
+    __pydantic_config__ = {"extra": "forbid"}  # a report of another shape is refused where it is read
+
     name: str
-    status: str  # one of STATUSES
+    status: Literal["passed", "failed", "not_run", "not_required"]  # STATUSES
     reason: str = ""
     figures: dict = field(default_factory=dict)
     seconds: float = 0.0

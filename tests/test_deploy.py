@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from conftest import (COMPOSE, ROOT, TEST_PORT, TEST_PROJECT, WORK, follow_logs, project_containers, run_build_py,
-                      tracked_copy)
+from support import (ROOT, TEST_PORT, TEST_PROJECT, compose_dir, follow_logs, project_containers, run_build_py,
+                     tracked_copy, work_dir)
 from servekit.image.prepare import COMPLETE, is_complete, prepare
 from servekit.serve.watch import LogFollower, BootRecord, classify, without_frames
 
@@ -157,9 +157,9 @@ def compose_env(tmp_path):
 
 
 def _config(env, files: list[str], service: str) -> dict:
-    cmd = ["docker", "compose", "--project-directory", str(COMPOSE)]
+    cmd = ["docker", "compose", "--project-directory", str(compose_dir())]
     for f in files:
-        cmd += ["-f", str(COMPOSE / f)]
+        cmd += ["-f", str(compose_dir() / f)]
     done = subprocess.run([*cmd, "--profile", "*", "config", "--format", "json"], env=env, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -243,9 +243,7 @@ def test_a_non_loopback_bind_warns():
 # --- real boots of the cpu image ------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def cpu_built():
-    built = run_build_py("image", "--target", "cpu", timeout=3000)
-    assert built.returncode == 0, built.stderr[-3000:]
+def cpu_built(cpu_image):
     yield
     run_build_py("down")
 
@@ -288,7 +286,7 @@ def test_up_brings_the_real_server_to_healthy_and_down_removes_it(cpu_built):
 @pytest.mark.engine
 def test_plain_compose_works_without_build_py(cpu_built):
     up = subprocess.run(["docker", "compose", "-f", "compose/compose.yaml", "-f", "compose/compose.cpu.yaml", "up",
-                         "-d", "--wait", "default"], cwd=WORK, capture_output=True, text=True, timeout=600)
+                         "-d", "--wait", "default"], cwd=work_dir(), capture_output=True, text=True, timeout=600)
     try:
         assert up.returncode == 0, up.stderr[-2000:]
         assert requests.get(f"http://127.0.0.1:{TEST_PORT}/health", timeout=5).status_code == 200
@@ -306,7 +304,7 @@ def test_plain_compose_works_without_build_py(cpu_built):
 def test_a_bad_setting_fails_fast_naming_it(cpu_built, env, within_s, says):
     started = time.monotonic()
     result = subprocess.run([sys.executable, str(ROOT / "build.py"), "up", "default", "--target", "cpu",
-                             "--timeout", "300"], cwd=WORK, env=dict(os.environ, **env), capture_output=True,
+                             "--timeout", "300"], cwd=work_dir(), env=dict(os.environ, **env), capture_output=True,
                             text=True, timeout=400)
     assert result.returncode == 1
     assert time.monotonic() - started < within_s
@@ -318,7 +316,7 @@ def test_a_bad_setting_fails_fast_naming_it(cpu_built, env, within_s, says):
 @pytest.mark.engine
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_ctrl_c_or_sigterm_during_up_leaves_nothing_running(cpu_built, sig):
-    proc = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "up", "default", "--target", "cpu"], cwd=WORK,
+    proc = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "up", "default", "--target", "cpu"], cwd=work_dir(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not subprocess.run(
@@ -343,7 +341,7 @@ def test_up_as_another_uid_on_fresh_volumes(cpu_built):
     from servekit.engines.docker import free_port
     try:
         up = subprocess.run([sys.executable, str(ROOT / "build.py"), "up", "default", "--target", "cpu", "--json",
-                             "--port", str(free_port())], cwd=WORK, env=env, capture_output=True, text=True,
+                             "--port", str(free_port())], cwd=work_dir(), env=env, capture_output=True, text=True,
                             timeout=1200)
         assert up.returncode == 0, up.stderr[-3000:]
         container = json.loads(up.stdout)["container"]
@@ -351,7 +349,7 @@ def test_up_as_another_uid_on_fresh_volumes(cpu_built):
                               text=True).stdout.strip()
         assert user == "4321:4321"
     finally:
-        subprocess.run([sys.executable, str(ROOT / "build.py"), "down"], cwd=WORK, env=env, capture_output=True,
+        subprocess.run([sys.executable, str(ROOT / "build.py"), "down"], cwd=work_dir(), env=env, capture_output=True,
                        timeout=600)
         volumes = subprocess.run(["docker", "volume", "ls", "-q", "--filter", f"label=com.docker.compose.project={project}"],
                                  capture_output=True, text=True).stdout.split()

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from conftest import run_build_py
+from support import run_build_py
 
 pytestmark = pytest.mark.engine
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import second_engine
-from conftest import COMPOSE, ROOT, TEST_PROJECT, WORK, follow_logs, run_build_py
+from support import compose_dir, ROOT, TEST_PROJECT, work_dir, follow_logs, run_build_py
 from servekit.errors import UserError
 from servekit.engines import resolve
 from servekit.engines.docker import address, reach, tunnel_command
@@ -85,9 +85,13 @@ def test_another_engine_gets_its_own_env_file_and_no_bind_mounted_secrets(tmp_pa
 def test_the_summary_has_a_row_per_engine_and_fails_with_any(tmp_path):
     from servekit.serve.deploy import Deployment
     from servekit.serve.fleet import EngineRun, summary
-    report = {"profile": "default", "passed": True, "image": {"arrived": "sent (save+load) in 57 s"},
-              "boot": {"time_to_healthy_s": 26.7, "kv_pool_tokens": 4151936},
-              "checks": [{"name": "burst", "status": "passed", "figures": {"tokens_per_s": 888.1}}]}
+    from servekit.records.models import RunReport
+    report = RunReport.model_validate({
+        "run_id": "r", "created": "2026-12-01T00:00:00+00:00", "profile": "default", "target": "cpu", "host": "native",
+        "url": "http://127.0.0.1:8001", "pins": {}, "passed": True,
+        "image": {"tag": "x", "arrived": "sent (save+load) in 57 s"},
+        "boot": {"time_to_healthy_s": 26.7, "kv_pool_tokens": 4151936},
+        "checks": [{"name": "burst", "status": "passed", "figures": {"tokens_per_s": 888.1}}]})
     good = EngineRun(Deployment(tmp_path, "cpu", "native", "x", "127.0.0.1", 8001, engine=resolve("ssh://gpu1")),
                      reports=[(report, tmp_path / "ssh-gpu1-default")])
     bad = EngineRun(Deployment(tmp_path, "cpu", "native", "x", "127.0.0.1", 8002, engine=resolve("ssh://gpu2")),
@@ -106,8 +110,8 @@ def test_the_summary_has_a_row_per_engine_and_fails_with_any(tmp_path):
 def test_the_remote_override_copies_secrets_in_from_the_environment(tmp_path):
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "SERVEKIT_IMAGE": "vllm-serve:test",
            "SERVEKIT_API_KEY": "sk-never-printed", "SERVEKIT_HF_TOKEN": ""}
-    cmd = ["docker", "compose", "--project-directory", str(COMPOSE), "-f", str(COMPOSE / "compose.yaml"),
-           "-f", str(COMPOSE / "compose.cpu.yaml"), "-f", str(COMPOSE / "compose.remote.yaml"),
+    cmd = ["docker", "compose", "--project-directory", str(compose_dir()), "-f", str(compose_dir() / "compose.yaml"),
+           "-f", str(compose_dir() / "compose.cpu.yaml"), "-f", str(compose_dir() / "compose.remote.yaml"),
            "--profile", "*", "config", "--format", "json"]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -311,7 +315,7 @@ SetEnv DOCKER_HOST={second}
 def test_run_on_an_ssh_engine_goes_through_a_tunnel(ssh_engine, second):
     url, env = ssh_engine
     done = subprocess.run([sys.executable, str(ROOT / "build.py"), "run", "--target", "cpu", "--profile", "default",
-                           "--engine", url, "--port", "8031", "--json"], cwd=WORK, env=env, capture_output=True,
+                           "--engine", url, "--port", "8031", "--json"], cwd=work_dir(), env=env, capture_output=True,
                           text=True, timeout=3000)
     assert done.returncode == 0, done.stderr[-3000:]
     [folder] = map(Path, json.loads(done.stdout)["reports"])
@@ -329,7 +333,7 @@ def test_sigterm_during_a_fleet_run_leaves_nothing_running_on_any_engine(second)
     import signal
     import time
     proc = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "run", "--target", "cpu", "--profile", "default",
-                             "--engines", f"local,{second}"], cwd=WORK, stdout=subprocess.PIPE,
+                             "--engines", f"local,{second}"], cwd=work_dir(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300  # both servers created (and booting) before the signal
     while time.monotonic() < deadline and not (_running(None, "default") and _running(second, "default")):

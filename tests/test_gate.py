@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from conftest import ROOT
+from support import ROOT
 from servekit.image.knobs import FALSE_WORDS, KNOBS, TRUE_WORDS
 from servekit.image.launcher import KnobError, build_command
 from servekit.image.recipe import BOOLEAN_ENV, PRIVACY_ENV

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from conftest import ROOT
+from support import ROOT
 
 PACKAGES = ("servekit", "smoke", "wsl2")
 

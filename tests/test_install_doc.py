@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, WORK
+from support import ROOT, work_dir
 from servekit.engines.process import _start_ticks
 
 pytestmark = [pytest.mark.slow, pytest.mark.network]
@@ -68,7 +68,7 @@ def doc_home(tmp_path_factory):
         if config.is_file():
             env.setdefault("PIP_CONFIG_FILE", str(config))
     for number, command in section_commands("cpu"):
-        done = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=WORK, env=env, capture_output=True,
+        done = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=work_dir(), env=env, capture_output=True,
                               text=True, timeout=INSTALL_S)
         assert done.returncode == 0, f"docs/install.md:{number}: {command}\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
     yield home, env
@@ -89,12 +89,12 @@ def test_the_document_installs_the_cpu_images_lock():
 def test_the_cpu_section_serves_the_demo_through_the_process_engine(doc_home):
     home, env = doc_home
     environment = home / "vllm-cpu"
-    reports = WORK / "reports"
+    reports = work_dir() / "reports"
     before = set(reports.iterdir()) if reports.is_dir() else set()
     outputs = {}
     try:
         for number, command in section_commands("Serving from it"):
-            done = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=WORK, env=env,
+            done = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=work_dir(), env=env,
                                   capture_output=True, text=True, timeout=COMMAND_S)
             assert done.returncode == 0, f"docs/install.md:{number}: {command}\n{done.stdout[-3000:]}" \
                                          f"{done.stderr[-3000:]}"
@@ -118,8 +118,8 @@ def test_the_cpu_section_serves_the_demo_through_the_process_engine(doc_home):
         assert not list(state.glob("*.json")) and not list(state.glob("*.log"))
         assert not _processes_of(environment)
     finally:
-        subprocess.run([sys.executable, str(WORK / "build.py"), "down", "--engine", f"venv:{environment}"],
-                       cwd=WORK, env=env, capture_output=True, timeout=120)
+        subprocess.run([sys.executable, str(work_dir() / "build.py"), "down", "--engine", f"venv:{environment}"],
+                       cwd=work_dir(), env=env, capture_output=True, timeout=120)
         for path in set(reports.iterdir()) - before if reports.is_dir() else ():
             path.unlink() if path.is_symlink() else shutil.rmtree(path)
 
@@ -127,8 +127,8 @@ def test_the_cpu_section_serves_the_demo_through_the_process_engine(doc_home):
 def test_a_refused_boot_on_the_process_engine_says_why_and_leaves_nothing(doc_home):
     home, env = doc_home
     environment = home / "vllm-cpu"
-    done = subprocess.run([sys.executable, str(WORK / "build.py"), "up", "default", "--engine",
-                           f"venv:{environment}", "--target", "cpu"], cwd=WORK,
+    done = subprocess.run([sys.executable, str(work_dir() / "build.py"), "up", "default", "--engine",
+                           f"venv:{environment}", "--target", "cpu"], cwd=work_dir(),
                           env={**env, "MAX_SEQS": "many"}, capture_output=True, text=True, timeout=COMMAND_S)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "launcher refused" in done.stderr and "MAX_SEQS='many'" in done.stderr, done.stderr
@@ -139,20 +139,20 @@ def test_a_refused_boot_on_the_process_engine_says_why_and_leaves_nothing(doc_ho
 def test_a_sweep_runs_on_the_process_engine(doc_home):
     home, env = doc_home
     environment = home / "vllm-cpu"
-    done = subprocess.run([sys.executable, str(WORK / "build.py"), "sweep", "default", "--knob", "MAX_SEQS=2,4",
+    done = subprocess.run([sys.executable, str(work_dir() / "build.py"), "sweep", "default", "--knob", "MAX_SEQS=2,4",
                            "--boots", "1", "--checks", "health,greedy", "--engine", f"venv:{environment}",
-                           "--target", "cpu"], cwd=WORK, env=env, capture_output=True, text=True,
+                           "--target", "cpu"], cwd=work_dir(), env=env, capture_output=True, text=True,
                           timeout=COMMAND_S)
     try:
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         said = re.search(r"sweep: report in (\S+)/report.md", done.stdout + done.stderr)
         assert said, done.stdout[-2000:]
-        out = WORK / said[1]
+        out = work_dir() / said[1]
         doc = json.loads((out / "report.json").read_text())
         assert [[b["survived"] for b in c["boots"]] for c in doc["cells"]] == [[True], [True]], doc["cells"]
         assert not _processes_of(environment)
     finally:
-        for path in (WORK / "reports").glob("*-sweep-default-cpu"):
+        for path in (work_dir() / "reports").glob("*-sweep-default-cpu"):
             shutil.rmtree(path)
 
 

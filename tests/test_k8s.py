@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import yaml
 
-from conftest import COMPOSE, ROOT, run_build_py
+from support import compose_dir, ROOT, run_build_py
 from servekit.serve import k8s
 from servekit.config.matrix import load_matrix
 from servekit.config.profiles import resolve_knobs
@@ -50,7 +50,7 @@ def test_manifests_match_the_compose_service(tmp_path):
     (tmp_path / "k").write_text("k")
     (tmp_path / "t").write_text("")
     compose = json.loads(subprocess.run(
-        ["docker", "compose", "--project-directory", str(COMPOSE), "-f", str(COMPOSE / "compose.yaml"),
+        ["docker", "compose", "--project-directory", str(compose_dir()), "-f", str(compose_dir() / "compose.yaml"),
          "--profile", "*", "config", "--format", "json"], env=env, capture_output=True, text=True, check=True).stdout)
     for profile in ("default", "batch", "alternative"):
         service = compose["services"][profile]

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from conftest import ROOT
+from support import ROOT
 from servekit.errors import UserError
 from servekit.config.matrix import load_matrix
 from servekit.build.locks import (HOST_LOCK, HOST_PINS, PACKAGE, for_build, image_locks, installable, lock_file,

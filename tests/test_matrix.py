@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_build_py
+from support import ROOT, run_build_py
 from servekit.config.matrix import load_matrix, render_json_schema
 
 GOOD = (ROOT / "images.yaml").read_text()

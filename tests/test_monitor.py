@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 
-from conftest import ROOT
+from support import ROOT
 from wsl2.shared_usage import AdapterSeries, choose_adapter, parse_sample, summarize
 
 STANDINS = ROOT / "tests" / "standins"

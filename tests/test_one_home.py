@@ -7,7 +7,7 @@ import re
 
 import yaml
 
-from conftest import ROOT
+from support import ROOT
 from servekit.config.matrix import load_matrix
 from servekit.image.launcher import CONTAINER_PORT
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from support import ROOT
 
 pytestmark = pytest.mark.network  # co-pins read vLLM's metadata from PyPI (cached after the first read)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, tracked_copy
+from support import ROOT, tracked_copy
 
 from servekit.build.builder import offered_wheels
 from servekit.errors import UserError

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from support import ROOT
 
 LAUNCHER = ROOT / "servekit/image/launcher.py"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

@@ -8,7 +8,7 @@ import shlex
 
 import pytest
 
-from conftest import ROOT
+from support import ROOT
 from servekit.image.launcher import KnobError, build_command
 from servekit.config.matrix import load_matrix
 from servekit.config.profiles import render_profiles

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from conftest import ROOT, WORK, run_build_py, tracked_copy
+from support import ROOT, work_dir, run_build_py, tracked_copy
 from servekit.release.localregistry import start_registry
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -52,8 +52,9 @@ def registry(tmp_path_factory):
         subprocess.run(["docker", "rmi", *mine], capture_output=True)
 
 
-def _release(*args: str, env: dict | None = None, cwd: Path = WORK) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "build.py"), "release", *args], cwd=cwd, capture_output=True,
+def _release(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "build.py"), "release", *args], cwd=cwd or work_dir(),
+                          capture_output=True,
                           text=True, timeout=1800, env={**os.environ, **(env or {})})
 
 
@@ -63,10 +64,10 @@ def _tags(port: int) -> list[str]:
 
 
 def test_a_registry_that_dies_mid_release_leaves_no_manifest_and_a_rerun_completes(checked_image, registry):
-    port, manifest = registry["port"], WORK / "releases" / "v0.31.0.json"
+    port, manifest = registry["port"], work_dir() / "releases" / "v0.31.0.json"
     manifest.unlink(missing_ok=True)
     proc = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "release", "--registry",
-                             f"127.0.0.1:{port}/serve", "--target", "cpu"], cwd=WORK, stdout=subprocess.PIPE,
+                             f"127.0.0.1:{port}/serve", "--target", "cpu"], cwd=work_dir(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "SERVEKIT_PUSH_ATTEMPTS": "2"})
     uploads = registry["folder"] / "storage" / "docker" / "registry" / "v2" / "repositories"
     deadline = time.monotonic() + 120
@@ -118,7 +119,7 @@ def test_no_passing_report_for_this_image_is_refused(checked_image, registry, tm
 
 def test_a_report_of_another_image_is_refused(checked_image, registry, tmp_path):
     root = _copy_with_git(tmp_path)
-    source = (WORK / "reports" / "latest").resolve()
+    source = (work_dir() / "reports" / "latest").resolve()
     report = json.loads((source / "report.json").read_text())
     report["image"]["id"] = "sha256:" + "0" * 64
     (root / "reports" / "old-run").mkdir(parents=True)
@@ -129,7 +130,7 @@ def test_a_report_of_another_image_is_refused(checked_image, registry, tmp_path)
 
 def test_git_tag_with_uncommitted_changes_is_refused(checked_image, registry, tmp_path):
     root = _copy_with_git(tmp_path)
-    shutil.copytree(WORK / "reports" / "latest", root / "reports" / "run", symlinks=False)
+    shutil.copytree(work_dir() / "reports" / "latest", root / "reports" / "run", symlinks=False)
     (root / "README.md").write_text("changed\n")
     done = _release("--registry", f"127.0.0.1:{registry['port']}/other", "--target", "cpu", "--git-tag", cwd=root)
     assert done.returncode == 1 and "uncommitted changes" in done.stderr
@@ -162,7 +163,7 @@ def locked_registry(tmp_path_factory):
     port = _free_port()
     state = {"port": port, "folder": folder,
              "proc": start_registry(folder / "storage", port, folder / "registry.log", htpasswd=folder / "htpasswd")}
-    manifest = WORK / "releases" / "v0.31.0.json"
+    manifest = work_dir() / "releases" / "v0.31.0.json"
     kept = manifest.read_bytes() if manifest.exists() else None  # the open registry's release stays the checkout's
     yield state
     state["proc"].kill()
@@ -218,7 +219,7 @@ def test_a_release_behind_a_login_pushes_reads_back_and_pulls_by_digest(checked_
     assert done.returncode == 0, done.stderr[-2000:]
     tags = [f"v0.31.0-cpu-{checked_image['digest'][:12]}", "v0.31.0-cpu", "latest-cpu"]
     assert _locked_tags(port, "locked") == sorted(tags)
-    record = json.loads((WORK / "releases" / "v0.31.0.json").read_text())["targets"]["cpu"]
+    record = json.loads((work_dir() / "releases" / "v0.31.0.json").read_text())["targets"]["cpu"]
     for tag in tags:  # every tag serves the digest the manifest names
         served = requests.head(f"http://127.0.0.1:{port}/v2/locked/vllm-serve/manifests/{tag}", timeout=10,
                                auth=(USER, PASSWORD), headers={
@@ -229,10 +230,10 @@ def test_a_release_behind_a_login_pushes_reads_back_and_pulls_by_digest(checked_
     assert pulled.returncode == 0, pulled.stderr
     assert record["models"]["default"]["model"].startswith("generated docker/demo-model sha256:")
     # The manifest names every package (the lock and its hash) and the series by content.
-    lock = WORK / record["lock"]["file"]
+    lock = work_dir() / record["lock"]["file"]
     assert record["lock"]["file"] == "docker/locks/cpu-py3.11.txt"
     assert record["lock"]["sha256"] == hashlib.sha256(lock.read_bytes()).hexdigest()
-    assert record["series"] == {name: "sha256:" + hashlib.sha256((WORK / "docker/patches" / name).read_bytes())
+    assert record["series"] == {name: "sha256:" + hashlib.sha256((work_dir() / "docker/patches" / name).read_bytes())
                                 .hexdigest() for name in ("auth-deny-default.patch", "cpu-cli-version.patch")}
     verified = _release("--verify", env=env)
     assert verified.returncode == 0 and "serves every digest the release names" in verified.stdout, verified.stderr
@@ -268,7 +269,7 @@ def test_behind_a_login_a_registry_restarted_mid_push_loses_nothing(checked_imag
     port, folder = locked_registry["port"], locked_registry["folder"]
     env = _client_config(tmp_path, port, PASSWORD)
     proc = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "release", "--registry",
-                             f"127.0.0.1:{port}/restarted", "--target", "cpu"], cwd=WORK, stdout=subprocess.PIPE,
+                             f"127.0.0.1:{port}/restarted", "--target", "cpu"], cwd=work_dir(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
     uploads = folder / "storage" / "docker" / "registry" / "v2" / "repositories" / "restarted"
     deadline = time.monotonic() + 120
@@ -283,7 +284,7 @@ def test_behind_a_login_a_registry_restarted_mid_push_loses_nothing(checked_imag
     assert proc.returncode == 0, err[-2000:]
     tags = [f"v0.31.0-cpu-{checked_image['digest'][:12]}", "v0.31.0-cpu", "latest-cpu"]
     assert _locked_tags(port, "restarted") == sorted(tags)
-    record = json.loads((WORK / "releases" / "v0.31.0.json").read_text())["targets"]["cpu"]
+    record = json.loads((work_dir() / "releases" / "v0.31.0.json").read_text())["targets"]["cpu"]
     assert record["repository"] == f"127.0.0.1:{port}/restarted/vllm-serve"
     verified = _release("--verify", env=env)
     assert verified.returncode == 0, verified.stdout + verified.stderr
@@ -301,7 +302,7 @@ def test_a_login_that_expires_between_the_immutable_and_the_moving_tags(checked_
     port, htpasswd = locked_registry["port"], locked_registry["folder"] / "htpasswd"
     monkeypatch.setenv("DOCKER_CONFIG", _client_config(tmp_path, port, PASSWORD)["DOCKER_CONFIG"])
     immutable = f"v0.31.0-cpu-{checked_image['digest'][:12]}"
-    manifest = WORK / "releases" / "v0.31.0.json"
+    manifest = work_dir() / "releases" / "v0.31.0.json"
     before = manifest.read_bytes() if manifest.exists() else None
     real_push = release_mod.push
 
@@ -314,7 +315,7 @@ def test_a_login_that_expires_between_the_immutable_and_the_moving_tags(checked_
     monkeypatch.setattr(release_mod, "push", push_then_expire)
     try:
         with pytest.raises(RegistryAuthError) as refused:
-            release_mod.release(Session.open(WORK / "images.yaml"), f"127.0.0.1:{port}/expiring", ["cpu"],
+            release_mod.release(Session.open(work_dir() / "images.yaml"), f"127.0.0.1:{port}/expiring", ["cpu"],
                                 say=lambda line: None)
         said = str(refused.value)
         assert "\n" not in said and f"registry 127.0.0.1:{port} refused" in said, said

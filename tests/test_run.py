@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, WORK, project_containers, run_build_py, tracked_copy
+from support import ROOT, work_dir, project_containers, run_build_py, tracked_copy
 
 pytestmark = pytest.mark.engine
 
@@ -40,7 +40,7 @@ def test_run_writes_the_three_files_and_compare_reads_two(tmp_path):
     for run in runs:
         assert {"report.json", "report.md", "memory.png"} <= {p.name for p in run.iterdir()}
         assert (run / "memory.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert (WORK / "reports" / "latest").resolve() == runs[-1].resolve()
+    assert (work_dir() / "reports" / "latest").resolve() == runs[-1].resolve()
     table = run_build_py("compare", str(runs[0]), str(runs[1]))
     assert table.returncode == 0
     assert "time to healthy" in table.stdout and "burst: tokens_per_s" in table.stdout
@@ -50,7 +50,7 @@ def test_run_writes_the_three_files_and_compare_reads_two(tmp_path):
 def test_two_runs_at_once_both_finish_with_their_own_reports():
     """The second waits for the first (one boot at a time in a checkout), says for whom, then runs."""
     command = [sys.executable, str(ROOT / "build.py"), "run", "--target", "cpu", "--profile", "default", "--json"]
-    procs = [subprocess.Popen(command, cwd=WORK, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = [subprocess.Popen(command, cwd=work_dir(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]
     outs = [p.communicate(timeout=3000) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_build_py
+from support import run_build_py
 from servekit.records.models import RunReport
 from servekit.records.report import compare, render_markdown
 from smoke import CHECKS, Context, run_check
@@ -65,8 +65,8 @@ def test_markdown_names_a_failed_check():
 def test_markdown_shows_the_plot_escapes_cells_and_a_failed_boot_with_its_tail():
     report = _report("a", 30.0, 500.0).model_copy(update={"checks": [], "passed": False})
     report.boot.time_to_healthy_s = report.boot.detection_lag_s = None
-    from servekit.records.models import CheckResult
-    report.checks = [CheckResult(name="boot", status="failed", reason="not healthy | within 10 s",
+    from smoke import Result
+    report.checks = [Result(name="boot", status="failed", reason="not healthy | within 10 s",
                                  figures={"last_lines": ["ValueError: max_model_len (100000) is too large"]})]
     text = render_markdown(report)
     assert "![" in text and "(memory.png)" in text

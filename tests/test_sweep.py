@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import WORK, project_containers, run_build_py
+from support import work_dir, project_containers, run_build_py
 from servekit.serve.sweep import Cell, sizing_advice, spread_versus_gap
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 
 def _latest_sweep() -> tuple[dict, Path]:
-    folders = sorted((WORK / "reports").glob("*-sweep-*"))
+    folders = sorted((work_dir() / "reports").glob("*-sweep-*"))
     return json.loads((folders[-1] / "report.json").read_text()), folders[-1]
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, TEST_PORT, WORK, project_containers
+from support import ROOT, TEST_PORT, work_dir, project_containers
 from standins.docker_api import RecordedEngine
 from servekit.serve.sweep import Cell, sizing_advice
 from smoke import CheckFailure
@@ -99,12 +99,12 @@ def _wsl2_env(scenario: str, tmp_path: Path) -> dict:
     return {**{k: v for k, v in os.environ.items() if k != "WSL_DISTRO_NAME"},
             "PATH": f"{STANDINS}:{os.environ['PATH']}", "STANDIN_SCENARIO": scenario,
             "STANDIN_STATE": str(tmp_path / "boots"), "STANDIN_SERVER": f"http://127.0.0.1:{TEST_PORT}",
-            "STANDIN_API_KEY_FILE": str(WORK / "compose" / "secrets" / "api_key")}
+            "STANDIN_API_KEY_FILE": str(work_dir() / "compose" / "secrets" / "api_key")}
 
 
 def _run_on_wsl2(scenario: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess, dict, Path]:
     result = subprocess.run([sys.executable, str(ROOT / "build.py"), "run", "--target", "cpu", "--profile", "default",
-                             "--host", "wsl2", "--check", "greedy", "--check", "spill", "--json"], cwd=WORK,
+                             "--host", "wsl2", "--check", "greedy", "--check", "spill", "--json"], cwd=work_dir(),
                             env=_wsl2_env(scenario, tmp_path), capture_output=True, text=True, timeout=1200)
     folder = Path(json.loads(result.stdout)["reports"][0])
     return result, json.loads((folder / "report.json").read_text()), folder
@@ -156,10 +156,10 @@ def test_a_load_time_rise_back_down_before_traffic_passes_and_the_card_is_read_b
 def test_a_sweep_on_wsl2_shows_spill_per_cell(tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "build.py"), "sweep", "default", "--target", "cpu",
                              "--host", "wsl2", "--knob", "MAX_SEQS=4,8", "--boots", "1", "--checks", "greedy"],
-                            cwd=WORK, env=_wsl2_env("no-spill;spill-in-traffic", tmp_path), capture_output=True,
+                            cwd=work_dir(), env=_wsl2_env("no-spill;spill-in-traffic", tmp_path), capture_output=True,
                             text=True, timeout=1800)
     assert result.returncode == 0, result.stderr[-3000:]
-    folder = sorted((WORK / "reports").glob("*-sweep-*"))[-1]
+    folder = sorted((work_dir() / "reports").glob("*-sweep-*"))[-1]
     doc = json.loads((folder / "report.json").read_text())
     spill_column = doc["table"]["header"].index("spill")
     assert [row[spill_column] for row in doc["table"]["rows"]] == ["none (+8 MB)", "spilled 1/1 (+250 MB)"]

@@ -114,6 +114,28 @@ def _knob_table(matrix: Matrix) -> list[str]:
     return rows + [f"| `{k.name}` | {_allowed(k)} | {_cell(k.help)} |" for k in KNOBS.values()] + [""]
 
 
+# --- docs/architecture.md ------------------------------------------------------------------------
+
+CODE = Path(__file__).resolve().parent.parent.parent  # the tree these modules are in
+PACKAGES = ("servekit", "smoke", "wsl2")
+
+
+def _first_line(path: Path) -> str:
+    import ast
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    return doc.split("\n\n")[0].replace("\n", " ").split(". ")[0].rstrip(".")
+
+
+def _module_table(matrix: Matrix) -> list[str]:
+    """Every module of the orchestrator and what its docstring's first sentence says it does, package by package."""
+    rows = ["", "| module | its one job |", "|---|---|"]
+    for package in PACKAGES:
+        for path in sorted((CODE / package).rglob("*.py")):
+            rel = path.relative_to(CODE).as_posix()
+            rows.append(f"| `{rel}` | {_cell(_first_line(path))} |")
+    return rows + [""]
+
+
 # --- .dockerignore ------------------------------------------------------------------------------
 
 def _context(matrix: Matrix) -> list[str]:
@@ -128,6 +150,7 @@ PARTS = {
     "compose/compose.wsl2.yaml": {"profiles": _compose_wsl2_services},
     "docs/profiles.md": {"profile-table": _profile_table, "check-table": _check_table, "profile-flags": _profile_flags,
                          "knob-table": _knob_table},
+    "docs/architecture.md": {"modules": _module_table},
 }
 
 

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from smoke import all_passed
+from smoke import Result, all_passed
 
 from servekit.atomic import write_text
 from servekit.errors import UserError
@@ -30,26 +30,13 @@ class Document(Record):
 
 # --- a run -----------------------------------------------------------------------------------------
 
-class CheckResult(Record):
-    name: str
-    status: Literal["passed", "failed", "not_run", "not_required"]  # smoke.STATUSES
-    reason: str = ""
-    figures: dict[str, Any] = {}
-    seconds: float = 0.0
-
-    @field_validator("status", mode="before")
-    @classmethod
-    def _skipped_is_not_run(cls, value):  # reports written before the three outcomes said "skipped" for "not run"
-        return "not_run" if value == "skipped" else value
-
-
 class ImageUsed(Record):
     tag: str
     id: str | None = None
     arrived: str | None = None  # how it reached the engine: already there, pulled, sent
 
 
-class Boot(Record):
+class BootFigures(Record):
     time_to_healthy_s: float | None = None
     kv_pool_tokens: int | None = None
     detection_lag_s: float | None = None
@@ -74,11 +61,17 @@ class RunReport(Document):
     image: ImageUsed
     pins: dict[str, str]
     knobs: dict[str, str] = {}
-    boot: Boot
-    memory: Memory
-    checks: list[CheckResult]
-    passed: bool
+    boot: BootFigures = BootFigures()
+    memory: Memory = Memory()
+    checks: list[Result] = []
+    passed: bool = False  # set from the checks, by the one rule (smoke.all_passed)
     notes: list[str] = []
+
+    @field_validator("checks", mode="before")
+    @classmethod
+    def _skipped_is_not_run(cls, value):  # reports written before the three outcomes said "skipped" for "not run"
+        return [{**c, "status": "not_run"} if isinstance(c, dict) and c.get("status") == "skipped" else c
+                for c in value] if isinstance(value, list) else value
 
     @property
     def gate_passes(self) -> bool:

@@ -11,11 +11,10 @@ from servekit.records.models import RunReport, load, save
 GiB = 2**30
 
 
-def write_report(run_dir: Path, report: dict, series: dict, latest: bool = True) -> Path:
+def write_report(run_dir: Path, report: RunReport, series: dict, latest: bool = True) -> Path:
     """Write the three files into run_dir and (unless told not to) point reports/latest at it."""
-    record = RunReport.model_validate(report)  # a report of another shape is a bug: it stops here, not in a reader
-    save(run_dir / "report.json", record)
-    write_text(run_dir / "report.md", render_markdown(record))
+    save(run_dir / "report.json", report)
+    write_text(run_dir / "report.md", render_markdown(report))
     plot_memory(run_dir / "memory.png", report, series)
     if latest:  # a new link renamed over the old: a reader never finds reports/latest missing
         link, fresh = run_dir.parent / "latest", run_dir.parent / f".latest-{os.getpid()}"
@@ -117,7 +116,7 @@ def shared_usage_lines(shared: dict | None, gpu: dict | None) -> list[str]:
     return lines
 
 
-def plot_memory(path: Path, report: dict, series: dict) -> None:
+def plot_memory(path: Path, report: RunReport, series: dict) -> None:
     """GPU memory (or, without a GPU, the container's) and Shared Usage over the boot and the traffic."""
     os.environ.setdefault("MPLCONFIGDIR", str(path.parent / ".mpl"))
     from matplotlib.figure import Figure  # not pyplot: no global state, so runs on several engines can plot at once
@@ -128,7 +127,7 @@ def plot_memory(path: Path, report: dict, series: dict) -> None:
     for i, gpu in enumerate(series.get("gpus") or []):
         if gpu["t"]:
             ax.plot(gpu["t"], [u / GiB for u in gpu["used"]], label=f"GPU {i} used", linewidth=1.2)
-            total = (report["memory"]["gpus"][i]["total_bytes"]) / GiB
+            total = report.memory.gpus[i]["total_bytes"] / GiB
             ax.axhline(total, linestyle="--", linewidth=0.8, color="grey", label=f"GPU {i} total")
             plotted = True
     container = series.get("container")
@@ -139,12 +138,12 @@ def plot_memory(path: Path, report: dict, series: dict) -> None:
     ax.set_ylabel("GiB")
     ax.set_xlabel("seconds since the container started")
     shared = series.get("shared")
-    phases = report["boot"].get("phases") or []
+    phases = report.boot.phases
     if shared and shared["t"]:
         ax2 = ax.twinx()
         ax2.plot(shared["t"], [v / 1e9 for v in shared["shared"]], color="tab:red", label="WSL2 Shared Usage")
         ax2.set_ylabel("Shared Usage, GB", color="tab:red")
-        figures, marks = report["memory"].get("shared_usage") or {}, dict(phases)
+        figures, marks = report.memory.shared_usage or {}, dict(phases)
         # the levels the spill check judges: when the first request came, and when the traffic ended
         said = []
         for phase, key, text in (("traffic", "traffic_start_bytes", "first request"),
@@ -178,8 +177,7 @@ def plot_memory(path: Path, report: dict, series: dict) -> None:
                    label="traffic (smoke checks)")
     if not plotted:
         ax.text(0.5, 0.5, "no memory samples", transform=ax.transAxes, ha="center")
-    ax.set_title(f"{report['profile']} on {report['target']} ({report['host']}): "
-                 f"healthy in {report['boot'].get('time_to_healthy_s')} s")
+    ax.set_title(f"{report.profile} on {report.target} ({report.host}): healthy in {report.boot.time_to_healthy_s} s")
     ax.legend(loc="lower right", fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -1,4 +1,5 @@
-"""Deploy: compose/.env, the API key file, and Compose up/down (python-on-whales).
+"""Deploy a profile: compose/.env, the API key file, starting and stopping it on its engine, and what a running
+server says of itself (knobs, port, state).
 
 compose/.env is what a plain `docker compose up alternative` in compose/ reads too, so the CLI
 and a person typing compose commands run the same thing. Another engine (`--engine`) gets its own

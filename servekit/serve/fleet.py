@@ -17,7 +17,7 @@ from servekit.serve import deploy
 from servekit.atomic import write_text
 from servekit.serve.pipeline import run_profiles
 from servekit.engines.docker import Engine
-from servekit.records.models import FleetSummary, save
+from servekit.records.models import FleetSummary, RunReport, save
 from servekit.records.report import write_report
 
 STOP_WAIT_S = 60  # after Ctrl-C, how long the engines' threads get to take their boots down
@@ -26,7 +26,7 @@ STOP_WAIT_S = 60  # after Ctrl-C, how long the engines' threads get to take thei
 @dataclass
 class EngineRun:
     dep: deploy.Deployment
-    reports: list[tuple[dict, Path]] = field(default_factory=list)
+    reports: list[tuple[RunReport, Path]] = field(default_factory=list)
     error: str | None = None
 
     @property
@@ -35,7 +35,7 @@ class EngineRun:
 
     @property
     def passed(self) -> bool:
-        return self.error is None and bool(self.reports) and all(r["passed"] for r, _ in self.reports)
+        return self.error is None and bool(self.reports) and all(r.passed for r, _ in self.reports)
 
 
 def _run_one(run: EngineRun, matrix, profiles: list[str], key_file: Path, out: Path, release, say, stop) -> None:
@@ -44,7 +44,7 @@ def _run_one(run: EngineRun, matrix, profiles: list[str], key_file: Path, out: P
     try:
         run.engine.check()
         run.reports = run_profiles(matrix, run.dep, profiles, key_file, release=release, say=tell, stop=stop,
-                                   write=lambda report, series: write_report(out / f"{label}-{report['profile']}",
+                                   write=lambda report, series: write_report(out / f"{label}-{report.profile}",
                                                                              report, series, latest=False))
     except Exception as exc:  # one engine's failure is its row in the summary, never the others' end
         run.error = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
@@ -93,13 +93,12 @@ def summary(runs: list[EngineRun]) -> tuple[dict, str]:
         if run.error:
             rows.append([run.engine.label, run.dep.host, "", f"error: {run.error}", "", "", "", "", "", ""])
         for report, folder in run.reports:
-            burst = next((c for c in report["checks"] if c["name"] == "burst"), None)
-            passed = sum(1 for c in report["checks"] if c["status"] == "passed")
-            rows.append([run.engine.label, run.dep.host, report["profile"], "passed" if report["passed"] else "FAILED",
-                         report["image"].get("arrived", ""), report["boot"]["time_to_healthy_s"],
-                         report["boot"]["kv_pool_tokens"],
-                         burst["figures"].get("tokens_per_s") if burst and burst["status"] == "passed" else None,
-                         f"{passed}/{len(report['checks'])}", f"{folder.name}/report.md"])
+            burst = next((c for c in report.checks if c.name == "burst"), None)
+            passed = sum(1 for c in report.checks if c.status == "passed")
+            rows.append([run.engine.label, run.dep.host, report.profile, "passed" if report.passed else "FAILED",
+                         report.image.arrived or "", report.boot.time_to_healthy_s, report.boot.kv_pool_tokens,
+                         burst.figures.get("tokens_per_s") if burst and burst.status == "passed" else None,
+                         f"{passed}/{len(report.checks)}", f"{folder.name}/report.md"])
     doc = {"kind": "fleet", "passed": all(r.passed for r in runs),
            "engines": [{"engine": r.engine.given, "label": r.engine.label, "url": r.engine.url, "port": r.dep.port,
                         "passed": r.passed, "error": r.error, "reports": [str(folder) for _, folder in r.reports]} for r in runs],

@@ -24,7 +24,7 @@ from servekit import engines
 from servekit.engines import transfer
 from servekit.engines.docker import EngineError
 from servekit.errors import UserError
-from servekit.records.models import ReleaseRecord
+from servekit.records.models import BootFigures, ImageUsed, Memory, ReleaseRecord, RunReport
 from servekit.serve.gpu import NvmlSampler, NvmlUnavailable
 from servekit.serve.watch import BootFailed, BootRecord, milestone, watch_boot
 
@@ -240,7 +240,7 @@ def _changes(say, every_s: float = 20.0):
 
 
 def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=print, knobs: dict | None = None,
-                only: list[str] | None = None, stop: threading.Event | None = None) -> tuple[dict, dict]:
+                only: list[str] | None = None, stop: threading.Event | None = None) -> tuple[RunReport, dict]:
     """Boot, smoke, down: (the report, the series for its plot). Never raises for a failed boot or check.
 
     `knobs` apply to this boot only; `only` limits the checks to those named."""
@@ -248,12 +248,12 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
     from smoke import Context, Result, all_passed
     checks = checks_to_run(matrix, profile, dep.target, only, dep.host)
     created = dt.datetime.now(dt.timezone.utc)
-    report = {"kind": "run", "run_id": f"{created:%Y%m%d-%H%M%S}-{profile}-{dep.target}",
-              "created": created.isoformat(timespec="seconds"), "profile": profile, "target": dep.target,
-              "host": dep.host, "engine": dep.engine.given, "url": dep.url,
-              "image": {"tag": dep.image}, "pins": matrix.target_pins(dep.target), "notes": []}
+    report = RunReport(run_id=f"{created:%Y%m%d-%H%M%S}-{profile}-{dep.target}",
+                       created=created.isoformat(timespec="seconds"), profile=profile, target=dep.target,
+                       host=dep.host, engine=dep.engine.given, url=dep.url, image=ImageUsed(tag=dep.image),
+                       pins=matrix.target_pins(dep.target))
     if matrix.profiles[profile].auth == "none":
-        report["notes"].append("served WITHOUT an API key: the profile says auth: none in images.yaml")
+        report.notes.append("served WITHOUT an API key: the profile says auth: none in images.yaml")
     b = None
     try:
         if deploy.is_running(profile, dep.engine):  # somebody's server (an `up`): never restarted or stopped by a run
@@ -278,30 +278,30 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
     finally:
         if b:
             b.stop_samplers()
-            report["image"]["id"] = (b.container.image.id if b.container else None)
+            report.image.id = b.container.image.id if b.container else None
             deploy.down(dep, profile)  # what this run started, and nothing else
     memory = b.memory() if b else {"gpus": [], "shared_usage": None, "phases": [], "notes": [], "container": None}
-    report["boot"] = {"time_to_healthy_s": b.record.time_to_healthy_s if b else None,
-                      "kv_pool_tokens": b.record.kv_pool_tokens if b else None,
-                      "detection_lag_s": b.record.detection_lag_s if b else None, "phases": memory["phases"]}
+    if b:
+        report.boot = BootFigures(time_to_healthy_s=b.record.time_to_healthy_s, kv_pool_tokens=b.record.kv_pool_tokens,
+                                  detection_lag_s=b.record.detection_lag_s, phases=memory["phases"])
     shared = dict(memory["shared_usage"]) if memory["shared_usage"] else None
     series = {"gpus": memory.get("gpu_series") or [], "container": memory.get("container_series"),
               "shared": shared.pop("series") if shared else None}
-    report["memory"] = {"gpus": memory["gpus"], "shared_usage": shared, "container": memory.get("container")}
-    report["notes"] += memory["notes"]
+    report.memory = Memory(gpus=memory["gpus"], shared_usage=shared, container=memory.get("container"))
+    report.notes += memory["notes"]
     # what the server ran with (the shell's knobs included), else what this run asked for
-    report["knobs"] = deploy.knobs_of(b.container) if b and b.container else (knobs or {})
+    report.knobs = deploy.knobs_of(b.container) if b and b.container else (knobs or {})
     for result in not_required_results(matrix, profile, dep.target, only):
         say(f"  {console_line(result)}")
         results.append(result)
-    report["checks"] = [r.to_json() for r in results]
-    report["passed"] = all_passed(r.status for r in results)
+    report.checks = results
+    report.passed = all_passed(r.status for r in results)
     return report, series
 
 
 def run_profiles(matrix, dep: deploy.Deployment, profiles: list[str], key_file, write, say=print,
                  release: ReleaseRecord | None = None, stop: threading.Event | None = None,
-                 knobs: dict | None = None, only: list[str] | None = None) -> list[tuple[dict, Path]]:
+                 knobs: dict | None = None, only: list[str] | None = None) -> list[tuple[RunReport, Path]]:
     """On dep's engine: the image put there if need be, then each profile booted, checked and written.
 
     `write(report, series)` stores one report and returns where; the list pairs each report with that.
@@ -317,7 +317,7 @@ def run_profiles(matrix, dep: deploy.Deployment, profiles: list[str], key_file, 
                 raise Stopped("stopped")
             say(f"run: {profile}")
             report, series = run_profile(matrix, dep, profile, key_file, say=say, stop=stop, knobs=knobs, only=only)
-            report["image"]["arrived"] = arrived
+            report.image.arrived = arrived
             written.append((report, write(report, series)))
     return written
 
@@ -368,7 +368,7 @@ def profiles_of(session, target: str, wanted: list[str] | None) -> list[str]:
 
 def run(session, target: str | None = None, profiles: list[str] | None = None, host: str | None = "auto",
         engine=None, port: int | None = None, say=print, show=None, knobs: dict[str, str] | None = None,
-        only: list[str] | None = None) -> list[tuple[dict, Path]]:
+        only: list[str] | None = None) -> list[tuple[RunReport, Path]]:
     """image, up, smoke, down and a report for each profile on one engine: (report, its folder) per profile.
     `knobs` are set for every boot (and recorded); `only` runs those checks instead of each profile's own."""
     from servekit.build.builder import ensure_built
@@ -386,7 +386,7 @@ def run(session, target: str | None = None, profiles: list[str] | None = None, h
     deploy.write_env(dep)
     return run_profiles(session.matrix, dep, profiles, key_file, say=say, knobs=knobs, only=only,
                         release=released(session.root, session.matrix, target, plan.digest),
-                        write=lambda report, series: write_report(session.root / "reports" / report["run_id"],
+                        write=lambda report, series: write_report(session.root / "reports" / report.run_id,
                                                                   report, series))
 
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import itertools
 import statistics
+from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from servekit.atomic import write_text
 from servekit.errors import UserError
-from servekit.records.models import SweepReport, save
+from servekit.records.models import RunReport, SweepReport, save
 
 GiB = 2**30
 
@@ -42,27 +43,26 @@ def failure_kind(reason: str) -> str:
     return "failed"
 
 
-def summarize_boot(report: dict) -> dict:
+def summarize_boot(report: RunReport) -> dict:
     """What a sweep keeps of one boot's report."""
-    boot_check = next((c for c in report["checks"] if c["name"] == "boot"), None)
-    gpu = (report["memory"].get("gpus") or [None])[0]
-    shared = report["memory"].get("shared_usage")
-    out = {"survived": boot_check is None, "reason": boot_check["reason"] if boot_check else "",
-           "kind": failure_kind(boot_check["reason"]) if boot_check else "survived",
-           "time_to_healthy_s": report["boot"]["time_to_healthy_s"], "kv_pool_tokens": report["boot"]["kv_pool_tokens"],
+    boot_check = next((c for c in report.checks if c.name == "boot"), None)
+    gpu = report.memory.gpus[0] if report.memory.gpus else None
+    shared = report.memory.shared_usage
+    by_name = {c.name: c for c in report.checks}
+    burst, spill, spec = by_name.get("burst"), by_name.get("spill"), by_name.get("spec_decode")
+    out: dict[str, Any] = {"survived": boot_check is None, "reason": boot_check.reason if boot_check else "",
+           "kind": failure_kind(boot_check.reason) if boot_check else "survived",
+           "time_to_healthy_s": report.boot.time_to_healthy_s, "kv_pool_tokens": report.boot.kv_pool_tokens,
            "gpu_peak_bytes": gpu["peak_used_bytes"] if gpu else None,
            "gpu_margin_bytes": gpu["min_margin_bytes"] if gpu else None,
            "traffic_rise_bytes": shared.get("traffic_rise_bytes") if shared else None,
-           "checks": {c["name"]: {"status": c["status"], "figures": c["figures"], "reason": c["reason"]}
-                      for c in report["checks"] if c["name"] != "boot"},
-           "report_run_id": report["run_id"]}
-    burst = out["checks"].get("burst")
-    out["tokens_per_s"] = burst["figures"].get("tokens_per_s") if burst and burst["status"] == "passed" else None
-    spill = out["checks"].get("spill")
-    # a spill check that did not measure says nothing either way
-    out["spilled"] = spill["status"] == "failed" if spill and spill["status"] in ("passed", "failed") else None
-    spec = out["checks"].get("spec_decode")
-    out["tokens_per_step"] = spec["figures"] if spec and spec["status"] == "passed" else None
+           "checks": {c.name: {"status": c.status, "figures": c.figures, "reason": c.reason}
+                      for c in report.checks if c.name != "boot"},
+           "report_run_id": report.run_id,
+           "tokens_per_s": burst.figures.get("tokens_per_s") if burst and burst.status == "passed" else None,
+           # a spill check that did not measure says nothing either way
+           "spilled": spill.status == "failed" if spill and spill.status in ("passed", "failed") else None,
+           "tokens_per_step": spec.figures if spec and spec.status == "passed" else None}
     return out
 
 

@@ -1,0 +1,134 @@
+"""What the tests share besides fixtures: the repository's root, the tests' own Compose project and port, the
+throwaway copy of the repository every command runs in (made on first use, not at import), and the helpers that
+run the command line, Docker and `logs -f`.
+
+Every command the tests run works in work_dir(), a copy of the repository made for this session, under the
+Compose project TEST_PROJECT and on TEST_PORT: a developer's reports, releases, compose/.env, key and running
+servers are left as they were. The image tags are the same as the checkout's (content-addressed), so the engine's
+images and build cache serve both.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TEST_PROJECT = "servekit-test"
+TEST_PORT = 18000  # the tests' servers publish here, never on a developer's 8000
+STATE_AT_START: dict = {}  # checkout_state() when the session began (conftest's pytest_configure)
+
+
+@functools.cache
+def work_dir() -> Path:
+    """The session's copy of the repository (tests' port in its matrix), made the first time a test needs it."""
+    return tracked_copy(Path(tempfile.mkdtemp(prefix="servekit-tests-")))
+
+
+@functools.cache
+def compose_dir() -> Path:
+    """The Compose files as committed, in a folder no command writes to (no compose/.env appears there)."""
+    return Path(shutil.copytree(work_dir() / "compose", Path(tempfile.mkdtemp(prefix="servekit-compose-")) / "compose"))
+
+
+def cleanup() -> None:
+    """Remove what work_dir() and compose_dir() made, if they were made."""
+    if work_dir.cache_info().currsize:
+        shutil.rmtree(work_dir(), ignore_errors=True)
+    if compose_dir.cache_info().currsize:
+        shutil.rmtree(compose_dir().parent, ignore_errors=True)
+
+
+def docker(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def cpu_tag(root: Path = ROOT) -> str:
+    """The cpu image's tag as `plan` names it for the checkout at `root`."""
+    plan = json.loads(run_build_py("plan", "--json", "--target", "cpu", cwd=root).stdout)
+    return plan["targets"][0]["tag"]
+
+
+def run_build_py(*argv: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    cwd = cwd or work_dir()
+    return subprocess.run([sys.executable, str(ROOT / "build.py"), *argv], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def tracked_copy(dst: Path) -> Path:
+    """A copy of the repository as git tracks it (new files included), plus the caches `verify` keeps, serving
+    on the tests' own port (not part of any image, so the tags stay the checkout's)."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout.split()
+    for rel in files:
+        if (ROOT / rel).is_file():
+            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, dst / rel)
+    for cache in ("metadata", "pristine"):
+        if (ROOT / ".cache" / cache).is_dir():
+            (dst / ".cache").mkdir(exist_ok=True)
+            os.symlink(ROOT / ".cache" / cache, dst / ".cache" / cache)
+    matrix = dst / "images.yaml"
+    text = matrix.read_text()
+    assert "\n  port: 8000\n" in text
+    matrix.write_text(text.replace("\n  port: 8000\n", f"\n  port: {TEST_PORT}\n"))
+    return dst
+
+
+def checkout_state() -> dict:
+    """What the tests must leave as they found it: the checkout's files and the developer's servers."""
+    def listing(rel: str) -> list[str]:
+        folder = ROOT / rel
+        return sorted(p.relative_to(ROOT).as_posix() for p in folder.rglob("*")) if folder.is_dir() else []
+    env = ROOT / "compose" / ".env"
+    return {
+        "git status": subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True,
+                                     text=True).stdout,
+        "files": listing("reports") + listing("releases") + listing("compose/secrets") + listing("logs"),
+        "compose/.env": env.read_text() if env.is_file() else None,
+        "servers": subprocess.run(["docker", "ps", "-aq", "--filter", "label=com.docker.compose.project=servekit"],
+                                  capture_output=True, text=True).stdout.split() if shutil.which("docker") else [],
+    }
+
+
+def project_containers() -> list[str]:
+    """The tests' Compose project's containers, running or not."""
+    return subprocess.run(["docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project={TEST_PROJECT}"],
+                          capture_output=True, text=True).stdout.split()
+
+
+def follow_logs(*argv: str, wanted: str, within_s: float = 60) -> tuple[bool, int]:
+    """`build.py logs ... -f` until a line holding `wanted` arrives, then Ctrl-C, as a person stops it: (seen while
+    it was still following, its exit code). Bounded in time, whatever the command does."""
+    import queue
+    import signal
+    import threading
+    import time
+    proc = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "logs", *argv, "-f"], cwd=work_dir(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        for line in proc.stdout or []:
+            lines.put(line)
+    threading.Thread(target=read, daemon=True).start()
+    deadline, seen = time.monotonic() + within_s, False
+    while not seen and time.monotonic() < deadline:
+        try:
+            seen = wanted in lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+        except queue.Empty:
+            break
+    following = seen and proc.poll() is None
+    proc.send_signal(signal.SIGINT)
+    try:
+        code = proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        code = proc.wait()
+    return following, code
