@@ -257,7 +257,7 @@ def cmd_image(args) -> int:
 
 
 def cmd_demo_model(args) -> int:
-    from servekit.build.demomodel import regenerate_shipped
+    from servekit.build.retrain import regenerate_shipped
     dest = regenerate_shipped(_session(args), say=_say(), show=_step_printer())
     print(f"demo-model: {dest} replaced; `make demo` and `make test` use it")
     return 0
@@ -266,8 +266,8 @@ def cmd_demo_model(args) -> int:
 def cmd_up(args) -> int:
     from rich.console import Console
 
-    from servekit.serve.pipeline import up_profile
-    from servekit.serve.sweep import parse_settings
+    from servekit.serve.commands import up_profile
+    from servekit.config.knobargs import parse_settings
     from servekit.serve.watch import BootFailed
     knobs = parse_settings(args.knob or [])
     try:
@@ -382,9 +382,9 @@ def cmd_run(args) -> int:
         return 0 if doc["passed"] else 1
     from smoke import GATE_PASSES
 
-    from servekit.serve import pipeline
-    from servekit.serve.sweep import parse_settings
-    done = pipeline.run(session, args.target, args.profile, args.host, _engine(args), args.port, say=_say(),
+    from servekit.serve import commands
+    from servekit.config.knobargs import parse_settings
+    done = commands.run(session, args.target, args.profile, args.host, _engine(args), args.port, say=_say(),
                         show=_step_printer(), knobs=parse_settings(args.knob or []), only=args.check)
     for report, run_dir in done:
         failed = [f"{c.name}{' (not run)' if c.status == 'not_run' else ''}" for c in report.checks
@@ -400,7 +400,8 @@ def cmd_run(args) -> int:
 def cmd_smoke(args) -> int:
     from smoke import all_passed
 
-    from servekit.serve.pipeline import console_line, smoke_running
+    from servekit.serve.checks import console_line
+    from servekit.serve.commands import smoke_running
     url, results = smoke_running(_session(args), args.profile, args.target, _engine(args) if args.engine else None,
                                  args.url, Path(args.api_key_file) if args.api_key_file else None,
                                  say=None if args.json else
@@ -497,8 +498,44 @@ def cmd_schema(args) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
-    # Options every command takes, before or after its name; defined once, defaults set once below.
+class _Commands:
+    """What every subcommand is made with: its parser (the shared options, --json), and the options several share
+    (--engine, --target, --host), worded once."""
+
+    def __init__(self, sub, shared: argparse.ArgumentParser):
+        self.sub, self.shared = sub, shared
+
+    def add(self, name: str, func, help: str, json_out: bool = True, locked: bool = False) -> argparse.ArgumentParser:
+        """A command; `locked`: it builds, boots or releases, so it waits for another such command to end."""
+        p = self.sub.add_parser(name, help=help, description=help, parents=[self.shared])
+        if json_out:
+            p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+        p.set_defaults(func=func, locked=locked)
+        return p
+
+    @staticmethod
+    def engine(p) -> None:
+        p.add_argument("--engine", metavar="ENGINE", help="the Docker engine: a DOCKER_HOST URL (unix://, tcp://, "
+                       "ssh://user@host) or a context name (default: this machine's, `local`); or venv:PATH, the "
+                       "process engine: profiles served as processes of the Python environment at PATH, no Docker "
+                       "(docs/install.md)")
+
+    @staticmethod
+    def target(p, many: bool = False, help: str | None = None) -> None:
+        """--target, the same words everywhere; the default follows the engine (a GPU target where it can
+        give containers a GPU)."""
+        p.add_argument("--target", action="append" if many else "store", metavar="NAME",
+                       help=help or "a target of images.yaml (default: the first GPU target where the engine can give "
+                       "containers a GPU, else the first without one)" + ("; repeatable" if many else ""))
+
+    @staticmethod
+    def host(p, default: str = "auto") -> None:
+        p.add_argument("--host", default=default, metavar="KIND", help="a host of images.yaml whose defaults apply, "
+                       f"or auto: WSL2 or native, asked of the engine (default: {default})")
+
+
+def _shared_options() -> argparse.ArgumentParser:
+    """Options every command takes, before or after its name; defined once, defaults set once (SHARED_DEFAULTS)."""
     shared = _Parser(add_help=False)
     shared.add_argument("--matrix", default=argparse.SUPPRESS, metavar="PATH", help="the image matrix (default: "
                         "images.yaml)")
@@ -512,103 +549,123 @@ def build_parser() -> argparse.ArgumentParser:
     machine.add_argument("--wheels", default=argparse.SUPPRESS, metavar="DIR[:DIR]", help="folders of wheels offered "
                          "to the build, exact pinned versions only (SERVEKIT_WHEELS; default: the find-links your pip "
                          "is configured with)")
+    return shared
+
+
+def build_parser() -> argparse.ArgumentParser:
+    shared = _shared_options()
     parser = _Parser(prog="build.py", description="Build, deploy, check and release patched vLLM serving images "
                      "from one pinned matrix.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
                      parents=[shared])
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands = _Commands(parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser), shared)
+    for group in (_matrix_commands, _image_commands, _serving_commands, _checking_commands, _release_commands,
+                  _machine_commands):
+        group(commands)
+    return parser
 
-    def add_engine(p) -> None:
-        p.add_argument("--engine", metavar="ENGINE", help="the Docker engine: a DOCKER_HOST URL (unix://, tcp://, "
-                       "ssh://user@host) or a context name (default: this machine's, `local`); or venv:PATH, the "
-                       "process engine: profiles served as processes of the Python environment at PATH, no Docker "
-                       "(docs/install.md)")
 
-    def add_target(p, many: bool = False, help: str | None = None) -> None:
-        """--target, the same words everywhere; the default follows the engine (a GPU target where it can
-        give containers a GPU)."""
-        p.add_argument("--target", action="append" if many else "store", metavar="NAME",
-                       help=help or "a target of images.yaml (default: the first GPU target where the engine can give "
-                       "containers a GPU, else the first without one)" + ("; repeatable" if many else ""))
-
-    def add_host(p, default: str = "auto") -> None:
-        p.add_argument("--host", default=default, metavar="KIND", help="a host of images.yaml whose defaults apply, "
-                       f"or auto: WSL2 or native, asked of the engine (default: {default})")
-
-    def add(name: str, func, help: str, json_out: bool = True, locked: bool = False) -> argparse.ArgumentParser:
-        """A command; `locked`: it builds, boots or releases, so it waits for another such command to end."""
-        p = sub.add_parser(name, help=help, description=help, parents=[shared])
-        if json_out:
-            p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-        p.set_defaults(func=func, locked=locked)
-        return p
-
-    p = add("plan", cmd_plan, "show what each target would build: base, pins, content digest, tag, already built")
-    add_target(p, many=True, help="only this target (repeatable)")
-    p = add("verify", cmd_verify, "check pins against every file that repeats them and against vLLM's own "
+def _matrix_commands(c: _Commands) -> None:
+    """The commands of the matrix and its pins: plan, verify, lock, bump, port, series, schema, derive."""
+    p = c.add("plan", cmd_plan, "show what each target would build: base, pins, content digest, tag, already built")
+    c.target(p, many=True, help="only this target (repeatable)")
+    p = c.add("verify", cmd_verify, "check pins against every file that repeats them and against vLLM's own "
             "declared requirements, and the Compose files against the profiles and knobs (no image needed)")
     p.add_argument("--offline", action="store_true", help="do not ask the index; use cached metadata and wheels")
     p.add_argument("--no-series", action="store_true", help="skip applying the series to pristine vLLM trees")
-    p = add("lock", cmd_lock, "make the package locks again from the pins: each target's (docker/locks/, every "
+    p = c.add("lock", cmd_lock, "make the package locks again from the pins: each target's (docker/locks/, every "
             "package and hash for its Python and platform) and the host tool's (requirements.lock from "
             "requirements.in); uv resolves, seconds each", locked=True)
-    add_target(p, many=True, help="only this target's locks (repeatable)")
+    c.target(p, many=True, help="only this target's locks (repeatable)")
     p.add_argument("--host-tool", action="store_true", help="only the host tool's requirements.lock (with --target: "
                    "that target's too)")
-    p = add("bump", cmd_bump, "move every mechanical vLLM pin to a new version, make the locks again, and report "
+    p = c.add("bump", cmd_bump, "move every mechanical vLLM pin to a new version, make the locks again, and report "
             "co-pin problems")
     p.add_argument("--to", required=True, metavar="VERSION", help="the new vLLM version, e.g. 0.32.0")
     p.add_argument("--dry-run", action="store_true", help="report only; write nothing")
-    p = add("image", cmd_image, "build the image of a target (content-addressed: an image already built for "
+    p = c.add("port", cmd_port, "check the series against a newer vLLM from the two pristine wheels alone: names our "
+            "lines use that it removed, calls of ours that no longer bind to its signatures, and whether each patch "
+            "still applies at fuzz 0 (and at what offsets); exit 1 on anything not accepted")
+    p.add_argument("--to", required=True, metavar="VERSION", help="the newer vLLM, e.g. 0.32.0")
+    c.target(p, many=True, help="only this target's vLLM distribution (repeatable; default: every target)")
+    p.add_argument("--accept", action="append", metavar="NAME=REASON", help="a reviewed exception, recorded in the "
+                   "series folder (port-accept) so that the next port sees it too (repeatable)")
+    p = c.add("series", cmd_series, "export a git branch that carries one commit per topic on top of a vLLM tag "
+            "as the patch series: one patch per commit, its message's prose and trailers kept, Cut-against set to "
+            "the tag, the series file in commit order", locked=True)
+    p.add_argument("action", choices=["export"])
+    p.add_argument("--repo", required=True, metavar="PATH", help="the vLLM git repository that holds the branch")
+    p.add_argument("--tag", required=True, metavar="TAG", help="the vLLM tag the branch sits on, e.g. v0.31.0")
+    p.add_argument("--branch", required=True, metavar="BRANCH", help="the branch with one commit per topic")
+    p.add_argument("--out", metavar="DIR", help="the series folder to write (default: images.yaml's series.dir)")
+    c.add("schema", cmd_schema, "print the JSON Schema of images.yaml (images.schema.json is this output)",
+        json_out=False)
+    p = c.add("derive", cmd_derive, "rewrite what docs/profiles.md, docs/architecture.md and the Compose files derive "
+              "from images.yaml, the knob table and the modules' docstrings (one service per profile, the knob "
+              "pass-through, the tables)", json_out=False)
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 naming each file that is stale")
+
+
+def _image_commands(c: _Commands) -> None:
+    """The commands of images: image, demo-model, patch-env."""
+    p = c.add("image", cmd_image, "build the image of a target (content-addressed: an image already built for "
             "its digest is not rebuilt)", locked=True)
-    add_target(p, many=True)
+    c.target(p, many=True)
     p.add_argument("--force", action="store_true", help="rebuild even if the image exists")
     p.add_argument("--no-cache", action="store_true", help="with --force: run every step again, BuildKit's cache "
                    "unused (slow: every wheel is installed again)")
-    add("demo-model", cmd_demo_model, "train the shipped demo model again (a few CPU minutes, in the image of the "
+    c.add("demo-model", cmd_demo_model, "train the shipped demo model again (a few CPU minutes, in the image of the "
         "target that serves it) and replace its folder (images.yaml models.<name>.dir)", json_out=False, locked=True)
-    p = add("patch-env", cmd_patch_env, "apply the patch series and components to the vLLM of a Python environment "
+    p = c.add("patch-env", cmd_patch_env, "apply the patch series and components to the vLLM of a Python environment "
             "you installed from docs/install.md (what the image build does), for the process engine", locked=True)
     p.add_argument("--python", required=True, metavar="PATH", help="the environment's interpreter, e.g. "
                    "/opt/venv/bin/python")
-    add_target(p, help="the target whose series applies (default: the first GPU target where this machine has a "
+    c.target(p, help="the target whose series applies (default: the first GPU target where this machine has a "
                "GPU, else the first without one)")
-    p = add("up", cmd_up, "start a profile (Compose, or a process with --engine venv:PATH) and watch it until it is "
+
+
+def _serving_commands(c: _Commands) -> None:
+    """The commands of serving: up, down, ps, logs, monitor."""
+    p = c.add("up", cmd_up, "start a profile (Compose, or a process with --engine venv:PATH) and watch it until it is "
             "healthy or has failed", locked=True)
     p.add_argument("profile", metavar="PROFILE", help="a profile of images.yaml (default, batch, alternative, ...)")
-    add_target(p)
-    add_host(p)
+    c.target(p)
+    c.host(p)
     p.add_argument("--timeout", type=float, metavar="S", help="seconds to wait (default: serve.boot_timeout_s)")
     p.add_argument("--knob", action="append", metavar="NAME=VALUE", help="set a knob over the profile's "
                    "(repeatable; `ps` shows what it runs with)")
-    add_engine(p)
+    c.engine(p)
     p.add_argument("--port", type=int, metavar="N", help="publish on this port (default: serve.port)")
-    p = add("down", cmd_down, "stop and remove a profile's containers (all profiles when none is named); "
+    p = c.add("down", cmd_down, "stop and remove a profile's containers (all profiles when none is named); "
             "volumes stay", json_out=False)
     p.add_argument("profile", nargs="?", metavar="PROFILE")
-    add_engine(p)
-    p = add("ps", cmd_ps, "list each profile's container on the engine: state and health, uptime, URL, image, knobs")
-    add_engine(p)
-    p = add("logs", cmd_logs, "print a profile's log (the last --tail lines), and with -f follow it until Ctrl-C",
+    c.engine(p)
+    p = c.add("ps", cmd_ps, "list each profile's container on the engine: state and health, uptime, URL, image, knobs")
+    c.engine(p)
+    p = c.add("logs", cmd_logs, "print a profile's log (the last --tail lines), and with -f follow it until Ctrl-C",
             json_out=False)
     p.add_argument("profile", metavar="PROFILE")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
     p.add_argument("--tail", type=int, default=200, metavar="N", help="lines from the end to start with (default 200)")
-    add_engine(p)
-    p = add("monitor", cmd_monitor, "sample GPU memory (NVML, every 50 ms) and, on WSL2, the Windows Shared "
+    c.engine(p)
+    p = c.add("monitor", cmd_monitor, "sample GPU memory (NVML, every 50 ms) and, on WSL2, the Windows Shared "
             "Usage counter (every second) for N seconds or until Ctrl-C, then print the summary")
     p.add_argument("--seconds", type=float, metavar="N", help="how long (default: until Ctrl-C)")
     p.add_argument("--interval", type=float, default=0.05, metavar="S", help="NVML sampling interval (default 0.05)")
     p.add_argument("--adapter", metavar="LUID|NAME", help="the WSL2 adapter to read, by its LUID (whole or its last "
                    "part) or its name (any part: 'RTX 4090'); default: hosts.wsl2.adapter of images.yaml, else the "
                    "adapter with the most dedicated memory in use")
-    p = add("run", cmd_run, "image, up, smoke checks, down and a report for each profile, on one engine or on "
-            "several in parallel; exit 0 only when every check passed", locked=True)
-    add_target(p)
+
+
+def _checking_commands(c: _Commands) -> None:
+    """The commands of checking and comparing: run, smoke, sweep, compare."""
+    p = c.add("run", cmd_run, "image, up, smoke checks, down and a report for each profile, on one engine or on "
+            "several in parallel; exit 0 only when every check passed or is not required on the target", locked=True)
+    c.target(p)
     p.add_argument("--profile", action="append", metavar="NAME", help="a profile (repeatable; default: the "
                    "target's first)")
-    add_host(p)
+    c.host(p)
     where = p.add_mutually_exclusive_group()
-    add_engine(where)
+    c.engine(where)
     where.add_argument("--engines", metavar="A,B,...", help="run on several engines in parallel (each as --engine "
                        "takes it; `local` is this machine's): one report per engine and a summary table")
     p.add_argument("--port", type=int, metavar="N", help="publish on this port (default: serve.port; with "
@@ -617,73 +674,60 @@ def build_parser() -> argparse.ArgumentParser:
                    "profile's (repeatable; recorded in the report)")
     p.add_argument("--check", action="append", metavar="NAME", help="run this check instead of the profile's own "
                    "(repeatable; its parameters from images.yaml)")
-    p = add("smoke", cmd_smoke, "run a profile's smoke checks against a running server (local or --url)")
+    p = c.add("smoke", cmd_smoke, "run a profile's smoke checks against a running server (local or --url)")
     p.add_argument("profile", metavar="PROFILE")
     p.add_argument("--url", help="the server's base URL (default: the profile's container on --engine)")
-    add_engine(p)
+    c.engine(p)
     p.add_argument("--api-key-file", metavar="F", help="file holding the API key (default: compose/secrets/api_key)")
     p.add_argument("--check", action="append", metavar="NAME", help="run this check instead of the profile's own "
                    "(repeatable)")
-    add_target(p, help="which target's sizes and model name to expect")
-    p = add("compare", cmd_compare, "one table with two reports side by side, marking differences")
-    p.add_argument("report_a", metavar="REPORT_A", help="a report.json or its folder")
-    p.add_argument("report_b", metavar="REPORT_B")
-    p.add_argument("--threshold", type=float, default=0.10, help="relative difference to mark (default 0.10)")
-    p = add("release", cmd_release, "push each target's checked image: immutable and moving tags, digests read "
-            "back, then releases/v<vllm>.json", locked=True)
-    p.add_argument("--registry", metavar="HOST[:PORT]/NAMESPACE", help="default: release.registry in images.yaml")
-    add_target(p, many=True, help="only this target (repeatable)")
-    p.add_argument("--dry-run", action="store_true", help="check and report; push nothing")
-    p.add_argument("--git-tag", action="store_true", help="also create an annotated git tag v<vllm> with the summary")
-    p.add_argument("--verify", action="store_true", help="push nothing: read releases/v<vllm>.json back and check "
-                   "that the registry still serves each tag's digest")
-    p = add("render", cmd_render, "render deployment manifests for one profile (Kubernetes), validated offline "
-            "against the Kubernetes schemas", json_out=False)
-    p.add_argument("kind", choices=["k8s"], help="what to render")
-    p.add_argument("--profile", required=True, metavar="NAME")
-    add_target(p)
-    add_host(p, default="native")
-    p.add_argument("--out", default="k8s", metavar="DIR", help="folder to write into (default: k8s/)")
-    p.add_argument("--kube-version", default="1.31", metavar="X.Y", help="schema version to validate against")
-    p = add("sweep", cmd_sweep, "boot a profile across knob values, several boots a cell, and print the table "
+    c.target(p, help="which target's sizes and model name to expect")
+    p = c.add("sweep", cmd_sweep, "boot a profile across knob values, several boots a cell, and print the table "
             "(boots survived, margin, KV pool, tokens/s, and whether the spread is below the gap)", json_out=False, locked=True)
     p.add_argument("profile", metavar="PROFILE")
     p.add_argument("--knob", action="append", required=True, metavar="NAME=V1,V2", help="a knob and its values "
                    "(repeatable: every combination is booted)")
     p.add_argument("--boots", type=int, default=2, metavar="N", help="boots per cell (default 2)")
-    add_target(p)
-    add_host(p)
+    c.target(p)
+    c.host(p)
     p.add_argument("--checks", metavar="C1,C2", help="checks to run per boot (default: the profile's own)")
-    add_engine(p)
-    add("doctor", cmd_doctor, "check the engine, Compose, the builder, the NVIDIA runtime, WSL2 and GPUs")
-    p = add("engine", cmd_engine, "make a Docker engine answer: install and start one on Debian/Ubuntu as root "
+    c.engine(p)
+    p = c.add("compare", cmd_compare, "one table with two reports side by side, marking differences")
+    p.add_argument("report_a", metavar="REPORT_A", help="a report.json or its folder")
+    p.add_argument("report_b", metavar="REPORT_B")
+    p.add_argument("--threshold", type=float, default=0.10, help="relative difference to mark (default 0.10)")
+
+
+def _release_commands(c: _Commands) -> None:
+    """The commands of releasing and deploying elsewhere: release, render."""
+    p = c.add("release", cmd_release, "push each target's checked image: immutable and moving tags, digests read "
+            "back, then releases/v<vllm>.json", locked=True)
+    p.add_argument("--registry", metavar="HOST[:PORT]/NAMESPACE", help="default: release.registry in images.yaml")
+    c.target(p, many=True, help="only this target (repeatable)")
+    p.add_argument("--dry-run", action="store_true", help="check and report; push nothing")
+    p.add_argument("--git-tag", action="store_true", help="also create an annotated git tag v<vllm> with the summary")
+    p.add_argument("--verify", action="store_true", help="push nothing: read releases/v<vllm>.json back and check "
+                   "that the registry still serves each tag's digest")
+    p = c.add("render", cmd_render, "render deployment manifests for one profile (Kubernetes), validated offline "
+            "against the Kubernetes schemas", json_out=False)
+    p.add_argument("kind", choices=["k8s"], help="what to render")
+    p.add_argument("--profile", required=True, metavar="NAME")
+    c.target(p)
+    c.host(p, default="native")
+    p.add_argument("--out", default="k8s", metavar="DIR", help="folder to write into (default: k8s/)")
+    p.add_argument("--kube-version", default="1.31", metavar="X.Y", help="schema version to validate against")
+
+
+def _machine_commands(c: _Commands) -> None:
+    """The commands of this machine: doctor, engine, completion."""
+    c.add("doctor", cmd_doctor, "check the engine, Compose, the builder, the NVIDIA runtime, WSL2 and GPUs")
+    p = c.add("engine", cmd_engine, "make a Docker engine answer: install and start one on Debian/Ubuntu as root "
             "and add Compose v2 (idempotent); base images are made by the build that needs them", json_out=False)
     p.add_argument("--test-tools", action="store_true", help="also install what the tests use: a Docker registry "
                    "and an SSH server (Debian packages)")
-    add("schema", cmd_schema, "print the JSON Schema of images.yaml (images.schema.json is this output)",
-        json_out=False)
-    p = add("port", cmd_port, "check the series against a newer vLLM from the two pristine wheels alone: names our "
-            "lines use that it removed, calls of ours that no longer bind to its signatures, and whether each patch "
-            "still applies at fuzz 0 (and at what offsets); exit 1 on anything not accepted")
-    p.add_argument("--to", required=True, metavar="VERSION", help="the newer vLLM, e.g. 0.32.0")
-    add_target(p, many=True, help="only this target's vLLM distribution (repeatable; default: every target)")
-    p.add_argument("--accept", action="append", metavar="NAME=REASON", help="a reviewed exception, recorded in the "
-                   "series folder (port-accept) so that the next port sees it too (repeatable)")
-    p = add("series", cmd_series, "export a git branch that carries one commit per topic on top of a vLLM tag "
-            "as the patch series: one patch per commit, its message's prose and trailers kept, Cut-against set to "
-            "the tag, the series file in commit order", locked=True)
-    p.add_argument("action", choices=["export"])
-    p.add_argument("--repo", required=True, metavar="PATH", help="the vLLM git repository that holds the branch")
-    p.add_argument("--tag", required=True, metavar="TAG", help="the vLLM tag the branch sits on, e.g. v0.31.0")
-    p.add_argument("--branch", required=True, metavar="BRANCH", help="the branch with one commit per topic")
-    p.add_argument("--out", metavar="DIR", help="the series folder to write (default: images.yaml's series.dir)")
-    p = add("completion", cmd_completion, "print a shell completion script for the `servekit` command (the "
+    p = c.add("completion", cmd_completion, "print a shell completion script for the `servekit` command (the "
             "console script `make venv` installs): `eval \"$(.venv/bin/servekit completion bash)\"`", json_out=False)
     p.add_argument("shell", choices=["bash", "zsh", "tcsh"])
-    p = add("derive", cmd_derive, "rewrite what docs/profiles.md and the Compose files derive from images.yaml and "
-            "the knob table (one service per profile, the knob pass-through, the tables)", json_out=False)
-    p.add_argument("--check", action="store_true", help="write nothing; exit 1 naming each file that is stale")
-    return parser
 
 
 SHARED_DEFAULTS = {"matrix": "images.yaml", "base": None, "without": None, "wheels": None}

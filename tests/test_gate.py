@@ -18,7 +18,7 @@ from servekit.image.knobs import FALSE_WORDS, KNOBS, TRUE_WORDS
 from servekit.image.launcher import KnobError, build_command
 from servekit.image.recipe import BOOLEAN_ENV, PRIVACY_ENV
 from servekit.config.matrix import load_matrix
-from servekit.serve.pipeline import console_line, not_required_results, smoke
+from servekit.serve.checks import console_line, not_required_results, smoke
 from servekit.config.profiles import render_profiles
 from smoke import Context, Result, all_passed, run_check
 

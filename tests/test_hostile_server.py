@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from servekit.serve.pipeline import smoke
+from servekit.serve.checks import smoke
 from smoke import Context, run_check
 
 DEADLINE_S = 3.0

@@ -43,7 +43,7 @@ def test_the_spill_check_judges_the_level_before_traffic_and_the_rise_in_it():
 
 def test_spill_is_checked_only_on_wsl2_after_the_other_checks_with_the_profiles_thresholds():
     from servekit.config.matrix import load_matrix
-    from servekit.serve.pipeline import checks_to_run
+    from servekit.serve.checks import checks_to_run
     matrix = load_matrix(ROOT / "images.yaml")
     assert "spill" not in checks_to_run(matrix, "alternative", "cuda", host="native")
     on_wsl2 = checks_to_run(matrix, "alternative", "cuda", host="wsl2")
@@ -57,7 +57,7 @@ def test_a_boot_reads_the_adapter_images_yaml_names(repo, monkeypatch, named):
     wins over dedicated memory."""
     from servekit.serve.deploy import Deployment
     from servekit.config.matrix import load_matrix
-    from servekit.serve.pipeline import Boot
+    from servekit.serve.boot import Boot
     from wsl2.shared_usage import SharedUsageSampler
     matrix_path = repo / "images.yaml"
     matrix_path.write_text(matrix_path.read_text().replace('    cuda_arch: "8.9"\n',

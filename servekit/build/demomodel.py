@@ -4,8 +4,8 @@ A byte-level BPE tokenizer trained on local text, a Hermes/Qwen-style chat templ
 and random weights trained for a few CPU minutes on synthetic chats, so that the model stops,
 answers plainly without tools, and answers a forced tool call with exactly one call and `{}`.
 The model ships in the repository (images.yaml `models.demo.dir`), so no build trains it;
-`make demo-model` runs `make` below inside the cpu image (its torch, transformers and tokenizers)
-and replaces the shipped copy with the result.
+`make demo-model` runs this file inside the cpu image (its torch, transformers and tokenizers; retrain.py
+drives it) and replaces the shipped copy with the result.
 """
 
 from __future__ import annotations
@@ -225,47 +225,6 @@ def behaviour(folder: Path) -> dict[str, str]:
             ok = text == wanted
         out[case] = "ok" if ok and ended else f"said {text!r}" + ("" if ended else " without ending")
     return out
-
-
-def regenerate(engine, image: str, dest: Path, say=print) -> None:
-    """Train the model again in `image` (through `engine`, the Docker door) and swap it in for `dest` at once:
-    a failed or interrupted run leaves the shipped model as it was."""
-    import shutil
-    work = dest.parent / f".{dest.name}.new"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    try:
-        engine.run_once(image, ["/opt/venv/bin/python", "/gen/demomodel.py", "--out", "/out"],
-                        mounts={Path(__file__).resolve(): "/gen/demomodel.py", work.resolve(): "/out"}, say=say)
-        for path in work.iterdir():
-            path.chmod(0o644)
-        old = dest.parent / f".{dest.name}.old"
-        shutil.rmtree(old, ignore_errors=True)
-        if dest.exists():
-            dest.rename(old)
-        work.rename(dest)
-        shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-
-
-def regenerate_shipped(session, say=print, show=None) -> Path:
-    """`demo-model`: train the generated model of the matrix again, in the image of the first target that serves
-    it (built first if need be: its torch does the training), and replace the shipped folder."""
-    from servekit.build.builder import ensure_built
-    from servekit.engines.docker import local
-    from servekit.errors import UserError
-    matrix = session.matrix
-    served = [(name, matrix.models[t.model]) for name, t in matrix.targets.items()
-              if matrix.models[t.model].source == "generated"]
-    if not served:
-        raise UserError("no target of images.yaml serves a generated model (models.<name>.source: generated)")
-    target, model = served[0]
-    plan = ensure_built(session, target, show)
-    dest = session.root / model.dir
-    say(f"demo-model: training in {plan.tag} (a few CPU minutes), then replacing {model.dir}/")
-    regenerate(local(), plan.tag, dest, say=say)
-    return dest
 
 
 def main(argv: list[str] | None = None) -> int:

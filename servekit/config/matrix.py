@@ -312,145 +312,179 @@ def _inside(root: Path, rel: str) -> str | None:
     return None
 
 
-def _cross_references(m: Matrix, root: Path) -> list[tuple[tuple, str]]:
-    """Every reference from one section to another, checked; (location, message) per problem."""
-    problems: list[tuple[tuple, str]] = []
-    for section in ("indexes", "bases", "models", "targets", "hosts", "components", "profiles"):
-        for name in getattr(m, section):
-            if not SAFE_NAME.match(name):
-                problems.append(((section, name), f"name {name!r}: expected lowercase letters, digits and '-', "
-                                 "starting with a letter, at most 40 characters"))
-    for name, spec in m.indexes.items():
-        if urlsplit(spec.url).username or urlsplit(spec.url).password:
-            problems.append((("indexes", name, "url"), f"credentials in images.yaml would be committed: remove them "
-                             f"from the URL and set {credentials.env_name(name)}=user:token in the environment"))
-    for name in m.checks:
-        if not CHECK_NAME.match(name):
-            problems.append((("checks", name), f"name {name!r}: expected lowercase letters, digits and '_'"))
-    for name, version in m.pins.items():
-        parsed = Version(version)
-        if parsed.local or parsed.epoch:
-            problems.append((("pins", name), f"{version!r}: expected a plain release version (no '+local' or "
-                             "epoch: it goes into image tags); a local label goes in targets.<t>.torch_local_version"))
-    try:
-        ipaddress.ip_address(m.serve.bind)
-    except ValueError:
-        problems.append((("serve", "bind"), f"{m.serve.bind!r}: expected an IP address such as 127.0.0.1"))
-    paths: list[tuple[tuple, str]] = [(("series", "dir"), m.series.dir)]
-    paths += [(("components", n, "source"), c.source) for n, c in m.components.items()]
-    paths += [(("models", n, "dir"), model.dir) for n, model in m.models.items() if model.dir]
-    for loc, rel in paths:
-        if problem := _inside(root, rel):
-            problems.append((loc, problem))
+class _References:
+    """Every reference from one section of the matrix to another, checked section by section; `problems` holds
+    (location, message) per problem."""
 
-    def need(value: str, table: dict, what: str, loc: tuple) -> None:
+    def __init__(self, m: Matrix, root: Path):
+        self.m, self.root = m, root
+        self.problems: list[tuple[tuple, str]] = []
+
+    def add(self, loc: tuple, message: str) -> None:
+        self.problems.append((loc, message))
+
+    def need(self, value: str, table: dict, what: str, loc: tuple) -> None:
         if value not in table:
-            known = ", ".join(table) or "none"
-            problems.append((loc, f"{what} {value!r} is not defined; expected one of: {known}"))
+            self.add(loc, f"{what} {value!r} is not defined; expected one of: {', '.join(table) or 'none'}")
 
-    for pkg, index in m.package_index.items():
-        need(index, m.indexes, "index", ("package_index", pkg))
-        need(pkg, m.pins, "pinned package", ("package_index", pkg))
-    def knobs(table: dict[str, str], loc: tuple) -> None:
+    def knobs(self, table: dict[str, str], loc: tuple) -> None:
         for name, value in table.items():
             knob = KNOBS.get(name)
             if knob is None:
                 close = difflib.get_close_matches(name, KNOBS, n=1)
                 hint = f"did you mean {close[0]!r}?" if close else f"expected one of {', '.join(KNOBS)}"
-                problems.append(((*loc, name), f"unknown knob {name!r}; {hint}"))
+                self.add((*loc, name), f"unknown knob {name!r}; {hint}")
             elif problem := knob.check(value):
-                problems.append(((*loc, name), f"{name}={value!r}: {problem}"))
+                self.add((*loc, name), f"{name}={value!r}: {problem}")
 
-    def params_fit(check: str, params: dict | None, loc: tuple) -> None:
-        """The check exists, then each parameter fits it; `loc` is where the parameters are written."""
+    def check_params(self, check: str, params: dict | None, loc: tuple) -> None:
+        """The check is defined and implemented, then each parameter fits it; `loc` is where they are written."""
+        if loc[0] != "checks":
+            self.need(check, self.m.checks, "check", loc)
+            if check not in self.m.checks:
+                return
         unimplemented = param_problems(check, {})
         if unimplemented:
-            problems.append((loc[:-1] if loc[-1] == "params" else loc, unimplemented[0]))
+            self.add(loc[:-1] if loc[-1] == "params" else loc, unimplemented[0])
             return
         for key, value in (params or {}).items():
-            problems.extend(((*loc, key), p) for p in param_problems(check, {key: value}))
+            self.problems.extend(((*loc, key), p) for p in param_problems(check, {key: value}))
 
-    for name, c in m.checks.items():
-        params_fit(name, c.params, ("checks", name, "params"))
-        for host in c.hosts:
-            need(host, m.hosts, "host", ("checks", name, "hosts"))
-    for pkg in m.may_omit:
-        need(pkg, m.pins, "pinned package", ("may_omit", pkg))
-    for name, model in m.models.items():
-        for check, sizes in model.checks.items():
-            need(check, m.checks, "check", ("models", name, "checks", check))
-            if check in m.checks:
-                params_fit(check, sizes, ("models", name, "checks", check))
-        if (model.source == "generated") != bool(model.dir):
-            problems.append((("models", name), "a generated model names the folder that holds it (dir:), a "
-                             "downloaded one does not"))
-        if (model.source == "huggingface") != bool(model.repo):
-            problems.append((("models", name), "a Hugging Face model names its repo (repo:), a generated one does not"))
-    for name, b in m.bases.items():
-        if b.cuda_wheels and not b.debootstrap:
-            problems.append((("bases", name, "cuda_wheels"), "cuda_wheels go with debootstrap (a base made here)"))
-    for name, t in m.targets.items():
-        knobs(t.knobs, ("targets", name, "knobs"))
-        for i, base in enumerate(t.bases):
-            need(base, m.bases, "base", ("targets", name, "bases", i))
-        for pkg, index in t.package_index.items():
-            need(index, m.indexes, "index", ("targets", name, "package_index", pkg))
-            need(pkg, m.pins, "pinned package", ("targets", name, "package_index", pkg))
-        need(t.model, m.models, "model", ("targets", name, "model"))
-        for i, pkg in enumerate(t.packages):
-            need(pkg, m.pins, "pinned package", ("targets", name, "packages", i))
-        for i, comp in enumerate(t.components):
-            need(comp, m.components, "component", ("targets", name, "components", i))
-        if "vllm" not in t.packages:
-            problems.append((("targets", name, "packages"), "a target must install vllm"))
-    for name, h in m.hosts.items():
-        knobs(h.knobs, ("hosts", name, "knobs"))
-        for comp, table in h.component_knobs.items():
-            knobs(table, ("hosts", name, "component_knobs", comp))
-        for comp in h.component_knobs:
-            need(comp, m.components, "component", ("hosts", name, "component_knobs", comp))
-        for kv, table in h.batch.items():
-            knobs(table, ("hosts", name, "batch", kv))
-            for knob in set(table) - {"GPU_UTIL", "MAX_LEN"}:
-                problems.append((("hosts", name, "batch", kv, knob), f"{knob}: the batch launcher takes GPU_UTIL and "
-                                 "MAX_LEN per KV from a host; set other knobs on the profile"))
-    for name, component in m.components.items():
-        for i, target in enumerate(component.targets):
-            need(target, m.targets, "target", ("components", name, "targets", i))
-    for name, p in m.profiles.items():
-        if not p.checks and not any(o and o.checks for o in p.targets.values()):
-            problems.append((("profiles", name, "checks"), "a profile needs at least one check: a run of it must "
-                             "test something before it can pass (or gate a release)"))
-        knobs(p.knobs, ("profiles", name, "knobs"))
-        for host, table in p.hosts.items():
-            knobs(table, ("profiles", name, "hosts", host))
-        for target, override in p.targets.items():
-            knobs(override.knobs if override else {}, ("profiles", name, "targets", target, "knobs"))
-        if not p.targets:
-            problems.append((("profiles", name, "targets"), "a profile needs at least one target"))
-        for target, override in p.targets.items():
-            need(target, m.targets, "target", ("profiles", name, "targets", target))
-            listed = {**p.checks, **(override.checks if override else {})}
-            for check, why in (override.not_required if override else {}).items():
-                if check not in listed:
-                    problems.append((("profiles", name, "targets", target, "not_required", check),
-                                     f"{check!r} is not a check of profile {name}; it lists {', '.join(listed)}"))
-                elif not why.strip():
-                    problems.append((("profiles", name, "targets", target, "not_required", check),
-                                     "say why the check is not required here (the report shows it)"))
-            for check, params in (override.checks if override else {}).items():
-                need(check, m.checks, "check", ("profiles", name, "targets", target, "checks", check))
-                if check in m.checks:
-                    params_fit(check, params, ("profiles", name, "targets", target, "checks", check))
-        for host in p.hosts:
-            need(host, m.hosts, "host", ("profiles", name, "hosts", host))
-        for check, params in p.checks.items():
-            need(check, m.checks, "check", ("profiles", name, "checks", check))
-            if check in m.checks:
-                params_fit(check, params, ("profiles", name, "checks", check))
-        for i, comp in enumerate(p.components):
-            need(comp, m.components, "component", ("profiles", name, "components", i))
-    return problems
+    def all(self) -> list[tuple[tuple, str]]:
+        for section in (self.names, self.indexes_and_pins, self.paths, self.checks, self.models, self.bases,
+                        self.targets, self.hosts, self.components, self.profiles):
+            section()
+        return self.problems
+
+    def names(self) -> None:
+        m = self.m
+        for section in ("indexes", "bases", "models", "targets", "hosts", "components", "profiles"):
+            for name in getattr(m, section):
+                if not SAFE_NAME.match(name):
+                    self.add((section, name), f"name {name!r}: expected lowercase letters, digits and '-', starting "
+                             "with a letter, at most 40 characters")
+        for name in m.checks:
+            if not CHECK_NAME.match(name):
+                self.add(("checks", name), f"name {name!r}: expected lowercase letters, digits and '_'")
+
+    def indexes_and_pins(self) -> None:
+        m = self.m
+        for name, spec in m.indexes.items():
+            if urlsplit(spec.url).username or urlsplit(spec.url).password:
+                self.add(("indexes", name, "url"), f"credentials in images.yaml would be committed: remove them from "
+                         f"the URL and set {credentials.env_name(name)}=user:token in the environment")
+        for name, version in m.pins.items():
+            parsed = Version(version)
+            if parsed.local or parsed.epoch:
+                self.add(("pins", name), f"{version!r}: expected a plain release version (no '+local' or epoch: it "
+                         "goes into image tags); a local label goes in targets.<t>.torch_local_version")
+        for pkg, index in m.package_index.items():
+            self.need(index, m.indexes, "index", ("package_index", pkg))
+            self.need(pkg, m.pins, "pinned package", ("package_index", pkg))
+        for pkg in m.may_omit:
+            self.need(pkg, m.pins, "pinned package", ("may_omit", pkg))
+        try:
+            ipaddress.ip_address(m.serve.bind)
+        except ValueError:
+            self.add(("serve", "bind"), f"{m.serve.bind!r}: expected an IP address such as 127.0.0.1")
+
+    def paths(self) -> None:
+        m = self.m
+        paths: list[tuple[tuple, str]] = [(("series", "dir"), m.series.dir)]
+        paths += [(("components", n, "source"), c.source) for n, c in m.components.items()]
+        paths += [(("models", n, "dir"), model.dir) for n, model in m.models.items() if model.dir]
+        for loc, rel in paths:
+            if problem := _inside(self.root, rel):
+                self.add(loc, problem)
+
+    def checks(self) -> None:
+        for name, c in self.m.checks.items():
+            self.check_params(name, c.params, ("checks", name, "params"))
+            for host in c.hosts:
+                self.need(host, self.m.hosts, "host", ("checks", name, "hosts"))
+
+    def models(self) -> None:
+        for name, model in self.m.models.items():
+            for check, sizes in model.checks.items():
+                self.check_params(check, sizes, ("models", name, "checks", check))
+            if (model.source == "generated") != bool(model.dir):
+                self.add(("models", name), "a generated model names the folder that holds it (dir:), a downloaded "
+                         "one does not")
+            if (model.source == "huggingface") != bool(model.repo):
+                self.add(("models", name), "a Hugging Face model names its repo (repo:), a generated one does not")
+
+    def bases(self) -> None:
+        for name, b in self.m.bases.items():
+            if b.cuda_wheels and not b.debootstrap:
+                self.add(("bases", name, "cuda_wheels"), "cuda_wheels go with debootstrap (a base made here)")
+
+    def targets(self) -> None:
+        m = self.m
+        for name, t in m.targets.items():
+            self.knobs(t.knobs, ("targets", name, "knobs"))
+            for i, base in enumerate(t.bases):
+                self.need(base, m.bases, "base", ("targets", name, "bases", i))
+            for pkg, index in t.package_index.items():
+                self.need(index, m.indexes, "index", ("targets", name, "package_index", pkg))
+                self.need(pkg, m.pins, "pinned package", ("targets", name, "package_index", pkg))
+            self.need(t.model, m.models, "model", ("targets", name, "model"))
+            for i, pkg in enumerate(t.packages):
+                self.need(pkg, m.pins, "pinned package", ("targets", name, "packages", i))
+            for i, comp in enumerate(t.components):
+                self.need(comp, m.components, "component", ("targets", name, "components", i))
+            if "vllm" not in t.packages:
+                self.add(("targets", name, "packages"), "a target must install vllm")
+
+    def hosts(self) -> None:
+        for name, h in self.m.hosts.items():
+            self.knobs(h.knobs, ("hosts", name, "knobs"))
+            for comp, table in h.component_knobs.items():
+                self.knobs(table, ("hosts", name, "component_knobs", comp))
+                self.need(comp, self.m.components, "component", ("hosts", name, "component_knobs", comp))
+            for kv, table in h.batch.items():
+                self.knobs(table, ("hosts", name, "batch", kv))
+                for knob in set(table) - {"GPU_UTIL", "MAX_LEN"}:
+                    self.add(("hosts", name, "batch", kv, knob), f"{knob}: the batch launcher takes GPU_UTIL and "
+                             "MAX_LEN per KV from a host; set other knobs on the profile")
+
+    def components(self) -> None:
+        for name, component in self.m.components.items():
+            for i, target in enumerate(component.targets):
+                self.need(target, self.m.targets, "target", ("components", name, "targets", i))
+
+    def profiles(self) -> None:
+        m = self.m
+        for name, p in m.profiles.items():
+            loc = ("profiles", name)
+            if not p.checks and not any(o and o.checks for o in p.targets.values()):
+                self.add((*loc, "checks"), "a profile needs at least one check: a run of it must test something "
+                         "before it can pass (or gate a release)")
+            if not p.targets:
+                self.add((*loc, "targets"), "a profile needs at least one target")
+            self.knobs(p.knobs, (*loc, "knobs"))
+            for host, table in p.hosts.items():
+                self.need(host, m.hosts, "host", (*loc, "hosts", host))
+                self.knobs(table, (*loc, "hosts", host))
+            for check, params in p.checks.items():
+                self.check_params(check, params, (*loc, "checks", check))
+            for i, comp in enumerate(p.components):
+                self.need(comp, m.components, "component", (*loc, "components", i))
+            for target, override in p.targets.items():
+                self.profile_target(name, target, override or ProfileTarget())
+
+    def profile_target(self, name: str, target: str, override: ProfileTarget) -> None:
+        loc = ("profiles", name, "targets", target)
+        self.need(target, self.m.targets, "target", loc)
+        self.knobs(override.knobs, (*loc, "knobs"))
+        for check, params in override.checks.items():
+            self.check_params(check, params, (*loc, "checks", check))
+        listed = {**self.m.profiles[name].checks, **override.checks}
+        for check, why in override.not_required.items():
+            if check not in listed:
+                self.add((*loc, "not_required", check), f"{check!r} is not a check of profile {name}; it lists "
+                         f"{', '.join(listed)}")
+            elif not why.strip():
+                self.add((*loc, "not_required", check), "say why the check is not required here (the report shows it)")
 
 
 _TYPE_WORDS = {
@@ -518,7 +552,7 @@ def parse_matrix(loaded: LoadedYaml) -> Matrix:
                 message = f"unknown key; did you mean {close[0]!r}?"
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise UserError(f"{loaded.where(loc)}: {_key(loc)}: {message}{more}") from None
-    problems = _cross_references(matrix, loaded.path.resolve().parent)
+    problems = _References(matrix, loaded.path.resolve().parent).all()
     if problems:
         problems.sort(key=lambda p: loaded.line_of(p[0]))
         loc, message = problems[0]

@@ -9,6 +9,7 @@ sections 2 and 3); where the source is silent the choice is said in docs/profile
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 # What every target's server runs with: no usage statistics leave the machine (the source's image sets both).
@@ -82,6 +83,79 @@ def _bit(value: str | None, default: bool) -> str:
     return "1" if (default if value is None else _on(value)) else "0"
 
 
+@dataclass(frozen=True)
+class Sizing:
+    """What a mode's row and the knobs give a profile: its table row, draft tokens, sequences, GPU_UTIL, max length
+    and the CUDA-graph capture size."""
+    row: dict[str, Any]
+    drafts: int
+    seqs: int
+    util: str
+    max_len: str
+    cudagraphs: int
+
+
+def _batch_sizing(k: dict[str, str], spec: str, batch_defaults: dict[str, dict[str, str]] | None) -> Sizing:
+    if spec != "off":
+        raise RecipeError(f"SPEC={spec}: batch serves without speculation (SPEC=off)")
+    row = BATCH[k["KV"]]
+    on_host = (batch_defaults or {}).get(k["KV"], {})
+    return Sizing(row, 0, int(k["MAX_SEQS"]), k.get("GPU_UTIL") or on_host.get("GPU_UTIL") or row["util"],
+                  k.get("MAX_LEN") or on_host.get("MAX_LEN") or str(row["max_len"]), 64)
+
+
+def _alternative_sizing(k: dict[str, str], spec: str) -> Sizing:
+    if spec not in ("dflash2", "off"):
+        raise RecipeError(f"SPEC={spec}: alternative.sh speculates with dflash2 or not at all (off)")
+    drafts = int(k.get("DRAFT_TOKENS", ALTERNATIVE["drafts"])) if spec != "off" else 0
+    seqs = int(k["MAX_SEQS"])
+    return Sizing(ALTERNATIVE, drafts, seqs, k["GPU_UTIL"], k["MAX_LEN"], min(64, seqs * 8))
+
+
+def _single_sizing(k: dict[str, str], spec: str) -> Sizing:
+    if k.get("CTX") not in ("fast", "long", "huge"):
+        raise RecipeError(f"CTX={k.get('CTX')!r}: the single-user launcher takes fast, long or huge")
+    row = SINGLE[(spec, k["CTX"])]
+    drafts = int(k.get("DRAFT_TOKENS", row.get("drafts", 0))) if spec != "off" else 0
+    many = drafts > 7
+    seqs = int(k.get("MAX_SEQS") or row["seqs_many" if many and "seqs_many" in row else "seqs"])
+    max_len = k.get("MAX_LEN") or str(row["max_len_many" if many and "max_len_many" in row else "max_len"])
+    return Sizing(row, drafts, seqs, k["GPU_UTIL"], max_len, row.get("cudagraphs") or min(64, seqs * (drafts + 1)))
+
+
+def _speculation(k: dict[str, str], mode: str, spec: str, host: str, drafts: int, model: dict,
+                 env: dict[str, str]) -> list[str]:
+    """The speculative config's flag, its environment added to `env`."""
+    if spec == "off":
+        return []
+    sample = k["DRAFT_SAMPLE"]
+    if spec == "mtp":
+        config = {"method": "mtp", "num_speculative_tokens": drafts, "draft_sample_method": sample}
+        env.setdefault("VLLM_SPEC_DECODE_ATTN", _bit(k.get("SPEC_ATTN"), True))
+    else:
+        config = {"method": "dflash", "model": model["drafters"]["dflash"]["path"], "num_speculative_tokens": drafts,
+                  "draft_sample_method": sample}
+        env["VLLM_DFLASH2_LOOKUP"] = _bit(k.get("LOOKUP"), True)
+        if mode == "single":
+            env["VLLM_SPEC_DECODE_ATTN_QMAX"] = str(drafts + 1)
+        if host == "wsl2":
+            env["VLLM_WSL2_ENABLE_PIN_MEMORY"] = "1"  # else "UVA is not available" under WSL2
+    return ["--speculative-config", json.dumps(config)]
+
+
+def _prefix_caching(k: dict[str, str], mode: str, spec: str, drafts: int, env: dict[str, str]) -> list[str]:
+    if not _on(k.get("PREFIX_CACHE")):
+        return []
+    args = ["--enable-prefix-caching", "--mamba-cache-mode", "align"]
+    if k.get("CTX") == "huge" and mode == "single":
+        args += ["--prefix-match-unit", "128"]
+    if spec != "off":
+        args += ["--prefix-cache-retention-interval", _retention(k, mode, spec, drafts)]
+    if mode == "single" and k.get("CTX") == "huge" and drafts > 7 and spec == "dflash2":
+        env["VLLM_DFLASH2_LOOKUP_ADAPTIVE"] = "0"
+    return args
+
+
 def command(k: dict[str, str], host: str, model: dict, batch_defaults: dict[str, dict[str, str]] | None = None
             ) -> tuple[list[str], dict[str, str]]:
     """(flags after --model/--host/--port, environment) for knobs `k` (mode defaults under them) on `host`, whose
@@ -94,50 +168,22 @@ def command(k: dict[str, str], host: str, model: dict, batch_defaults: dict[str,
     if spec == "dflash2" and not model.get("drafters", {}).get("dflash"):
         raise RecipeError("SPEC=dflash2 needs the DFlash2 drafter, and the model names none (images.yaml "
                           "models.<name>.drafters.dflash)")
+    size = (_batch_sizing(k, spec, batch_defaults) if mode == "batch" else
+            _alternative_sizing(k, spec) if mode == "alternative" else _single_sizing(k, spec))
+    if k.get("DTYPE") == "float16" and spec != "off":
+        raise RecipeError("DTYPE=float16 with a speculator: the source's launcher refuses it")
+    row, drafts = size.row, size.drafts
     # Expandable segments: off on WSL2 (device not ready), and beside a CPU KV tier, which vLLM 0.31 refuses with
     # them (the allocator may remap the KV cache's addresses under the copy engine).
     expandable = host != "wsl2" and "KV_OFFLOAD_GB" not in k
     env = {"FLASHINFER_DISABLE_VERSION_CHECK": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0",
-           "PYTORCH_CUDA_ALLOC_CONF": f"expandable_segments:{expandable}"}
-    row: dict[str, Any]
-    if mode == "batch":
-        if spec != "off":
-            raise RecipeError(f"SPEC={spec}: batch serves without speculation (SPEC=off)")
-        row = BATCH[k["KV"]]
-        drafts, seqs = 0, int(k["MAX_SEQS"])
-        on_host = (batch_defaults or {}).get(k["KV"], {})
-        util = k.get("GPU_UTIL") or on_host.get("GPU_UTIL") or row["util"]
-        max_len = k.get("MAX_LEN") or on_host.get("MAX_LEN") or str(row["max_len"])
-        cudagraphs = 64
-    elif mode == "alternative":
-        if spec not in ("dflash2", "off"):
-            raise RecipeError(f"SPEC={spec}: alternative.sh speculates with dflash2 or not at all (off)")
-        row = ALTERNATIVE
-        drafts = int(k.get("DRAFT_TOKENS", row["drafts"])) if spec != "off" else 0
-        seqs, util, max_len = int(k["MAX_SEQS"]), k["GPU_UTIL"], k["MAX_LEN"]
-        cudagraphs = min(64, seqs * 8)
-    else:
-        if k.get("CTX") not in ("fast", "long", "huge"):
-            raise RecipeError(f"CTX={k.get('CTX')!r}: the single-user launcher takes fast, long or huge")
-        row = SINGLE[(spec, k["CTX"])]
-        drafts = int(k.get("DRAFT_TOKENS", row.get("drafts", 0))) if spec != "off" else 0
-        many = drafts > 7
-        seqs = int(k.get("MAX_SEQS") or row["seqs_many" if many and "seqs_many" in row else "seqs"])
-        util = k["GPU_UTIL"]
-        max_len = k.get("MAX_LEN") or str(row["max_len_many" if many and "max_len_many" in row else "max_len"])
-        cudagraphs = row.get("cudagraphs") or min(64, seqs * (drafts + 1))
-    if k.get("DTYPE") == "float16" and spec != "off":
-        raise RecipeError("DTYPE=float16 with a speculator: the source's launcher refuses it")
-    lookup = _on(k.get("LOOKUP", "1"))
-    async_default = not (drafts > 7 and lookup and spec == "dflash2")
-    args = ["--gpu-memory-utilization", util, "--max-model-len", max_len, "--max-num-seqs", str(seqs),
+           "PYTORCH_CUDA_ALLOC_CONF": f"expandable_segments:{expandable}", **row.get("env", {})}
+    async_default = not (drafts > 7 and _on(k.get("LOOKUP", "1")) and spec == "dflash2")
+    args = ["--gpu-memory-utilization", size.util, "--max-model-len", size.max_len, "--max-num-seqs", str(size.seqs),
             "--api-server-count", k.get("API_SERVERS", "1")]
     args += VISION_ARGS if _on(k.get("VISION")) else ["--language-model-only"]
-    if row.get("attention"):
-        args += ["--attention-backend", row["attention"]]
-    args += ["--kv-cache-dtype", row["kv"]]
-    if row.get("block"):
-        args += ["--block-size", str(row["block"])]
+    args += ["--attention-backend", row["attention"]] if row.get("attention") else []
+    args += ["--kv-cache-dtype", row["kv"]] + (["--block-size", str(row["block"])] if row.get("block") else [])
     if mode == "single" and row.get("kv_memory") and k.get("KV_MEM") != "0":
         # The source writes --kv-cache-memory=, a prefix argparse expands; the full name survives a new flag
         # that shares the prefix.
@@ -146,27 +192,13 @@ def command(k: dict[str, str], host: str, model: dict, batch_defaults: dict[str,
     args.append("--async-scheduling" if _on(k.get("ASYNC_SCHED", "1" if async_default else "0"))
                 else "--no-async-scheduling")
     args += ["--max-num-batched-tokens", "2048"]
-    env.update(row.get("env", {}))
-    if spec != "off":
-        sample = k["DRAFT_SAMPLE"]
-        if spec == "mtp":
-            config = {"method": "mtp", "num_speculative_tokens": drafts, "draft_sample_method": sample}
-            env.setdefault("VLLM_SPEC_DECODE_ATTN", _bit(k.get("SPEC_ATTN"), True))
-        else:
-            config = {"method": "dflash", "model": model["drafters"]["dflash"]["path"], "num_speculative_tokens": drafts,
-                      "draft_sample_method": sample}
-            env["VLLM_DFLASH2_LOOKUP"] = "1" if lookup else "0"
-            if mode == "single":
-                env["VLLM_SPEC_DECODE_ATTN_QMAX"] = str(drafts + 1)
-            if host == "wsl2":
-                env["VLLM_WSL2_ENABLE_PIN_MEMORY"] = "1"  # else "UVA is not available" under WSL2
-        args += ["--speculative-config", json.dumps(config)]
-    compilation: dict = {"max_cudagraph_capture_size": cudagraphs, "custom_ops": CUSTOM_OPS}
+    args += _speculation(k, mode, spec, host, drafts, model, env)
+    compilation: dict = {"max_cudagraph_capture_size": size.cudagraphs, "custom_ops": CUSTOM_OPS}
     mode_of_graphs = k.get("CUDAGRAPH_MODE") or (row.get("cudagraph_mode") if spec != "dflash2" else None)
     if mode_of_graphs:
         compilation["cudagraph_mode"] = mode_of_graphs
-    args += ["--compilation-config", json.dumps(compilation)]
-    args += ["--reasoning-parser", "qwen3", "--enable-prompt-tokens-details"]
+    args += ["--compilation-config", json.dumps(compilation), "--reasoning-parser", "qwen3",
+             "--enable-prompt-tokens-details"]
     if mode == "alternative" or _on(k.get("TOOLS")):
         args += ["--enable-auto-tool-choice", "--tool-call-parser", k.get("TOOL_PARSER", "qwen3_coder")]
     args += ["--tool-strict-level", k.get("TOOL_STRICT", "parameter")]
@@ -174,14 +206,7 @@ def command(k: dict[str, str], host: str, model: dict, batch_defaults: dict[str,
         args += ["--sse-keep-alive-interval", k["SSE_KEEP_ALIVE"]]
     if "ENABLE_THINKING" in k:
         args += ["--default-chat-template-kwargs", json.dumps({"enable_thinking": _on(k["ENABLE_THINKING"])})]
-    if _on(k.get("PREFIX_CACHE")):
-        args += ["--enable-prefix-caching", "--mamba-cache-mode", "align"]
-        if k.get("CTX") == "huge" and mode == "single":
-            args += ["--prefix-match-unit", "128"]
-        if spec != "off":
-            args += ["--prefix-cache-retention-interval", _retention(k, mode, spec, drafts)]
-        if mode == "single" and k.get("CTX") == "huge" and drafts > 7 and spec == "dflash2":
-            env["VLLM_DFLASH2_LOOKUP_ADAPTIVE"] = "0"
+    args += _prefix_caching(k, mode, spec, drafts, env)
     if mode == "alternative":
         env["VLLM_INT4_MQ_3D"] = _bit(k.get("INT4_MQ_3D"), True)
     if k.get("INT8_ACT") == "int8":

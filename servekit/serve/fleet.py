@@ -124,7 +124,7 @@ def run(session, engines: list[Engine], target: str | None = None, profiles: lis
     import datetime as dt
 
     from servekit.build.builder import ensure_built
-    from servekit.serve.pipeline import profiles_of
+    from servekit.serve.commands import profiles_of
     from servekit.release.publish import released
     target = session.target(target, engines[0])
     profiles = profiles_of(session, target, profiles)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from servekit.atomic import write_text
 from servekit.errors import UserError
+from servekit.config.knobargs import parse_knobs
 from servekit.records.models import RunReport, SweepReport, save
 
 GiB = 2**30
@@ -242,31 +243,6 @@ def sweep_document(matrix, dep, profile: str, image: str, knobs: list[tuple[str,
            "cells": [{"knobs": c.knobs, "boots": c.boots} for c in cells],
            "table": {"header": header, "rows": rows}, "notes": notes, "title": title}
     return doc, render_markdown(title, header, rows, advice, notes)
-
-
-def parse_knobs(specs: list[str]) -> list[tuple[str, list[str]]]:
-    """`--knob NAME=V1,V2` each, every value checked by the knob table before anything boots."""
-    from servekit.image.knobs import KNOBS
-    knobs = []
-    for spec in specs:
-        name, _, values = spec.partition("=")
-        if name not in KNOBS or not values:
-            raise UserError(f"--knob {spec!r}: expected NAME=V1,V2 with NAME one of {', '.join(KNOBS)}")
-        for value in values.split(","):
-            if problem := KNOBS[name].check(value):
-                raise UserError(f"--knob {name}={value!r}: {problem}")
-        knobs.append((name, values.split(",")))
-    return knobs
-
-
-def parse_settings(specs: list[str]) -> dict[str, str]:
-    """`--knob NAME=VALUE` each (one value: a setting, not a sweep), checked by the knob table."""
-    settings = {}
-    for name, values in parse_knobs(specs):
-        if len(values) != 1:
-            raise UserError(f"--knob {name}={','.join(values)}: one value here (`sweep` takes several)")
-        settings[name] = values[0]
-    return settings
 
 
 def sweep(session, profile: str, knob_specs: list[str], boots: int = 2, target: str | None = None,

@@ -14,6 +14,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any, Callable, Protocol
 
 import requests
 from tenacity import RetryError, Retrying, retry_if_result, stop_after_delay, wait_fixed
@@ -163,11 +164,76 @@ def without_frames(lines) -> list[str]:
     return out
 
 
-def _healthy(url: str) -> bool:
+# --- the waits: each polled in turn until all hold or one says the boot cannot succeed ------------------------
+
+class Wait(Protocol):
+    def poll(self) -> bool:
+        """True when this wait holds; raise BootFailed when it never will."""
+
+
+@dataclass
+class NoFailureLogged:
+    """The log has shown no failure (a traceback counts once its own exception line had the time to follow)."""
+    follower: LogFollower
+    tail: Callable[[], list[str]]
+
+    def poll(self) -> bool:
+        if self.follower.failure:
+            time.sleep(0.3)  # the failure's detail lines are usually a few milliseconds behind it
+            raise BootFailed(*self.follower.failure, self.tail())
+        return True
+
+
+@dataclass
+class StillRunning:
+    """The container (or process) has not exited; if it has, the log's failure, else its exit code, says why."""
+    container: Any
+    follower: LogFollower
+    tail: Callable[[], list[str]]
+
+    def poll(self) -> bool:
+        self.container.reload()
+        state = self.container.attrs["State"]
+        if state["Status"] in ("exited", "dead"):
+            self.follower.ended.wait(2)  # let the last lines arrive before quoting them
+            failure = self.follower.failure_at_exit()
+            if failure:
+                raise BootFailed(*failure, self.tail())
+            raise BootFailed(f"the container exited with code {state.get('ExitCode')}", "", self.tail())
+        return True
+
+
+@dataclass
+class HealthAnswers:
+    """The keyless health route answers 200."""
+    url: str
+
+    def poll(self) -> bool:
+        try:
+            return requests.get(f"{self.url}/health", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+
+def wait_until(waits: list[Wait], deadline_s: float, poll_s: float, tail: Callable[[], list[str]],
+               each_round: Callable[[], None] | None = None) -> None:
+    """Poll every wait in order, every `poll_s`, until all hold, within one deadline for all of them; the first that
+    raises ends it at once. `each_round` runs after each round (progress, a stop request)."""
+    def round_holds() -> bool:
+        held = all([w.poll() for w in waits])  # every wait polled each round: a failure is never left unread
+        if each_round:
+            each_round()
+        return held
     try:
-        return requests.get(f"{url}/health", timeout=2).status_code == 200
-    except requests.RequestException:
-        return False
+        for attempt in Retrying(wait=wait_fixed(poll_s), stop=stop_after_delay(deadline_s),
+                                retry=retry_if_result(lambda held: not held)):
+            with attempt:
+                held = round_holds()
+            outcome = attempt.retry_state.outcome
+            if outcome is not None and not outcome.failed:
+                attempt.retry_state.set_result(held)
+    except RetryError:
+        raise BootFailed(f"not healthy within {deadline_s:.0f} s", "", tail()) from None
 
 
 def watch_boot(container, url: str, timeout_s: float, record: BootRecord | None = None,
@@ -180,33 +246,9 @@ def watch_boot(container, url: str, timeout_s: float, record: BootRecord | None 
     def tail() -> list[str]:
         return without_frames(record.lines)[-20:]
 
-    def check_failure() -> bool:
-        if follower.failure:
-            time.sleep(0.3)  # the failure's detail lines are usually a few milliseconds behind it
-            raise BootFailed(*follower.failure, tail())
-        container.reload()
-        state = container.attrs["State"]
-        if state["Status"] in ("exited", "dead"):
-            follower.ended.wait(2)  # let the last lines arrive before quoting them
-            failure = follower.failure_at_exit()
-            if failure:
-                raise BootFailed(*failure, tail())
-            raise BootFailed(f"the container exited with code {state.get('ExitCode')}", "", tail())
-        healthy = _healthy(url)
-        if progress:
-            progress(time.time() - record.started, record)
-        return healthy
-
-    try:
-        for attempt in Retrying(wait=wait_fixed(poll_s), stop=stop_after_delay(timeout_s),
-                                retry=retry_if_result(lambda healthy: not healthy)):
-            with attempt:
-                healthy = check_failure()
-            outcome = attempt.retry_state.outcome
-            if outcome is not None and not outcome.failed:
-                attempt.retry_state.set_result(healthy)
-    except RetryError:
-        raise BootFailed(f"not healthy within {timeout_s:.0f} s", "", tail()) from None
+    wait_until([NoFailureLogged(follower, tail), StillRunning(container, follower, tail), HealthAnswers(url)],
+               timeout_s, poll_s, tail, each_round=(lambda: progress(time.time() - record.started, record))
+               if progress else None)
     record.healthy_at = time.time()
     # The startup line is logged just before /health answers; give the stream a moment to deliver it.
     deadline = time.monotonic() + 2

@@ -1,0 +1,49 @@
+"""`demo-model`: train the shipped demo model again inside the cpu image (demomodel.py is the trainer) and swap it
+in for the shipped folder at once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from servekit.build import demomodel
+
+
+def regenerate(engine, image: str, dest: Path, say=print) -> None:
+    """Train the model again in `image` (through `engine`, the Docker door) and swap it in for `dest` at once:
+    a failed or interrupted run leaves the shipped model as it was."""
+    import shutil
+    work = dest.parent / f".{dest.name}.new"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    try:
+        engine.run_once(image, ["/opt/venv/bin/python", "/gen/demomodel.py", "--out", "/out"],
+                        mounts={Path(demomodel.__file__).resolve(): "/gen/demomodel.py", work.resolve(): "/out"}, say=say)
+        for path in work.iterdir():
+            path.chmod(0o644)
+        old = dest.parent / f".{dest.name}.old"
+        shutil.rmtree(old, ignore_errors=True)
+        if dest.exists():
+            dest.rename(old)
+        work.rename(dest)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def regenerate_shipped(session, say=print, show=None) -> Path:
+    """`demo-model`: train the generated model of the matrix again, in the image of the first target that serves
+    it (built first if need be: its torch does the training), and replace the shipped folder."""
+    from servekit.build.builder import ensure_built
+    from servekit.engines.docker import local
+    from servekit.errors import UserError
+    matrix = session.matrix
+    served = [(name, matrix.models[t.model]) for name, t in matrix.targets.items()
+              if matrix.models[t.model].source == "generated"]
+    if not served:
+        raise UserError("no target of images.yaml serves a generated model (models.<name>.source: generated)")
+    target, model = served[0]
+    plan = ensure_built(session, target, show)
+    dest = session.root / model.dir
+    say(f"demo-model: training in {plan.tag} (a few CPU minutes), then replacing {model.dir}/")
+    regenerate(local(), plan.tag, dest, say=say)
+    return dest

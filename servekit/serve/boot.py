@@ -1,0 +1,166 @@
+"""One boot: the samplers started before the container (their first sample is the baseline), the profile started on
+its engine and watched to healthy, its phases marked from what the watcher sees (`load` from the start, `warm-up`
+once the weights are in memory, `traffic` when the caller starts sending requests); `up` and `run` share it."""
+
+from __future__ import annotations
+
+import re
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from wsl2.shared_usage import SharedUsageSampler, SharedUsageUnavailable
+
+from servekit.engines.docker import EngineError
+from servekit.serve import deploy
+from servekit.serve.gpu import NvmlSampler, NvmlUnavailable
+from servekit.serve.watch import BootFailed, BootRecord, milestone, watch_boot
+
+
+class ContainerMemory(threading.Thread):
+    """The container's memory use about once a second (docker stats): the curve when there is no GPU."""
+
+    def __init__(self, container, started: float):
+        super().__init__(daemon=True, name="container-memory")
+        self.container, self.started = container, started
+        self.t: list[float] = []
+        self.used: list[int] = []
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        try:
+            for stats in self.container.stats(stream=True, decode=True):
+                usage = (stats.get("memory_stats") or {}).get("usage")
+                if usage:
+                    self.t.append(round(time.time() - self.started, 3))
+                    self.used.append(usage)
+                if self.stopped.is_set():
+                    return
+        except Exception:  # the container is gone: the series ends there
+            return
+
+
+class Stopped(Exception):
+    """The run was told to stop (Ctrl-C on a fleet run): the boot in this thread takes its profile down."""
+
+
+WEIGHTS_LOADED = re.compile(r"Model loading took|Loading weights took|Loading model weights took")
+
+
+@dataclass
+class Boot:
+    dep: deploy.Deployment
+    profile: str
+    record: BootRecord = field(default_factory=lambda: BootRecord(started=time.time()))
+    gpu: NvmlSampler | None = None
+    shared: SharedUsageSampler | None = None
+    container: Any = None  # the SDK container, once compose has started it
+    container_memory: ContainerMemory | None = None
+    notes: list[str] = field(default_factory=list)
+    phases: list[tuple[str, float]] = field(default_factory=list)  # (name, seconds since the boot started)
+
+    def mark(self, phase: str) -> None:
+        """Phase `phase` starts now. Traffic and its end first wait (bounded) for two fresh Shared Usage samples,
+        so the level the first request met, and the level the traffic left, are read, not a sample from before."""
+        if phase in dict(self.phases):
+            return
+        if self.shared and phase in ("traffic", "end"):
+            limit = self.shared.fresh_level_timeout()
+            if not self.shared.wait_for_samples(2, limit):
+                self.notes.append(f"Shared Usage: no fresh sample at the start of {phase} within {limit:.0f} s")
+        self.phases.append((phase, round(time.time() - self.record.started, 3)))
+        if self.gpu:
+            self.gpu.mark(phase)
+
+    def end_traffic(self) -> dict | None:
+        """Close the traffic phase (`end`) and give the Shared Usage figures so far: what the spill check judges."""
+        self.mark("end")
+        return self.shared_summary()
+
+    def shared_summary(self) -> dict | None:
+        if not self.shared:
+            return None
+        host = self.dep.matrix.hosts.get(self.dep.host) if self.dep.matrix else None
+        return self.shared.summary(host.adapter if host else None, phases=self.phases, origin=self.record.started)
+
+    def start_samplers(self) -> None:
+        if not self.dep.engine.same_machine:  # NVML and Get-Counter read this machine, not the engine's
+            self.notes.append(f"GPU memory and Shared Usage not sampled: engine {self.dep.engine.given} is on "
+                              "another machine (the container's memory from docker stats is plotted)")
+            return
+        try:
+            self.gpu = NvmlSampler()
+            self.gpu.start()
+        except NvmlUnavailable as exc:
+            self.notes.append(f"GPU memory not sampled: {exc}")
+        if self.dep.host == "wsl2":
+            try:
+                self.shared = SharedUsageSampler().start()
+                if not self.shared.wait_for_samples(1, 20):
+                    self.notes.append("Shared Usage: Get-Counter gave no sample within 20 s")
+            except SharedUsageUnavailable as exc:
+                self.notes.append(f"Shared Usage not sampled: {exc}")
+
+    def stop_samplers(self) -> None:
+        if self.container_memory:
+            self.container_memory.stopped.set()
+        if self.gpu:
+            self.gpu.stop()
+        if self.shared:
+            self.shared.stop()
+
+    def memory(self) -> dict:
+        """The figures for the report: GPU summaries with phases, Shared Usage with its series."""
+        gpus = self.gpu.summary() if self.gpu else []
+        series = [{"t": s.times, "used": s.used} for s in self.gpu.series] if self.gpu else []
+        shared = self.shared_summary()
+        cm = self.container_memory
+        container = {"peak_bytes": max(cm.used), "samples": len(cm.used)} if cm and cm.used else None
+        said = [f"Shared Usage: {error}" for error in (self.shared.errors if self.shared else [])]
+        return {"gpus": gpus, "gpu_series": series, "shared_usage": shared, "phases": self.phases,
+                "container": container, "container_series": {"t": cm.t, "used": cm.used} if cm else None,
+                "notes": self.notes + said}
+
+
+def boot(dep: deploy.Deployment, profile: str, timeout_s: float, say=None, knobs: dict | None = None,
+         note=None, stop: threading.Event | None = None) -> Boot:
+    """Start the samplers, then the profile, and watch it to healthy; on any failure take it down.
+
+    `knobs` are set in the environment of this boot's compose only (it passes them to the launcher);
+    `stop`, when set, ends the wait with Stopped (a Ctrl-C reaches only the main thread)."""
+    b = Boot(dep, profile)
+    b.start_samplers()
+    for line in b.notes:
+        (note or (lambda text: print(text, file=sys.stderr)))(f"note: {line}")
+    try:
+        b.record.started = time.time()
+        b.mark("load")
+        try:
+            started = deploy.up(dep, profile, knobs)
+        except EngineError as exc:  # a port in use, a missing image, an engine that went away
+            last = exc.reason
+            if "could not select device driver" in last:  # the engine has no way to give it a GPU
+                last = f"no GPU: the engine has no NVIDIA runtime ({last.strip()})"
+            raise BootFailed(f"compose up failed: {last}", "", exc.output) from None
+        b.container = started or deploy.find_container(profile, dep.engine)
+        if b.container is None:
+            raise BootFailed(f"compose started no container for {profile}", "", [])
+        b.container_memory = ContainerMemory(b.container, b.record.started)
+        b.container_memory.start()
+
+        def progress(elapsed, rec):
+            if stop and stop.is_set():
+                raise Stopped(f"stopped while {profile} was booting")
+            if any(WEIGHTS_LOADED.search(line) for line in list(rec.lines)[-50:]):
+                b.mark("warm-up")
+            if say:
+                say(f"{profile} booting, {elapsed:.0f} s: {milestone(rec.lines) or f'{len(rec.lines)} log lines'}")
+        watch_boot(b.container, dep.url, timeout_s, b.record, progress=progress)
+        b.mark("healthy")
+        return b
+    except BaseException:
+        b.stop_samplers()
+        deploy.down(dep, profile)  # a failed boot, Ctrl-C included, leaves nothing of its own running
+        raise
