@@ -36,8 +36,11 @@ def _engine(args):
     return resolve(args.engine)
 
 
-def _say(prefix: str = ""):
-    return lambda line: print(f"{prefix}{line}", file=sys.stderr, flush=True)
+def _say(prefix: str = "", live=None):
+    """The command's output channel: lines on stderr, a build's steps through the step printer, progress to `live`
+    (a terminal's status line) where given."""
+    from servekit.output import Output
+    return Output(prefix=prefix, live=live, step=_step_printer())
 
 
 def _emit_json(obj) -> None:
@@ -244,7 +247,7 @@ def cmd_image(args) -> int:
     from servekit.serve.deploy import ready_for_compose
     session = _session(args)
     results = build_targets(session, args.target, args.force or args.no_cache, say=_say("image: "),
-                            show=_step_printer(), no_cache=args.no_cache)
+                            no_cache=args.no_cache)
     ready_for_compose(session, results[-1].target, results[-1].tag)  # for `docker compose up PROFILE` in compose/
     if args.json:
         _emit_json({"images": [{"target": r.target, "tag": r.tag, "built": r.built, "seconds": round(r.seconds, 1),
@@ -258,7 +261,7 @@ def cmd_image(args) -> int:
 
 def cmd_demo_model(args) -> int:
     from servekit.build.retrain import regenerate_shipped
-    dest = regenerate_shipped(_session(args), say=_say(), show=_step_printer())
+    dest = regenerate_shipped(_session(args), say=_say())
     print(f"demo-model: {dest} replaced; `make demo` and `make test` use it")
     return 0
 
@@ -273,7 +276,7 @@ def cmd_up(args) -> int:
     try:
         with Console(stderr=True).status(f"waiting for {args.profile} to become healthy") as status:
             r = up_profile(_session(args), args.profile, args.target, args.host, _engine(args), args.port,
-                           args.timeout, say=_say(), status=status.update, knobs=knobs)
+                           args.timeout, say=_say(live=status.update), knobs=knobs)
     except BootFailed as exc:
         print(f"up: {args.profile} failed: {exc}", file=sys.stderr)
         for line in exc.last_lines[-12:]:
@@ -372,7 +375,7 @@ def cmd_run(args) -> int:
         from servekit.engines import parse_engines
         from servekit.serve import fleet
         doc, summary_md, runs = fleet.run(session, parse_engines(args.engines), args.target, args.profile, args.host,
-                                    args.port, say=_say(), show=_step_printer())
+                                    args.port, say=_say())
         if args.json:
             _emit_json({"passed": doc["passed"], "summary": str(summary_md), "engines": doc["engines"]})
         else:
@@ -385,7 +388,7 @@ def cmd_run(args) -> int:
     from servekit.serve import commands
     from servekit.config.knobargs import parse_settings
     done = commands.run(session, args.target, args.profile, args.host, _engine(args), args.port, say=_say(),
-                        show=_step_printer(), knobs=parse_settings(args.knob or []), only=args.check)
+                        knobs=parse_settings(args.knob or []), only=args.check)
     for report, run_dir in done:
         failed = [f"{c.name}{' (not run)' if c.status == 'not_run' else ''}" for c in report.checks
                   if c.status not in GATE_PASSES]
@@ -404,8 +407,8 @@ def cmd_smoke(args) -> int:
     from servekit.serve.commands import smoke_running
     url, results = smoke_running(_session(args), args.profile, args.target, _engine(args) if args.engine else None,
                                  args.url, Path(args.api_key_file) if args.api_key_file else None,
-                                 say=None if args.json else
-                                 lambda r: print(console_line(r)), only=args.check)
+                                 on_result=None if args.json else lambda r: print(console_line(r)),
+                                 only=args.check)
     if args.json:
         _emit_json({"url": url, "checks": [r.to_json() for r in results]})
     return 0 if all_passed(r.status for r in results) else 1
@@ -461,7 +464,7 @@ def cmd_sweep(args) -> int:
     from servekit.serve.sweep import sweep
     session = _session(args)
     out, doc, markdown = sweep(session, args.profile, args.knob, args.boots, args.target, args.host,
-                               args.checks.split(",") if args.checks else None, say=_say(), show=_step_printer(),
+                               args.checks.split(",") if args.checks else None, say=_say(),
                                engine=_engine(args) if args.engine else None)
     _print_wide(doc["title"], doc["table"]["header"], doc["table"]["rows"], markdown)
     if sys.stdout.isatty() and doc["advice"]:

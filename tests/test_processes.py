@@ -67,7 +67,8 @@ def test_down_stops_the_whole_group_and_leaves_nothing(tmp_path):
     assert len(_group_alive(proc.pid)) == 3
     _record(engine, "default", proc.pid, _start_ticks(proc.pid))
     [server] = engine.containers(label="com.docker.compose.service=default")
-    assert server.status == "running" and server.attrs["Config"]["Env"] == ["MAX_SEQS=4"]
+    state = server.current_state()
+    assert state.status == "running" and state.env == {"MAX_SEQS": "4"}
     started = time.monotonic()
     stop_group(proc.pid, grace_s=1.0)
     assert time.monotonic() - started < 15
@@ -83,7 +84,7 @@ def test_a_reused_pid_is_not_the_server(tmp_path):
         # The record names this pid but another start time: the server that had it is gone.
         _record(engine, "default", bystander.pid, (_start_ticks(bystander.pid) or 0) + 1)
         [server] = engine.containers()
-        assert server.status == "exited"
+        assert server.current_state().status == "exited"
         down(engine)
         assert bystander.poll() is None, "down must never signal a process that only shares the pid"
         assert engine.containers() == []
@@ -105,8 +106,8 @@ def test_logs_follow_a_process_to_its_end(tmp_path):
     started = time.monotonic()
     text = b"".join(server.logs(stream=True, follow=True)).decode()
     assert text.split() == ["0", "1", "2", "3", "4"] and time.monotonic() - started < 10
-    server.reload()
-    assert server.attrs["State"] == {**server.attrs["State"], "Status": "exited", "ExitCode": 0}
+    state = server.current_state()
+    assert (state.status, state.running, state.exit_code) == ("exited", False, 0)
     assert server.logs(tail=2) == b"3\n4\n"
 
 

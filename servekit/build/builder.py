@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from servekit.atomic import write_text
 from servekit.build.bases import ensure_made_base
 from servekit.engines.docker import local
 from servekit.errors import EnvironmentProblem, UserError
+from servekit.output import as_output
 from servekit.build.index import IndexUnreachable, normalize, release_exists
 from servekit.config.matrix import Matrix, substitute
 from servekit.build.locks import for_build
@@ -326,9 +326,8 @@ def _failure_summary(log_path: Path) -> str:
 
 
 def build_image(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSettings, force: bool = False,
-                show=None, say=None, no_cache: bool = False) -> BuildResult:
-    show = show or (lambda line: print(line, file=sys.stderr))
-    say = say or show
+                say=None, no_cache: bool = False) -> BuildResult:
+    say = as_output(say)
     if not force and local().image_exists(plan.tag):
         return BuildResult(plan.target, plan.tag, False, 0.0, None)
     extra_indexes, wheels, lock = preflight(matrix, plan, root, settings, say)
@@ -343,7 +342,8 @@ def build_image(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSet
         write_text(pip_conf, credentials.pip_config(
             credentials.with_auth(matrix.indexes["pypi"].url, "pypi"),
             [credentials.with_auth(matrix.indexes[key].url, key) for key in extra_indexes]), mode=0o600)
-        code = _stream(_command(matrix, plan, root, workdir, {"pip_conf": pip_conf}, no_cache), log_path, root, show)
+        code = _stream(_command(matrix, plan, root, workdir, {"pip_conf": pip_conf}, no_cache), log_path, root,
+                       say.step)
     seconds = time.monotonic() - started
     if code != 0:
         raise EnvironmentProblem(f"build of {plan.target} failed after {seconds:.0f} s, nothing tagged: "
@@ -351,20 +351,20 @@ def build_image(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSet
     return BuildResult(plan.target, plan.tag, True, seconds, log_path)
 
 
-def ensure_built(session, target: str, show=None, say=None, engine=None) -> TargetPlan:
+def ensure_built(session, target: str, say=None, engine=None) -> TargetPlan:
     """The target's plan under this machine's settings, its image built first unless it exists (run, sweep,
     demo-model start here); `say` hears which image. A process engine serves from its environment: no image."""
     plan = session.plan(target)
     if engine is not None and not engine.serves_images:
         return plan
-    if say:
-        say(f"{target} image {plan.tag}")
-    build_image(session.matrix, plan, session.root, session.settings, show=show, say=say)  # preflight and base said
+    say = as_output(say)
+    say(f"{target} image {plan.tag}")
+    build_image(session.matrix, plan, session.root, session.settings, say=say)  # preflight and base said
     return plan
 
 
 def build_targets(session, targets: list[str] | None = None, force: bool = False, say=print,
-                  show=None, no_cache: bool = False) -> list[BuildResult]:
+                  no_cache: bool = False) -> list[BuildResult]:
     """`image`: each target's image (the engine's default target when none is named), content-addressed."""
     matrix = session.matrix
     names = [session.check_target(t) for t in targets or [session.default_target()]]
@@ -377,6 +377,6 @@ def build_targets(session, targets: list[str] | None = None, force: bool = False
         for note in plan.notes:
             say(f"{plan.target}: {note}")
         say(f"{plan.target} on base {plan.base_name} ({plan.base}) -> {plan.tag}")
-        results.append(build_image(matrix, plan, session.root, session.settings, force=force, show=show, say=say,
+        results.append(build_image(matrix, plan, session.root, session.settings, force=force, say=say,
                                    no_cache=no_cache))
     return results

@@ -30,7 +30,7 @@ def regenerate(engine, image: str, dest: Path, say=print) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def regenerate_shipped(session, say=print, show=None) -> Path:
+def regenerate_shipped(session, say=print) -> Path:
     """`demo-model`: train the generated model of the matrix again, in the image of the first target that serves
     it (built first if need be: its torch does the training), and replace the shipped folder."""
     from servekit.build.builder import ensure_built
@@ -42,7 +42,7 @@ def regenerate_shipped(session, say=print, show=None) -> Path:
     if not served:
         raise UserError("no target of images.yaml serves a generated model (models.<name>.source: generated)")
     target, model = served[0]
-    plan = ensure_built(session, target, show)
+    plan = ensure_built(session, target, say)
     dest = session.root / model.dir
     say(f"demo-model: training in {plan.tag} (a few CPU minutes), then replacing {model.dir}/")
     regenerate(local(), plan.tag, dest, say=say)

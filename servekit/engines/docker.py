@@ -214,6 +214,14 @@ class Engine:
             else:
                 client.compose.down(remove_orphans=True, quiet=True)
 
+    def server_state(self, container, fresh: bool = False) -> ServerState:
+        """The server's state, read again from the engine when `fresh`."""
+        from servekit.image.launcher import CONTAINER_PORT
+        if fresh:
+            with docker_errors(f"engine {self.given}: inspect {container.name}"):
+                container.reload()
+        return ServerState.of_container(container, CONTAINER_PORT)
+
     def server_environ(self, container) -> dict[str, str]:
         """The environment the serving process runs with: what the launcher exported before it exec'd vLLM, as PID 1
         of the container holds it (not only the container's own). EngineError when it cannot be read."""
@@ -253,6 +261,33 @@ class Engine:
         except Exception as exc:  # the SDK raises several kinds for an unreachable engine
             raise EnvironmentProblem(f"no Docker engine answers at {self.url} (engine {self.given}): "
                                      f"{said(exc)[:200]}") from None
+
+
+@dataclass(frozen=True)
+class ServerState:
+    """What a server is, read the same way from a Docker container or the process engine's process."""
+    name: str
+    profile: str | None  # its Compose service
+    status: str  # running, exited, dead, created, ...
+    running: bool
+    exit_code: int | None
+    started_at: str  # RFC 3339
+    health: str | None  # Docker's healthcheck verdict, where there is one
+    image: str | None  # what it was started from: a tag, or the process engine's environment
+    env: dict[str, str]  # its environment as started (Compose's and the shell's knobs among it)
+    port: int | None  # the host port the container's CONTAINER_PORT is published on
+
+    @classmethod
+    def of_container(cls, container, container_port: int) -> ServerState:
+        attrs = container.attrs
+        state, config = attrs.get("State") or {}, attrs.get("Config") or {}
+        ports = ((attrs.get("NetworkSettings") or {}).get("Ports") or {}).get(f"{container_port}/tcp") or []
+        return cls(name=container.name, profile=(container.labels or {}).get("com.docker.compose.service"),
+                   status=state.get("Status") or "unknown", running=bool(state.get("Running")),
+                   exit_code=state.get("ExitCode"), started_at=state.get("StartedAt") or "",
+                   health=(state.get("Health") or {}).get("Status"), image=config.get("Image"),
+                   env=dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e),
+                   port=int(ports[0]["HostPort"]) if ports else None)
 
 
 def parse_environ(raw: bytes) -> dict[str, str]:

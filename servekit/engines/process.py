@@ -27,9 +27,8 @@ from typing import TypeGuard
 
 from servekit import image
 from servekit.atomic import write_text
-from servekit.engines.docker import PROJECT, Engine, EngineError, parse_environ
+from servekit.engines.docker import PROJECT, Engine, EngineError, ServerState, parse_environ
 from servekit.errors import EnvironmentProblem, UserError
-from servekit.image.launcher import CONTAINER_PORT
 
 SCHEME = "venv"
 IMAGE_CODE = Path(image.__file__).resolve().parent  # the launcher and its siblings, as the image has them
@@ -82,6 +81,9 @@ class ProcessEngine(Engine):
 
     def down(self, dep, profile: str | None = None) -> None:
         down(self, profile)
+
+    def server_state(self, container, fresh: bool = False) -> ServerState:
+        return container.current_state()
 
     def server_environ(self, container) -> dict[str, str]:
         try:
@@ -180,8 +182,6 @@ class ProcessServer:
         self.name = f"{PROJECT}-{record['profile']}"
         self.labels = {"com.docker.compose.project": PROJECT, "com.docker.compose.service": record["profile"]}
         self.image = SimpleNamespace(id=record["image"])
-        self.attrs: dict = {}
-        self.reload()
 
     @classmethod
     def read(cls, engine: ProcessEngine, path: Path) -> ProcessServer | None:
@@ -200,19 +200,12 @@ class ProcessServer:
             return self.popen.poll() is None
         return _start_ticks(self.record["pid"]) == self.record["start_ticks"]
 
-    @property
-    def status(self) -> str:
-        return self.attrs["State"]["Status"]
-
-    def reload(self) -> None:
+    def current_state(self) -> ServerState:
         running = self.running
         code = self.popen.returncode if self.popen is not None and not running else None
-        self.attrs = {
-            "State": {"Status": "running" if running else "exited", "Running": running, "ExitCode": code,
-                      "StartedAt": self.record["started_at"]},
-            "Config": {"Image": self.record["image"], "Env": [f"{k}={v}" for k, v in self.record["knobs"].items()]},
-            "NetworkSettings": {"Ports": {f"{CONTAINER_PORT}/tcp": [{"HostPort": str(self.record["port"])}]}},
-        }
+        return ServerState(name=self.name, profile=self.record["profile"], status="running" if running else "exited",
+                           running=running, exit_code=code, started_at=self.record["started_at"], health=None,
+                           image=self.record["image"], env=dict(self.record["knobs"]), port=self.record["port"])
 
     def logs(self, stream: bool = False, follow: bool = False, timestamps: bool = False, tail="all"):
         """The log as bytes, or with `stream` its lines as they come; `follow` ends once the process has exited

@@ -5,7 +5,6 @@ once the weights are in memory, `traffic` when the caller starts sending request
 from __future__ import annotations
 
 import re
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -14,6 +13,7 @@ from typing import Any
 from wsl2.shared_usage import SharedUsageSampler, SharedUsageUnavailable
 
 from servekit.engines.docker import EngineError
+from servekit.output import as_output
 from servekit.serve import deploy
 from servekit.serve.gpu import NvmlSampler, NvmlUnavailable
 from servekit.serve.watch import BootFailed, BootRecord, milestone, watch_boot
@@ -125,15 +125,16 @@ class Boot:
 
 
 def boot(dep: deploy.Deployment, profile: str, timeout_s: float, say=None, knobs: dict | None = None,
-         note=None, stop: threading.Event | None = None) -> Boot:
+         stop: threading.Event | None = None) -> Boot:
     """Start the samplers, then the profile, and watch it to healthy; on any failure take it down.
 
     `knobs` are set in the environment of this boot's compose only (it passes them to the launcher);
     `stop`, when set, ends the wait with Stopped (a Ctrl-C reaches only the main thread)."""
+    out = as_output(say)
     b = Boot(dep, profile)
     b.start_samplers()
     for line in b.notes:
-        (note or (lambda text: print(text, file=sys.stderr)))(f"note: {line}")
+        out.note(line)
     try:
         b.record.started = time.time()
         b.mark("load")
@@ -155,9 +156,10 @@ def boot(dep: deploy.Deployment, profile: str, timeout_s: float, say=None, knobs
                 raise Stopped(f"stopped while {profile} was booting")
             if any(WEIGHTS_LOADED.search(line) for line in list(rec.lines)[-50:]):
                 b.mark("warm-up")
-            if say:
-                say(f"{profile} booting, {elapsed:.0f} s: {milestone(rec.lines) or f'{len(rec.lines)} log lines'}")
-        watch_boot(b.container, dep.url, timeout_s, b.record, progress=progress)
+            out.progress(f"{profile} booting, {elapsed:.0f} s: {milestone(rec.lines) or f'{len(rec.lines)} log lines'}")
+        container = b.container
+        watch_boot(container, lambda: dep.engine.server_state(container, fresh=True), dep.url, timeout_s, b.record,
+                   progress=progress)
         b.mark("healthy")
         return b
     except BaseException:

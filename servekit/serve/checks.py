@@ -39,9 +39,9 @@ def console_line(result) -> str:
     return f"{result.status.replace('_', ' '):12} {result.name} ({result.seconds} s) {reason}".rstrip()
 
 
-def smoke(ctx, checks: dict[str, dict], say=None, deadline_s: float | None = None) -> list:
-    """Run each check in order within the run's deadline; a check that raises something unexpected fails, and the
-    rest still run."""
+def smoke(ctx, checks: dict[str, dict], on_result=None, deadline_s: float | None = None) -> list:
+    """Run each check in order within the run's deadline, `on_result` hearing each verdict as it comes; a check that
+    raises something unexpected fails, and the rest still run."""
     from smoke import RUN_DEADLINE_S, Result, run_check
     results = []
     ends = time.monotonic() + (deadline_s or RUN_DEADLINE_S)
@@ -55,6 +55,6 @@ def smoke(ctx, checks: dict[str, dict], say=None, deadline_s: float | None = Non
         except Exception as exc:  # a bug in a check must not hide the others' results
             result = Result(name, "failed", f"the check itself broke: {type(exc).__name__}: {exc}")
         results.append(result)
-        if say:
-            say(result)
+        if on_result:
+            on_result(result)
     return results

@@ -8,6 +8,7 @@ from pathlib import Path
 from servekit import engines
 from servekit.engines import transfer
 from servekit.errors import UserError
+from servekit.output import as_output
 from servekit.records.models import RunReport
 from servekit.serve import deploy
 from servekit.serve.boot import boot
@@ -16,7 +17,7 @@ from servekit.serve.pipeline import run_profiles
 
 
 def up_profile(session, profile: str, target: str | None = None, host: str | None = "auto", engine=None,
-               port: int | None = None, timeout_s: float | None = None, say=print, status=None,
+               port: int | None = None, timeout_s: float | None = None, say=print,
                knobs: dict[str, str] | None = None) -> dict:
     """Start `profile` (with `knobs` over its own) and watch it to healthy; what it became (URL, key file, served
     name, the knobs it runs with, timings, memory). Raises BootFailed when it did not come up (it is taken down)."""
@@ -26,21 +27,21 @@ def up_profile(session, profile: str, target: str | None = None, host: str | Non
     session.require_gpu(target, engine, f"up: {profile}")
     dep = session.deployment(target, engine, host, port)
     arrived = transfer.ensure_image(engine, dep.image, say=lambda line: say(f"up: {line}"))
-    deploy.check_bind(dep.bind, warn=lambda w: say(f"warning: {w}"))
+    deploy.check_bind(dep.bind, say)
     key_file = deploy.ensure_secrets(dep)
     deploy.write_env(dep)
     where = "" if engine.is_local else f" on engine {engine.given} (image {arrived})"
     say(f"up: {profile} on {target} ({dep.host}){where}, {dep.image}")
     with engines.reach(engine, dep.bind, dep.port) as url:
         booted = boot(replace(dep, reached_at=url), profile, timeout_s or session.matrix.serve.boot_timeout_s,
-                      say=status, knobs=knobs)
+                      say=say, knobs=knobs)
     booted.stop_samplers()  # `up` ends at healthy; `run` keeps them going through the traffic
     record, memory = booted.record, booted.memory()
     shared = memory["shared_usage"]
     return {"profile": profile, "target": target, "host": dep.host, "engine": engine.given, "image": dep.image,
             "url": engines.address(engine, dep.bind, dep.port), "api_key_file": str(key_file),
             "served_name": session.matrix.models[session.matrix.targets[target].model].served_name,
-            "knobs": deploy.knobs_of(booted.container),
+            "knobs": deploy.knobs_of(engine.server_state(booted.container)),
             "container": booted.container.name, "time_to_healthy_s": record.time_to_healthy_s,
             "kv_pool_tokens": record.kv_pool_tokens, "detection_lag_s": record.detection_lag_s,
             "phases": memory["phases"], "gpu": memory["gpus"][0] if memory["gpus"] else None,
@@ -58,7 +59,7 @@ def profiles_of(session, target: str, wanted: list[str] | None) -> list[str]:
 
 
 def run(session, target: str | None = None, profiles: list[str] | None = None, host: str | None = "auto",
-        engine=None, port: int | None = None, say=print, show=None, knobs: dict[str, str] | None = None,
+        engine=None, port: int | None = None, say=print, knobs: dict[str, str] | None = None,
         only: list[str] | None = None) -> list[tuple[RunReport, Path]]:
     """image, up, smoke, down and a report for each profile on one engine: (report, its folder) per profile.
     `knobs` are set for every boot (and recorded); `only` runs those checks instead of each profile's own."""
@@ -71,7 +72,7 @@ def run(session, target: str | None = None, profiles: list[str] | None = None, h
     checks_to_run(session.matrix, profiles[0], target, only)  # a misspelt --check ends here, before any boot
     engine.check()
     session.require_gpu(target, engine, f"run: {', '.join(profiles)}")
-    plan = ensure_built(session, target, show, say=lambda line: say(f"run: {line}"), engine=engine)
+    plan = ensure_built(session, target, say=as_output(say).child("run: "), engine=engine)
     dep = session.deployment(target, engine, host, port, tag=plan.tag)
     key_file = deploy.ensure_secrets(dep)
     deploy.write_env(dep)
@@ -82,7 +83,7 @@ def run(session, target: str | None = None, profiles: list[str] | None = None, h
 
 
 def smoke_running(session, profile: str, target: str | None = None, engine=None, url: str | None = None,
-                  api_key_file: Path | None = None, say=None, only: list[str] | None = None) -> tuple[str, list]:
+                  api_key_file: Path | None = None, on_result=None, only: list[str] | None = None) -> tuple[str, list]:
     """The profile's checks (or `only` those) against a server already running: its container on `engine`, or
     `url`."""
     from contextlib import nullcontext
@@ -97,12 +98,12 @@ def smoke_running(session, profile: str, target: str | None = None, engine=None,
     target = session.target(target, engine)
     if profile not in matrix.profiles:
         raise UserError(f"profile {profile!r}: expected one of {', '.join(matrix.profiles)}")
-    checks = checks_to_run(matrix, profile, target, only)
+    checks_to_run(matrix, profile, target, only)  # a misspelt --check ends here, before any request
     dep = session.deployment(target, engine, "native")
     key_path = api_key_file or dep.api_key_file
     if not key_path.is_file():
         raise UserError(f"no API key file at {key_path}: pass --api-key-file")
-    logs, environ, port, healthy_line = None, None, dep.port, 0
+    logs, environ, port, healthy_line, host = None, None, dep.port, 0, "native"
     if not url:  # a profile on an engine: its log and environment are readable, so the log checks can run
         engine.check()
         container = deploy.find_container(profile, engine)
@@ -111,16 +112,18 @@ def smoke_running(session, profile: str, target: str | None = None, engine=None,
                             f"{profile}" + ("" if engine.is_local else f" --engine {engine.given}") + "`")
         logs = lambda: container.logs().decode("utf-8", "replace").splitlines()  # noqa: E731
         environ = lambda: engine.server_environ(container)  # noqa: E731
-        port = deploy.published_port(container) or port
+        state = engine.server_state(container)
+        port = state.port or port
+        host = state.env.get("HOST") or host  # its host's checks (a WSL2 server gets spill, which smoke cannot judge)
         # compiles while booting are expected; the log checks judge what came after the server was ready
         healthy_line = next((i + 1 for i, line in enumerate(logs()) if READY.search(line)), 0)
     with (nullcontext(url) if url else engines.reach(engine, dep.bind, port)) as base_url:
         ctx = Context(base_url.rstrip("/"), key_path.read_text().strip(),
                       matrix.models[matrix.targets[target].model].served_name, gpu=matrix.targets[target].gpu,
                       logs=logs, environ=environ, healthy_line=healthy_line)
-        results = smoke(ctx, checks, say=say)
+        results = smoke(ctx, checks_to_run(matrix, profile, target, only, host), on_result=on_result)
         for result in not_required_results(matrix, profile, target, only):
             results.append(result)
-            if say:
-                say(result)
+            if on_result:
+                on_result(result)
         return ctx.url, results

@@ -19,9 +19,10 @@ from typing import Any
 
 from servekit.atomic import write_text
 from servekit.errors import UserError
+from servekit.output import as_output
 from servekit.engines import resolve
-from servekit.engines.docker import PROJECT, Engine, docker_errors, local_url
-from servekit.image.launcher import CONTAINER_PORT, MIN_KEY_CHARS
+from servekit.engines.docker import PROJECT, Engine, ServerState, docker_errors, local_url
+from servekit.image.launcher import MIN_KEY_CHARS
 
 IMAGE_UID = 10001  # the image's non-root user
 
@@ -149,14 +150,14 @@ def ready_for_compose(session, target: str, tag: str) -> None:
     write_env(dep)
 
 
-def check_bind(bind: str, warn) -> None:
+def check_bind(bind: str, say) -> None:
     try:
         loopback = ipaddress.ip_address(bind).is_loopback
     except ValueError:
         raise UserError(f"serve.bind: {bind!r} is not an IP address") from None
     if not loopback:
-        warn(f"serve.bind is {bind}: the server is reachable from other machines; the API key is all that "
-             "guards it")
+        as_output(say).warn(f"serve.bind is {bind}: the server is reachable from other machines; the API key is all "
+                            "that guards it")
 
 
 def up(dep: Deployment, profile: str, knobs: dict[str, str] | None = None):
@@ -175,23 +176,15 @@ def find_container(profile: str, engine: Engine | None = None):
 
 
 def is_running(profile: str, engine: Engine | None = None) -> bool:
+    engine = engine or resolve(None)
     container = find_container(profile, engine)
-    return container is not None and container.status == "running"
+    return container is not None and engine.server_state(container).running
 
 
-def published_port(container) -> int | None:
-    """The host port the container's port is published on (another engine may use another port)."""
-    bindings = (container.attrs.get("NetworkSettings") or {}).get("Ports") or {}
-    for binding in bindings.get(f"{CONTAINER_PORT}/tcp") or []:
-        return int(binding["HostPort"])
-    return None
-
-
-def knobs_of(container) -> dict[str, str]:
+def knobs_of(state: ServerState) -> dict[str, str]:
     """The knobs a server runs with: those set in its environment (the image's, Compose's and the shell's)."""
     from servekit.image.knobs import KNOBS
-    env = dict(e.split("=", 1) for e in (container.attrs.get("Config") or {}).get("Env") or [] if "=" in e)
-    return {k: v for k, v in sorted(env.items()) if k in KNOBS}
+    return {k: v for k, v in sorted(state.env.items()) if k in KNOBS}
 
 
 def running_profiles(engine: Engine | None = None) -> list[str]:
@@ -209,20 +202,16 @@ def status(engine: Engine | None = None, bind: str = "127.0.0.1") -> list[dict]:
     engine.check()
     rows = []
     for c in engine.containers(label=f"com.docker.compose.project={PROJECT}"):
-        state = c.attrs.get("State") or {}
-        started = (state.get("StartedAt") or "")[:26].rstrip("Z")  # RFC 3339 with nanoseconds: keep microseconds
+        state = engine.server_state(c)
+        started = state.started_at[:26].rstrip("Z")  # RFC 3339 with nanoseconds: keep microseconds
         try:
             up_s = (dt.datetime.now(dt.timezone.utc) - dt.datetime.fromisoformat(started).replace(
-                tzinfo=dt.timezone.utc)).total_seconds() if state.get("Running") else None
+                tzinfo=dt.timezone.utc)).total_seconds() if state.running else None
         except ValueError:
             up_s = None
-        port = published_port(c)
-        rows.append({"profile": c.labels.get("com.docker.compose.service"), "container": c.name,
-                     "state": state.get("Status"), "health": (state.get("Health") or {}).get("Status"),
-                     "up_s": round(up_s) if up_s is not None else None,
-                     "image": (c.attrs.get("Config") or {}).get("Image"),
-                     "url": address(engine, bind, port) if port else None,
-                     "knobs": knobs_of(c)})
+        rows.append({"profile": state.profile, "container": state.name, "state": state.status, "health": state.health,
+                     "up_s": round(up_s) if up_s is not None else None, "image": state.image,
+                     "url": address(engine, bind, state.port) if state.port else None, "knobs": knobs_of(state)})
     return sorted(rows, key=lambda r: r["profile"] or "")
 
 

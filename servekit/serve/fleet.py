@@ -15,6 +15,7 @@ from pathlib import Path
 
 from servekit.serve import deploy
 from servekit.atomic import write_text
+from servekit.output import as_output
 from servekit.serve.pipeline import run_profiles
 from servekit.engines.docker import Engine
 from servekit.records.models import FleetSummary, RunReport, save
@@ -40,7 +41,7 @@ class EngineRun:
 
 def _run_one(run: EngineRun, matrix, profiles: list[str], key_file: Path, out: Path, release, say, stop) -> None:
     label = run.engine.label
-    tell = lambda line: say(f"[{label}] {line}")  # noqa: E731
+    tell = as_output(say).child(f"[{label}] ")
     try:
         run.engine.check()
         run.reports = run_profiles(matrix, run.dep, profiles, key_file, release=release, say=tell, stop=stop,
@@ -119,7 +120,7 @@ def write_summary(out: Path, runs: list[EngineRun]) -> tuple[dict, Path]:
 
 
 def run(session, engines: list[Engine], target: str | None = None, profiles: list[str] | None = None,
-        host: str | None = "auto", port: int | None = None, say=print, show=None) -> tuple[dict, Path, list[EngineRun]]:
+        host: str | None = "auto", port: int | None = None, say=print) -> tuple[dict, Path, list[EngineRun]]:
     """`run --engines`: build here once, then the profiles on every engine at once; (summary, its file, runs)."""
     import datetime as dt
 
@@ -128,7 +129,7 @@ def run(session, engines: list[Engine], target: str | None = None, profiles: lis
     from servekit.release.publish import released
     target = session.target(target, engines[0])
     profiles = profiles_of(session, target, profiles)
-    plan = ensure_built(session, target, show, say=lambda line: say(f"run: {line}"))
+    plan = ensure_built(session, target, say=as_output(say).child("run: "))
     first = port or session.matrix.serve.port  # each engine its own port: engines on one machine share its loopback
     deps = [session.deployment(target, e, host, first + i, tag=plan.tag) for i, e in enumerate(engines)]
     for dep in deps:  # here, not in the threads: the key file is one for all, and each env file is written once

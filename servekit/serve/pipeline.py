@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,18 +13,6 @@ from servekit.serve import deploy
 from servekit.serve.boot import Stopped, boot
 from servekit.serve.checks import checks_to_run, console_line, not_required_results, smoke
 from servekit.serve.watch import BootFailed
-
-
-def _changes(say, every_s: float = 20.0):
-    """A progress printer for a log or a pipe: a line when the boot's stage changes, else one every `every_s`."""
-    shown: list[tuple[str, float]] = [("", 0.0)]  # (stage, when)
-
-    def show(text: str) -> None:
-        stage = text.split(": ", 1)[-1]
-        if stage != shown[-1][0] or time.monotonic() - shown[-1][1] >= every_s:
-            say(f"  {text}")
-            shown[-1] = (stage, time.monotonic())
-    return show
 
 
 def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=print, knobs: dict | None = None,
@@ -48,7 +35,7 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
         if deploy.is_running(profile, dep.engine):  # somebody's server (an `up`): never restarted or stopped by a run
             raise BootFailed(f"{profile} is already running on engine {dep.engine.given}, started by someone else "
                              f"(`up`?); left alone: stop it with `python build.py down {profile}` first", "", [])
-        b = boot(dep, profile, matrix.serve.boot_timeout_s, knobs=knobs, note=say, stop=stop, say=_changes(say))
+        b = boot(dep, profile, matrix.serve.boot_timeout_s, knobs=knobs, stop=stop, say=say)
         say(f"  healthy in {b.record.time_to_healthy_s} s (KV pool {b.record.kv_pool_tokens} tokens)")
         b.mark("traffic")
         lines = lambda: list(b.record.lines)  # noqa: E731
@@ -58,7 +45,7 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
                       gpu=matrix.targets[dep.target].gpu, logs=lines, healthy_line=len(b.record.lines),
                       environ=lambda: dep.engine.server_environ(container),
                       shared_usage=b.end_traffic if dep.host == "wsl2" else None)
-        results = smoke(ctx, checks, say=lambda r: say(f"  {console_line(r)}"))
+        results = smoke(ctx, checks, on_result=lambda r: say(f"  {console_line(r)}"))
         b.mark("end")
     except BootFailed as exc:
         say(f"  boot failed: {exc}")
@@ -79,7 +66,7 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
     report.memory = Memory(gpus=memory["gpus"], shared_usage=shared, container=memory.get("container"))
     report.notes += memory["notes"]
     # what the server ran with (the shell's knobs included), else what this run asked for
-    report.knobs = deploy.knobs_of(b.container) if b and b.container else (knobs or {})
+    report.knobs = deploy.knobs_of(dep.engine.server_state(b.container)) if b and b.container else (knobs or {})
     for result in not_required_results(matrix, profile, dep.target, only):
         say(f"  {console_line(result)}")
         results.append(result)

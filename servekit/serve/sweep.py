@@ -246,7 +246,7 @@ def sweep_document(matrix, dep, profile: str, image: str, knobs: list[tuple[str,
 
 
 def sweep(session, profile: str, knob_specs: list[str], boots: int = 2, target: str | None = None,
-          host: str | None = "auto", checks: list[str] | None = None, say=print, show=None,
+          host: str | None = "auto", checks: list[str] | None = None, say=print,
           engine=None) -> tuple[Path, dict, str]:
     """Every combination of knob values, `boots` boots each, on `engine` (this machine's Docker engine when None);
     a failed cell is recorded and the sweep goes on. (the report's folder, its document, its Markdown)."""
@@ -263,7 +263,7 @@ def sweep(session, profile: str, knob_specs: list[str], boots: int = 2, target: 
         if name not in matrix.checks:
             raise UserError(f"--checks {name}: expected one of {', '.join(matrix.checks)}")
     session.require_gpu(target, engine, f"sweep: {profile}")
-    plan = ensure_built(session, target, show, engine=engine)
+    plan = ensure_built(session, target, say, engine=engine)
     dep = session.deployment(target, engine, host, tag=plan.tag)
     if checks and dep.host == "wsl2" and "spill" not in checks:  # on WSL2 every cell is judged for spill
         checks = [*checks, "spill"]

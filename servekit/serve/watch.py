@@ -187,19 +187,18 @@ class NoFailureLogged:
 @dataclass
 class StillRunning:
     """The container (or process) has not exited; if it has, the log's failure, else its exit code, says why."""
-    container: Any
+    state: Callable[[], Any]  # the server's ServerState, read afresh
     follower: LogFollower
     tail: Callable[[], list[str]]
 
     def poll(self) -> bool:
-        self.container.reload()
-        state = self.container.attrs["State"]
-        if state["Status"] in ("exited", "dead"):
+        state = self.state()
+        if state.status in ("exited", "dead"):
             self.follower.ended.wait(2)  # let the last lines arrive before quoting them
             failure = self.follower.failure_at_exit()
             if failure:
                 raise BootFailed(*failure, self.tail())
-            raise BootFailed(f"the container exited with code {state.get('ExitCode')}", "", self.tail())
+            raise BootFailed(f"the container exited with code {state.exit_code}", "", self.tail())
         return True
 
 
@@ -236,9 +235,10 @@ def wait_until(waits: list[Wait], deadline_s: float, poll_s: float, tail: Callab
         raise BootFailed(f"not healthy within {deadline_s:.0f} s", "", tail()) from None
 
 
-def watch_boot(container, url: str, timeout_s: float, record: BootRecord | None = None,
+def watch_boot(container, state: Callable[[], Any], url: str, timeout_s: float, record: BootRecord | None = None,
                poll_s: float = 0.25, progress=None) -> BootRecord:
-    """Block until /health answers 200; raise BootFailed on a failure line, an exit or the timeout."""
+    """Block until /health answers 200; raise BootFailed on a failure line, an exit or the timeout. `state` reads
+    the server's state afresh (its engine's)."""
     record = record or BootRecord(started=time.time())
     follower = LogFollower(container, record)
     follower.start()
@@ -246,7 +246,7 @@ def watch_boot(container, url: str, timeout_s: float, record: BootRecord | None 
     def tail() -> list[str]:
         return without_frames(record.lines)[-20:]
 
-    wait_until([NoFailureLogged(follower, tail), StillRunning(container, follower, tail), HealthAnswers(url)],
+    wait_until([NoFailureLogged(follower, tail), StillRunning(state, follower, tail), HealthAnswers(url)],
                timeout_s, poll_s, tail, each_round=(lambda: progress(time.time() - record.started, record))
                if progress else None)
     record.healthy_at = time.time()
