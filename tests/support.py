@@ -33,8 +33,16 @@ def work_dir() -> Path:
 
 @functools.cache
 def compose_dir() -> Path:
-    """The Compose files as committed, in a folder no command writes to (no compose/.env appears there)."""
-    return Path(shutil.copytree(work_dir() / "compose", Path(tempfile.mkdtemp(prefix="servekit-compose-")) / "compose"))
+    """The Compose files as committed, in a folder no command writes to (no compose/.env appears there): copied from
+    the checkout's tracked files, never from work_dir(), where `image` and `up` write compose/.env and secrets."""
+    dest = Path(tempfile.mkdtemp(prefix="servekit-compose-")) / "compose"
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "compose"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout.split()
+    for rel in files:
+        target = dest / Path(rel).relative_to("compose")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, target)
+    return dest
 
 
 def cleanup() -> None:

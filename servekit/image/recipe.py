@@ -173,9 +173,9 @@ def command(k: dict[str, str], host: str, model: dict, batch_defaults: dict[str,
     if k.get("DTYPE") == "float16" and spec != "off":
         raise RecipeError("DTYPE=float16 with a speculator: the source's launcher refuses it")
     row, drafts = size.row, size.drafts
-    # Expandable segments: off on WSL2 (device not ready), and beside a CPU KV tier, which vLLM 0.31 refuses with
-    # them (the allocator may remap the KV cache's addresses under the copy engine).
-    expandable = host != "wsl2" and "KV_OFFLOAD_GB" not in k
+    # Expandable segments: off beside a CPU KV tier, which vLLM 0.31 refuses with them (the allocator may remap the
+    # KV cache's addresses under the copy engine); a host that needs them off (WSL2) says so in images.yaml's env.
+    expandable = "KV_OFFLOAD_GB" not in k
     env = {"FLASHINFER_DISABLE_VERSION_CHECK": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0",
            "PYTORCH_CUDA_ALLOC_CONF": f"expandable_segments:{expandable}", **row.get("env", {})}
     async_default = not (drafts > 7 and _on(k.get("LOOKUP", "1")) and spec == "dflash2")

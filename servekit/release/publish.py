@@ -8,7 +8,6 @@ succeeded, so a re-run after a failure completes it without duplicating anything
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import os
 import subprocess
@@ -21,9 +20,10 @@ from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_ex
 from servekit.errors import CheckFailed, EnvironmentProblem, UserError
 from servekit.config.matrix import Matrix
 from servekit.build.plan import TargetPlan
+from servekit.records.releases import manifest_path, write_manifest
 from servekit.release import registry
 from servekit.release.registry import TransientRegistryError
-from servekit.records.models import ProfileGate, ReleaseManifest, ReleaseRecord, RunReport, load, save
+from servekit.records.models import ProfileGate, ReleaseManifest, ReleaseRecord, RunReport, load
 from servekit.records.report import load_report
 
 def release_tags(matrix: Matrix, plan: TargetPlan) -> list[str]:
@@ -113,28 +113,6 @@ def dirty(root: Path) -> list[str]:
     if out.returncode != 0:
         raise EnvironmentProblem(f"--git-tag: {root} is not a git working tree")
     return out.stdout.splitlines()
-
-
-def manifest_path(root: Path, matrix: Matrix) -> Path:
-    return root / "releases" / f"v{matrix.vllm}.json"
-
-
-def released(root: Path, matrix: Matrix, target: str, content_digest: str) -> ReleaseRecord | None:
-    """This very build's record in releases/v<vllm>.json (same content digest), or None."""
-    path = manifest_path(root, matrix)
-    if not path.exists():
-        return None
-    record = load(path, ReleaseManifest).targets.get(target)
-    return record if record and record.content_digest == content_digest else None
-
-
-def write_manifest(root: Path, matrix: Matrix, releases: list[ReleaseRecord]) -> Path:
-    """releases/v<vllm>.json, merged with the targets an earlier release of this version recorded."""
-    path = manifest_path(root, matrix)
-    doc = load(path, ReleaseManifest) if path.exists() else ReleaseManifest(version=matrix.vllm)
-    targets = {**doc.targets, **{r.target: r for r in releases}}
-    updated = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    return save(path, doc.model_copy(update={"targets": targets, "updated": updated}))  # later trusted by `up`, k8s
 
 
 def served_models(matrix: Matrix, root: Path, target: str) -> dict[str, dict[str, str]]:

@@ -64,7 +64,7 @@ def run(session, target: str | None = None, profiles: list[str] | None = None, h
     """image, up, smoke, down and a report for each profile on one engine: (report, its folder) per profile.
     `knobs` are set for every boot (and recorded); `only` runs those checks instead of each profile's own."""
     from servekit.build.builder import ensure_built
-    from servekit.release.publish import released
+    from servekit.records.releases import released
     from servekit.records.report import write_report
     engine = engine or engines.resolve(None)
     target = session.target(target, engine)

@@ -126,7 +126,7 @@ def run(session, engines: list[Engine], target: str | None = None, profiles: lis
 
     from servekit.build.builder import ensure_built
     from servekit.serve.commands import profiles_of
-    from servekit.release.publish import released
+    from servekit.records.releases import released
     target = session.target(target, engines[0])
     profiles = profiles_of(session, target, profiles)
     plan = ensure_built(session, target, say=as_output(say).child("run: "))

@@ -14,7 +14,7 @@ from servekit.config.matrix import Matrix
 from servekit.build.plan import TargetPlan
 from servekit.config.profiles import resolve_knobs
 from servekit.image.launcher import CONTAINER_PORT
-from servekit.release.publish import released
+from servekit.records.releases import released
 
 PORT = CONTAINER_PORT
 PROBE_PERIOD_S = 10
