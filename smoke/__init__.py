@@ -13,7 +13,7 @@ import math
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Literal
+from typing import Callable, Literal, get_args
 
 import requests
 
@@ -22,7 +22,8 @@ RUN_DEADLINE_S = 3600.0  # every check of one run
 MAX_BODY_BYTES = 32 << 20  # the largest answer a check reads (a 64-prompt completion is well under 1 MiB)
 
 
-STATUSES = ("passed", "failed", "not_run", "not_required")
+Status = Literal["passed", "failed", "not_run", "not_required"]
+STATUSES = get_args(Status)
 GATE_PASSES = ("passed", "not_required")  # a required check that did not run fails the gate
 
 
@@ -37,7 +38,7 @@ class Result:
     __pydantic_config__ = {"extra": "forbid"}  # a report of another shape is refused where it is read
 
     name: str
-    status: Literal["passed", "failed", "not_run", "not_required"]  # STATUSES
+    status: Status
     reason: str = ""
     figures: dict = field(default_factory=dict)
     seconds: float = 0.0
@@ -101,12 +102,17 @@ class Context:
         """The first choice's text: its content, else what the reasoning parser took (content is null when an
         answer never closed its thinking), else ""."""
         message = self.chat(messages, **kw)["choices"][0]["message"]
-        return text_of(message) or message.get("reasoning_content") or message.get("reasoning") or ""
+        return text_of(message) or reasoning_of(message)
 
 
 def text_of(message: dict) -> str:
     """A chat message's content, "" where the reasoning parser left it null."""
     return message.get("content") or ""
+
+
+def reasoning_of(message: dict) -> str:
+    """What the reasoning parser took of a chat message (vLLM names it reasoning_content, newer ones reasoning)."""
+    return message.get("reasoning_content") or message.get("reasoning") or ""
 
 
 class CheckFailure(Exception):

@@ -6,7 +6,7 @@ import json
 
 import requests
 
-from . import Context, check, ensure, text_of
+from . import Context, check, ensure, reasoning_of, text_of
 
 KEYLESS = ("/health", "/ping", "/version")
 GUARDED = ("/v1/models", "/metrics", "/tokenize", "/server_info")
@@ -70,10 +70,6 @@ def streaming(ctx: Context, max_tokens: int = 16) -> dict:
     return {"chunks": len(chunks), "completion_tokens": usage[-1]["completion_tokens"], "text": text}
 
 
-def _reasoning(message: dict) -> str:
-    return message.get("reasoning_content") or message.get("reasoning") or ""
-
-
 @check("api", bounds={"long_prompt_tokens": (1, None), "top_logprobs": (1, 20)})
 def api(ctx: Context, long_prompt_tokens: int = 12000, top_logprobs: int = 5, min_tokens: int = 30) -> dict:
     """The source repository's API smoke (bench/api_smoke.py) at its sizes, each part with its own verdict (a part
@@ -105,7 +101,7 @@ def api(ctx: Context, long_prompt_tokens: int = 12000, top_logprobs: int = 5, mi
                      response_format={"type": "json_schema", "json_schema": {"name": "colour", "schema": schema}},
                      **plain)
         message = r["choices"][0]["message"]
-        raw = text_of(message) or _reasoning(message)  # a reasoning parser may keep a short answer as reasoning
+        raw = text_of(message) or reasoning_of(message)  # a reasoning parser may keep a short answer as reasoning
         try:
             parsed = json.loads(raw)
         except ValueError as exc:
@@ -192,11 +188,11 @@ def thinking(ctx: Context, max_tokens: int = 2048, budget: int = 16) -> dict:
     ask = [{"role": "user", "content": "What is 17 * 23? Answer with the number only."}]
     on = {"chat_template_kwargs": {"enable_thinking": True}, "temperature": 0}
     message = ctx.chat(ask, max_tokens=max_tokens, **on)["choices"][0]["message"]
-    answer, reasoning = text_of(message), _reasoning(message)
+    answer, reasoning = text_of(message), reasoning_of(message)
     parts["thinking mode"] = "ok" if "391" in answer and reasoning.strip() else \
         f"failed: answer {answer[:80]!r}, reasoning {len(reasoning)} characters"
     message = ctx.chat(ask, max_tokens=max_tokens, thinking_token_budget=budget, **on)["choices"][0]["message"]
-    reasoning = _reasoning(message)
+    reasoning = reasoning_of(message)
     resp = ctx.post("/tokenize", {"model": ctx.model, "prompt": reasoning, "add_special_tokens": False})
     resp.raise_for_status()
     spent = resp.json()["count"]
