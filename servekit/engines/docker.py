@@ -225,14 +225,19 @@ class Engine:
     def server_environ(self, container) -> dict[str, str]:
         """The environment the serving process runs with: what the launcher exported before it exec'd vLLM, as PID 1
         of the container holds it (not only the container's own). EngineError when it cannot be read."""
+        # Through the CLI, not the SDK's exec_run: over ssh:// that one ends in a BrokenPipeError after the command
+        # ran (docker/docker-py#3218), and the CLI's own ssh transport does not.
+        where = [f"--{key}={value}" for key, value in self.cli_options().items()]
         try:
-            done = container.exec_run(["cat", "/proc/1/environ"], stdout=True, stderr=True)
-        except Exception as exc:  # the SDK's errors, a container gone: said, never a crash in a check
+            done = subprocess.run(["docker", *where, "exec", container.name, "cat", "/proc/1/environ"],
+                                  capture_output=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as exc:
             raise EngineError(f"the server's environment cannot be read: {said(exc)}", said(exc)) from None
-        if done.exit_code != 0:
-            raise EngineError(f"the server's environment cannot be read: cat /proc/1/environ exited {done.exit_code}",
-                              done.output.decode("utf-8", "replace")[-200:])
-        return parse_environ(done.output)
+        if done.returncode != 0:
+            why = done.stderr.decode("utf-8", "replace").strip()[-200:]
+            raise EngineError(f"the server's environment cannot be read: docker exec exited {done.returncode}"
+                              + (f": {why}" if why else ""), why)
+        return parse_environ(done.stdout)
 
     def run_once(self, image: str, command: list[str], mounts: dict[Path, str], say=print) -> None:
         """Run `command` in a throwaway container of `image` as this machine's user, the host paths of `mounts`
