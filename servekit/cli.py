@@ -9,7 +9,9 @@ import shlex
 import sys
 from pathlib import Path
 
+from servekit import arguments
 from servekit.errors import CheckFailed, EnvironmentProblem, UserError
+from servekit.image.boundary import Refused
 
 EPILOG = """exit codes: 0 ok, 1 a check failed (or the machine lacks something), 2 bad input or usage.
 The matrix (images.yaml) is the single source of truth; see README.md and docs/."""
@@ -55,11 +57,12 @@ def _console():
 
 def _print_table(title: str, header: list[str], rows: list[list]) -> None:
     from rich.table import Table
-    table = Table(title=title)
+    from rich.text import Text
+    table = Table(title=Text(title))  # Text, never markup: a report's words are not Rich's to interpret ("[/x]")
     for col in header:
-        table.add_column(col, overflow="fold")
+        table.add_column(Text(col), overflow="fold")
     for row in rows:
-        table.add_row(*("" if cell is None else str(cell) for cell in row))
+        table.add_row(*(Text("" if cell is None else str(cell)) for cell in row))
     _console().print(table)
 
 
@@ -234,11 +237,12 @@ def cmd_doctor(args) -> int:
     if args.json:
         _emit_json([f.__dict__ for f in findings])
     else:
+        from rich.markup import escape  # what a finding says (an engine's words) is text, never markup
         marks = {"ok": "[green]ok  [/green]", "warn": "[yellow]warn[/yellow]", "fail": "[red]fail[/red]"}
         console = _console()
         for f in findings:
-            fix = f"  [dim]fix: {f.fix}[/dim]" if f.fix and f.status != "ok" else ""
-            console.print(f"{marks[f.status]} {f.name}: {f.detail}{fix}")
+            fix = f"  [dim]fix: {escape(f.fix)}[/dim]" if f.fix and f.status != "ok" else ""
+            console.print(f"{marks[f.status]} {escape(f.name)}: {escape(f.detail)}{fix}")
     return 1 if any(f.status == "fail" for f in findings) else 0
 
 
@@ -268,6 +272,7 @@ def cmd_demo_model(args) -> int:
 
 def cmd_up(args) -> int:
     from rich.console import Console
+    from rich.text import Text
 
     from servekit.serve.commands import up_profile
     from servekit.config.knobargs import parse_settings
@@ -276,7 +281,7 @@ def cmd_up(args) -> int:
     try:
         with Console(stderr=True).status(f"waiting for {args.profile} to become healthy") as status:
             r = up_profile(_session(args), args.profile, args.target, args.host, _engine(args), args.port,
-                           args.timeout, say=_say(live=status.update), knobs=knobs)
+                           args.timeout, say=_say(live=lambda line: status.update(Text(line))), knobs=knobs)
     except BootFailed as exc:
         print(f"up: {args.profile} failed: {exc}", file=sys.stderr)
         for line in exc.last_lines[-12:]:
@@ -408,7 +413,7 @@ def cmd_smoke(args) -> int:
     url, results = smoke_running(_session(args), args.profile, args.target, _engine(args) if args.engine else None,
                                  args.url, Path(args.api_key_file) if args.api_key_file else None,
                                  on_result=None if args.json else lambda r: print(console_line(r)),
-                                 only=args.check)
+                                 only=args.check, timeout_s=args.timeout)
     if args.json:
         _emit_json({"url": url, "checks": [r.to_json() for r in results]})
     return 0 if all_passed(r.status for r in results) else 1
@@ -599,7 +604,7 @@ def _matrix_commands(c: _Commands) -> None:
     p.add_argument("--repo", required=True, metavar="PATH", help="the vLLM git repository that holds the branch")
     p.add_argument("--tag", required=True, metavar="TAG", help="the vLLM tag the branch sits on, e.g. v0.31.0")
     p.add_argument("--branch", required=True, metavar="BRANCH", help="the branch with one commit per topic")
-    p.add_argument("--out", metavar="DIR", help="the series folder to write (default: images.yaml's series.dir)")
+    p.add_argument("--out", type=arguments.folder, metavar="DIR", help="the series folder to write (default: images.yaml's series.dir)")
     c.add("schema", cmd_schema, "print the JSON Schema of images.yaml (images.schema.json is this output)",
         json_out=False)
     p = c.add("derive", cmd_derive, "rewrite what docs/profiles.md, docs/architecture.md and the Compose files derive "
@@ -633,11 +638,11 @@ def _serving_commands(c: _Commands) -> None:
     p.add_argument("profile", metavar="PROFILE", help="a profile of images.yaml (default, batch, alternative, ...)")
     c.target(p)
     c.host(p)
-    p.add_argument("--timeout", type=float, metavar="S", help="seconds to wait (default: serve.boot_timeout_s)")
+    p.add_argument("--timeout", type=arguments.seconds, metavar="S", help="seconds to wait (default: serve.boot_timeout_s)")
     p.add_argument("--knob", action="append", metavar="NAME=VALUE", help="set a knob over the profile's "
                    "(repeatable; `ps` shows what it runs with)")
     c.engine(p)
-    p.add_argument("--port", type=int, metavar="N", help="publish on this port (default: serve.port)")
+    p.add_argument("--port", type=arguments.port, metavar="N", help="publish on this port (default: serve.port)")
     p = c.add("down", cmd_down, "stop and remove a profile's containers (all profiles when none is named); "
             "volumes stay", json_out=False)
     p.add_argument("profile", nargs="?", metavar="PROFILE")
@@ -648,12 +653,12 @@ def _serving_commands(c: _Commands) -> None:
             json_out=False)
     p.add_argument("profile", metavar="PROFILE")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
-    p.add_argument("--tail", type=int, default=200, metavar="N", help="lines from the end to start with (default 200)")
+    p.add_argument("--tail", type=arguments.lines, default=200, metavar="N", help="lines from the end to start with (default 200)")
     c.engine(p)
     p = c.add("monitor", cmd_monitor, "sample GPU memory (NVML, every 50 ms) and, on WSL2, the Windows Shared "
             "Usage counter (every second) for N seconds or until Ctrl-C, then print the summary")
-    p.add_argument("--seconds", type=float, metavar="N", help="how long (default: until Ctrl-C)")
-    p.add_argument("--interval", type=float, default=0.05, metavar="S", help="NVML sampling interval (default 0.05)")
+    p.add_argument("--seconds", type=arguments.seconds, metavar="N", help="how long (default: until Ctrl-C)")
+    p.add_argument("--interval", type=arguments.interval, default=0.05, metavar="S", help="NVML sampling interval (default 0.05)")
     p.add_argument("--adapter", metavar="LUID|NAME", help="the WSL2 adapter to read, by its LUID (whole or its last "
                    "part) or its name (any part: 'RTX 4090'); default: hosts.wsl2.adapter of images.yaml, else the "
                    "adapter with the most dedicated memory in use")
@@ -671,7 +676,7 @@ def _checking_commands(c: _Commands) -> None:
     c.engine(where)
     where.add_argument("--engines", metavar="A,B,...", help="run on several engines in parallel (each as --engine "
                        "takes it; `local` is this machine's): one report per engine and a summary table")
-    p.add_argument("--port", type=int, metavar="N", help="publish on this port (default: serve.port; with "
+    p.add_argument("--port", type=arguments.port, metavar="N", help="publish on this port (default: serve.port; with "
                    "--engines, serve.port plus the engine's position)")
     p.add_argument("--knob", action="append", metavar="NAME=VALUE", help="set a knob for every boot, over the "
                    "profile's (repeatable; recorded in the report)")
@@ -679,7 +684,10 @@ def _checking_commands(c: _Commands) -> None:
                    "(repeatable; its parameters from images.yaml)")
     p = c.add("smoke", cmd_smoke, "run a profile's smoke checks against a running server (local or --url)")
     p.add_argument("profile", metavar="PROFILE")
-    p.add_argument("--url", help="the server's base URL (default: the profile's container on --engine)")
+    p.add_argument("--url", type=arguments.http_url, help="the server's base URL (default: the profile's container "
+                   "on --engine); a redirect to another origin fails the check")
+    p.add_argument("--timeout", type=arguments.seconds, metavar="S", help="the most one check may take, all its "
+                   "requests together (default: 600, more for a check of many requests)")
     c.engine(p)
     p.add_argument("--api-key-file", metavar="F", help="file holding the API key (default: compose/secrets/api_key)")
     p.add_argument("--check", action="append", metavar="NAME", help="run this check instead of the profile's own "
@@ -690,7 +698,7 @@ def _checking_commands(c: _Commands) -> None:
     p.add_argument("profile", metavar="PROFILE")
     p.add_argument("--knob", action="append", required=True, metavar="NAME=V1,V2", help="a knob and its values "
                    "(repeatable: every combination is booted)")
-    p.add_argument("--boots", type=int, default=2, metavar="N", help="boots per cell (default 2)")
+    p.add_argument("--boots", type=arguments.count, default=2, metavar="N", help="boots per cell (default 2)")
     c.target(p)
     c.host(p)
     p.add_argument("--checks", metavar="C1,C2", help="checks to run per boot (default: the profile's own)")
@@ -698,7 +706,7 @@ def _checking_commands(c: _Commands) -> None:
     p = c.add("compare", cmd_compare, "one table with two reports side by side, marking differences")
     p.add_argument("report_a", metavar="REPORT_A", help="a report.json or its folder")
     p.add_argument("report_b", metavar="REPORT_B")
-    p.add_argument("--threshold", type=float, default=0.10, help="relative difference to mark (default 0.10)")
+    p.add_argument("--threshold", type=arguments.share, default=0.10, help="relative difference to mark (default 0.10)")
 
 
 def _release_commands(c: _Commands) -> None:
@@ -717,8 +725,8 @@ def _release_commands(c: _Commands) -> None:
     p.add_argument("--profile", required=True, metavar="NAME")
     c.target(p)
     c.host(p, default="native")
-    p.add_argument("--out", default="k8s", metavar="DIR", help="folder to write into (default: k8s/)")
-    p.add_argument("--kube-version", default="1.31", metavar="X.Y", help="schema version to validate against")
+    p.add_argument("--out", type=arguments.folder, default="k8s", metavar="DIR", help="folder to write into (default: k8s/)")
+    p.add_argument("--kube-version", type=arguments.kube_version, default="1.31", metavar="X.Y", help="schema version to validate against")
 
 
 def _machine_commands(c: _Commands) -> None:
@@ -758,7 +766,7 @@ def main(argv: list[str] | None = None) -> int:
         from servekit.exclusive import exclusive
         with exclusive(Path(args.matrix).resolve().parent / ".cache", args.command, say=_say()):
             return args.func(args)
-    except (UserError, CheckFailed, EnvironmentProblem) as exc:
+    except (UserError, CheckFailed, EnvironmentProblem, Refused) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:

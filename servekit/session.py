@@ -8,7 +8,8 @@ from pathlib import Path
 
 from servekit.engines import Engine, resolve
 from servekit.errors import EnvironmentProblem, UserError
-from servekit.config.matrix import Matrix, load_matrix
+from servekit.config.matrix import Matrix
+from servekit.config.load import load_matrix
 from servekit.build.plan import TargetPlan, plan_targets
 from servekit.config.settings import BuildSettings
 
@@ -98,6 +99,19 @@ class Session:
         return Deployment(self.root, target, self.host(host, engine), image, self.matrix.serve.bind,
                           port or self.matrix.serve.port, engine=engine,
                           overrides=tuple(self.matrix.targets[target].compose), matrix=self.matrix, pins=pins)
+
+    def check_knobs(self, profiles: list[str], target: str, knobs: dict[str, str] | None) -> None:
+        """`--knob` values the launcher would refuse with a profile (on any host) end here, before anything starts:
+        the launcher's own code judges them, as it judges the matrix at load."""
+        from servekit.config.profiles import launch_problem, render_profiles
+        if not knobs:
+            return
+        rendered = render_profiles(self.matrix, target)
+        for profile in profiles:
+            for host in self.matrix.hosts:
+                if problem := launch_problem(self.matrix, profile, target, host, knobs, rendered):
+                    shown = " ".join(f"--knob {k}={v!r}" for k, v in knobs.items())
+                    raise UserError(f"{shown}: the launcher would refuse to start {profile} with it: {problem}")
 
     def require_gpu(self, target: str, engine: Engine, what: str) -> None:
         """A GPU target on an engine that cannot give it a GPU ends here, in one line, before anything starts."""

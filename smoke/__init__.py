@@ -15,8 +15,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Literal, get_args
 
+from urllib.parse import urljoin, urlsplit
+
 import requests
 
+MAX_REDIRECTS = 3  # within the server's own origin (a trailing slash); one to elsewhere fails the check
 CHECK_DEADLINE_S = 600.0  # one check, all its requests: a hung, slow or endless server fails it by then
 RUN_DEADLINE_S = 3600.0  # every check of one run
 MAX_BODY_BYTES = 32 << 20  # the largest answer a check reads (a 64-prompt completion is well under 1 MiB)
@@ -60,6 +63,7 @@ class Context:
     shared_usage: Callable[[], dict | None] | None = None
     timeout_s: float = 300  # how long one request may wait between bytes
     check_deadline_s: float = CHECK_DEADLINE_S
+    deadline_scales: bool = True  # a check of many requests gets its DEADLINE_FACTORS times it (not under --timeout)
     max_body_bytes: int = MAX_BODY_BYTES
 
     def headers(self) -> dict:
@@ -67,10 +71,22 @@ class Context:
 
     def fetch(self, method: str, path: str, session=None, keyless: bool = False, **kw) -> requests.Response:
         """One request whose body is read in pieces and refused past max_body_bytes (a server cannot make the
-        checks hold its answer in memory); the check's deadline bounds the whole of it (run_check)."""
+        checks hold its answer in memory); the check's deadline bounds the whole of it (run_check). A redirect is
+        followed only within the server's own origin: the checks judge this server, never where it sends them."""
         headers = {} if keyless else self.headers()
-        resp = (session or requests).request(method, f"{self.url}{path}", headers=headers, stream=True,
-                                             timeout=(10, self.timeout_s), **kw)
+        url = f"{self.url}{path}"
+        for _ in range(MAX_REDIRECTS + 1):
+            resp = (session or requests).request(method, url, headers=headers, stream=True, allow_redirects=False,
+                                                 timeout=(10, self.timeout_s), **kw)
+            if not resp.is_redirect:
+                break
+            resp.close()
+            url = urljoin(url, resp.headers.get("Location", ""))
+            if _origin(url) != _origin(self.url):
+                raise CheckFailure(f"{method} {path}: the server redirected to {_origin(url)}, another origin than "
+                                   f"{_origin(self.url)}; the checks judge the server itself")
+        else:
+            raise CheckFailure(f"{method} {path}: more than {MAX_REDIRECTS} redirects")
         body, size = [], 0
         with resp:
             for piece in resp.iter_content(64 << 10):
@@ -103,6 +119,11 @@ class Context:
         answer never closed its thinking), else ""."""
         message = self.chat(messages, **kw)["choices"][0]["message"]
         return text_of(message) or reasoning_of(message)
+
+
+def _origin(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 def text_of(message: dict) -> str:
@@ -194,7 +215,7 @@ def run_check(name: str, ctx: Context, params: dict, deadline_s: float | None = 
     started = time.monotonic()
     if gpu_only and not ctx.gpu:
         return Result(name, "not_run", "needs a GPU target (images.yaml can mark it not required on this target)")
-    own = ctx.check_deadline_s * DEADLINE_FACTORS.get(name, 1.0)
+    own = ctx.check_deadline_s * (DEADLINE_FACTORS.get(name, 1.0) if ctx.deadline_scales else 1.0)
     limit = min(own, deadline_s if deadline_s is not None else own)
     box: list[Result] = []
     # A daemon thread: a request stuck in a read cannot be interrupted, but it no longer holds the run.

@@ -71,7 +71,7 @@ def cli(capsys):
 def cpu_base() -> str:
     """The cpu target's base image, made here as a build would make it (a no-op once it is there)."""
     from servekit.build.bases import ensure_made_base
-    from servekit.config.matrix import load_matrix
+    from servekit.config.load import load_matrix
     matrix = load_matrix(ROOT / "images.yaml")
     name = next(t.bases[0] for t in matrix.targets.values() if not t.gpu)
     ensure_made_base(name, matrix.bases[name], ROOT / ".cache" / "bases", say=lambda line: None)

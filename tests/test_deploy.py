@@ -109,7 +109,7 @@ def test_a_half_prepared_model_is_redone_and_never_served(tmp_path):
     (dest / "weights").write_text("half")  # a copy that stopped: no completion marker
     profiles = tmp_path / "profiles.json"
     from servekit.config.profiles import render_profiles
-    from servekit.config.matrix import load_matrix
+    from servekit.config.load import load_matrix
     rendered = render_profiles(load_matrix(ROOT / "images.yaml"), "cpu")
     rendered["model"].update(path=str(dest), baked=str(baked))
     profiles.write_text(json.dumps(rendered))

@@ -17,7 +17,7 @@ from support import ROOT
 from servekit.image.knobs import FALSE_WORDS, KNOBS, TRUE_WORDS
 from servekit.image.launcher import KnobError, build_command
 from servekit.image.recipe import BOOLEAN_ENV, PRIVACY_ENV
-from servekit.config.matrix import load_matrix
+from servekit.config.load import load_matrix
 from servekit.serve.checks import console_line, not_required_results, smoke
 from servekit.config.profiles import render_profiles
 from smoke import Context, Result, all_passed, run_check
@@ -272,7 +272,7 @@ def test_extra_args_that_set_what_a_knob_sets_are_refused_with_the_knob(extra, k
 
 
 def test_extra_args_that_do_not_split_are_refused_in_one_line():
-    with pytest.raises(KnobError, match="does not split"):
+    with pytest.raises(KnobError, match="arguments as a shell splits them"):
         build_command(CUDA, "default", "native", {"EXTRA_ARGS": "--served-model-name 'unclosed"})
 
 

@@ -76,7 +76,7 @@ def doc_home(tmp_path_factory):
 
 
 def test_the_document_installs_the_cpu_images_lock():
-    from servekit.config.matrix import load_matrix
+    from servekit.config.load import load_matrix
     from servekit.build.pins import mirror_problems
     matrix = load_matrix(ROOT / "images.yaml")
     problems = [p for p in mirror_problems(matrix, ROOT).problems if p.startswith("docs/install.md")]

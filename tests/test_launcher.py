@@ -10,7 +10,7 @@ import pytest
 
 from support import ROOT
 from servekit.image.launcher import KnobError, build_command
-from servekit.config.matrix import load_matrix
+from servekit.config.load import load_matrix
 from servekit.config.profiles import render_profiles, resolve_knobs
 
 MATRIX = load_matrix(ROOT / "images.yaml")
@@ -108,7 +108,7 @@ def test_print_argv_masks_the_key_and_exits(tmp_path):
 
 
 @pytest.mark.parametrize("key_text, why", [(None, "API_KEY_FILE is not set"), ("", "holds 0 characters"),
-                                           ("sk-short", "holds 8 characters"), ("missing", "cannot be read")])
+                                           ("sk-short", "holds 8 characters"), ("missing", "no such file")])
 def test_no_key_no_server(tmp_path, key_text, why):
     """vLLM serves an open API when its key is empty: the launcher refuses before it starts, in one line."""
     profiles = tmp_path / "profiles.json"

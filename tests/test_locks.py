@@ -10,7 +10,7 @@ import pytest
 
 from support import ROOT
 from servekit.errors import UserError
-from servekit.config.matrix import load_matrix
+from servekit.config.load import load_matrix
 from servekit.build.locks import (HOST_LOCK, HOST_PINS, PACKAGE, for_build, image_locks, installable, lock_file,
                                   problems, read)
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from support import ROOT, run_build_py
-from servekit.config.matrix import load_matrix, render_json_schema
+from servekit.config.matrix import render_json_schema
+from servekit.config.load import load_matrix
 
 GOOD = (ROOT / "images.yaml").read_text()
 
@@ -145,9 +146,9 @@ BAD = [
      ["at most 40 characters"], "bbbbbbbbbb"),
     ("check-name-unsafe", _sub("  greedy:\n    description:", "  Greedy!:\n    description:"), ["checks.Greedy!", "name"],
      "Greedy!:"),
-    ("bind-with-newline", _sub("  bind: 127.0.0.1", '  bind: "127.0.0.1\\nEVIL=1"'), ["serve.bind", "IP address"], "bind:"),
+    ("bind-with-newline", _sub("  bind: 127.0.0.1", '  bind: "127.0.0.1\\nEVIL=1"'), ["serve.bind", "one line of text", "U+000A"], "bind:"),
     ("bind-a-hostname", _sub("  bind: 127.0.0.1", "  bind: localhost"), ["serve.bind", "IP address"], "bind:"),
-    ("series-dir-root", _sub("  dir: docker/patches", "  dir: /"), ["series.dir", "inside the repository"], "dir: /"),
+    ("series-dir-root", _sub("  dir: docker/patches", "  dir: /"), ["series.dir", "stays inside it"], "dir: /"),
     ("component-source-outside", _sub("    source: kvarn", "    source: ../kvarn"),
      ["components.kvarn.source", "no '..'"], "source: ../kvarn"),
     ("pin-with-a-local-label", _sub('vllm: "0.31.0"', 'vllm: "0.31.0+x"'), ["pins.vllm", "plain release version"],
@@ -198,7 +199,7 @@ HOSTILE = [
     ("recursive-alias", "a: &a [*a]\n", "anchors and aliases are not allowed"),
     ("deep-nesting", "a: " + "[" * 40 + "]" * 40 + "\n", "nested deeper than 32 levels"),
     ("nesting-beyond-the-parser", "a: " + "[" * 100000 + "]" * 100000 + "\n", "nested deeper than the YAML parser"),
-    ("too-large", "# " + "x" * (1 << 20) + "\n", "larger than 1024 KiB"),
+    ("too-large", "# " + "x" * (1 << 20) + "\n", "larger than 1 MiB"),
 ]
 
 

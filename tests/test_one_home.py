@@ -8,7 +8,7 @@ import re
 import yaml
 
 from support import ROOT
-from servekit.config.matrix import load_matrix
+from servekit.config.load import load_matrix
 from servekit.image.launcher import CONTAINER_PORT
 
 MATRIX = load_matrix(ROOT / "images.yaml")

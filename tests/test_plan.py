@@ -15,7 +15,7 @@ from support import ROOT, tracked_copy
 
 from servekit.build.builder import offered_wheels
 from servekit.errors import UserError
-from servekit.config.matrix import load_matrix
+from servekit.config.load import load_matrix
 from servekit.build.plan import plan_targets
 from servekit.config.settings import BuildSettings, _pip_find_links
 
@@ -243,7 +243,7 @@ def test_the_image_code_is_standard_library_only():
 def test_the_dockerfile_copies_only_the_image_folder_and_what_the_build_stages():
     """One list: the Dockerfile copies from the repository only the image's code folder (the runtime stage all
     of it) and the staged inputs; .dockerignore admits exactly those; every file of the folder is in the digest."""
-    from servekit.config.matrix import load_matrix
+    from servekit.config.load import load_matrix
     from servekit.build.plan import IMAGE_CODE, STAGED, build_inputs
     dockerfile = (ROOT / "docker/Dockerfile").read_text().replace("\\\n", " ")
     sources = [src for line in dockerfile.splitlines() if line.startswith("COPY") and "--from=" not in line
@@ -268,7 +268,7 @@ def test_the_dockerfile_copies_exactly_what_the_builder_stages():
 
 def test_the_demo_model_ships_in_the_repository_small():
     """No build trains a model: the generated one is a folder of the repository, a few MB, in the digest."""
-    from servekit.config.matrix import load_matrix
+    from servekit.config.load import load_matrix
     from servekit.build.plan import build_inputs
     matrix = load_matrix(ROOT / "images.yaml")
     folder = ROOT / (matrix.models["demo"].dir or "")

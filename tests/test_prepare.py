@@ -152,7 +152,7 @@ def test_two_prepares_at_once_download_once(tmp_path, hub):
 
 
 def test_a_profile_whose_drafter_is_missing_is_refused_before_vllm_starts(tmp_path, hub):
-    from servekit.config.matrix import load_matrix
+    from servekit.config.load import load_matrix
     from servekit.config.profiles import render_profiles
     rendered = render_profiles(load_matrix(ROOT / "images.yaml"), "cuda")
     model = rendered["model"]
@@ -173,7 +173,7 @@ def test_a_profile_whose_drafter_is_missing_is_refused_before_vllm_starts(tmp_pa
 
 
 def test_a_model_you_already_have_is_used_where_it_is_and_checked_whole(tmp_path, hub):
-    from servekit.config.matrix import load_matrix
+    from servekit.config.load import load_matrix
     from servekit.config.profiles import render_profiles
     mine = tmp_path / "mine"
     mine.mkdir()
@@ -201,7 +201,7 @@ def test_a_model_you_already_have_is_used_where_it_is_and_checked_whole(tmp_path
 def test_prepare_for_a_profile_fetches_only_what_it_serves(tmp_path, hub):
     """The process engine prepares per profile: mtp needs no drafter (nothing fetched for it, so a machine without
     network serves it from MODEL_DIR); alternative's drafter is fetched."""
-    from servekit.config.matrix import load_matrix
+    from servekit.config.load import load_matrix
     from servekit.config.profiles import render_profiles
     mine = tmp_path / "mine"
     mine.mkdir()

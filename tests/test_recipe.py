@@ -10,7 +10,7 @@ import pytest
 
 from support import ROOT
 from servekit.image.launcher import KnobError, build_command
-from servekit.config.matrix import load_matrix
+from servekit.config.load import load_matrix
 from servekit.config.profiles import render_profiles
 
 CUDA = render_profiles(load_matrix(ROOT / "images.yaml"), "cuda")

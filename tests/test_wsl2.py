@@ -42,7 +42,7 @@ def test_the_spill_check_judges_the_level_before_traffic_and_the_rise_in_it():
 
 
 def test_spill_is_checked_only_on_wsl2_after_the_other_checks_with_the_profiles_thresholds():
-    from servekit.config.matrix import load_matrix
+    from servekit.config.load import load_matrix
     from servekit.serve.checks import checks_to_run
     matrix = load_matrix(ROOT / "images.yaml")
     assert "spill" not in checks_to_run(matrix, "alternative", "cuda", host="native")
@@ -56,7 +56,7 @@ def test_a_boot_reads_the_adapter_images_yaml_names(repo, monkeypatch, named):
     """The same choice as monitor's: the matrix's hosts.wsl2.adapter, here the iGPU by its LUID or by its name,
     wins over dedicated memory."""
     from servekit.serve.deploy import Deployment
-    from servekit.config.matrix import load_matrix
+    from servekit.config.load import load_matrix
     from servekit.serve.boot import Boot
     from wsl2.shared_usage import SharedUsageSampler
     matrix_path = repo / "images.yaml"

@@ -15,7 +15,8 @@ from servekit.build.findings import Findings
 from servekit.errors import EnvironmentProblem, UserError
 from servekit.build.index import IndexUnreachable, NotOnIndex, fetch_metadata, normalize
 from servekit.image.series import SeriesError, read_series
-from servekit.config.matrix import Matrix, load_matrix
+from servekit.config.matrix import Matrix
+from servekit.config.load import load_matrix
 
 VERSIONED_NAME = re.compile(r"-(\d+\.\d+\.\d+(?:rc\d+|\.post\d+)?)\.patch$")
 PIN_TEXT = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[0-9][A-Za-z0-9.+!]*[A-Za-z0-9])")

@@ -22,10 +22,13 @@ def parse_knobs(specs: list[str]) -> list[tuple[str, list[str]]]:
 
 
 def parse_settings(specs: list[str]) -> dict[str, str]:
-    """`--knob NAME=VALUE` each (one value: a setting, not a sweep), checked by the knob table."""
+    """`--knob NAME=VALUE` each (one value, commas and all: a setting, not a sweep), checked by the knob table."""
     settings = {}
-    for name, values in parse_knobs(specs):
-        if len(values) != 1:
-            raise UserError(f"--knob {name}={','.join(values)}: one value here (`sweep` takes several)")
-        settings[name] = values[0]
+    for spec in specs:
+        name, _, value = spec.partition("=")
+        if name not in KNOBS or not value:
+            raise UserError(f"--knob {spec!r}: expected NAME=VALUE with NAME one of {', '.join(KNOBS)}")
+        if problem := KNOBS[name].check(value):
+            raise UserError(f"--knob {name}={value!r}: {problem}")
+        settings[name] = value
     return settings

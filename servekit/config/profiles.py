@@ -53,3 +53,15 @@ def render_profiles(matrix: Matrix, target: str) -> dict:
         "without_key": [name for name, p in matrix.profiles.items() if target in p.targets and p.auth == "none"],
         "needs": {name: p.components for name, p in matrix.profiles.items() if target in p.targets and p.components},
     }
+
+
+def launch_problem(matrix: Matrix, profile: str, target: str, host: str, knobs: dict[str, str] | None = None,
+                   rendered: dict | None = None) -> str | None:
+    """Why the launcher inside the image would refuse to start `profile` on `target` and `host` (with `knobs` set in
+    its environment), or None: the launcher's own code decides, so the matrix, `--knob` and a boot agree."""
+    from servekit.image.launcher import KnobError, build_command
+    try:
+        build_command(rendered or render_profiles(matrix, target), profile, host, dict(knobs or {}))
+    except KnobError as exc:
+        return str(exc)
+    return None

@@ -6,13 +6,13 @@ is walked by hand. The line map lets a validation error point at the line a pers
 
 from __future__ import annotations
 
-import stat
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from servekit.errors import UserError
+from servekit.image.boundary import Missing, Refused, control_character, read_text
 
 Location = tuple  # a path of keys and indexes, as pydantic reports it
 
@@ -57,6 +57,7 @@ def _construct(node: yaml.Node, loc: Location, lines: dict[Location, int], path:
                                 f"{'list' if isinstance(key_node, yaml.SequenceNode) else 'mapping'}")
             key = yaml.SafeLoader.construct_scalar(_SCALAR_LOADER, key_node)
             where = ".".join(str(p) for p in (*loc, key))
+            _one_line(key, where, key_node, path)
             if key in out:
                 raise UserError(f"{path}:{key_node.start_mark.line + 1}: {where}: duplicate key (first at line "
                                 f"{lines[(*loc, key)]}); keep one of them")
@@ -65,37 +66,40 @@ def _construct(node: yaml.Node, loc: Location, lines: dict[Location, int], path:
         return out
     if isinstance(node, yaml.SequenceNode):
         return [_construct(item, (*loc, i), lines, path, seen) for i, item in enumerate(node.value)]
-    return _SCALAR_LOADER.construct_object(node, deep=True)
+    try:
+        value = _SCALAR_LOADER.construct_object(node, deep=True)
+    except ValueError:  # an integer of more digits than Python converts (4300)
+        raise UserError(f"{path}:{node.start_mark.line + 1}: a number of {len(node.value)} digits; no setting of the "
+                        "matrix is that large") from None
+    _one_line(value, ".".join(str(p) for p in loc) or "(top)", node, path)
+    return value
+
+
+def _one_line(text: Any, where: str, node: yaml.Node, path: Path) -> None:
+    """Every key and string of the matrix is one line: each may become a line of a requirements, .env, pip or
+    Compose file, or one argument of a command, where a line break would add a line of its own."""
+    if isinstance(text, str) and (problem := control_character(text)):
+        shown = repr(where)[1:-1]  # a key with a line break stays on the one line of the error
+        raise UserError(f"{path}:{node.start_mark.line + 1}: {shown}: expected {problem}; every key and value of the "
+                        "matrix is one line (each may become a line of a requirements, .env or Compose file)")
 
 
 _SCALAR_LOADER = yaml.SafeLoader("")
 
 
-def _read(path: Path) -> bytes:
-    """The file's bytes: a regular file of at most MAX_BYTES (a FIFO, a device or /dev/zero is refused unread)."""
+def _read(path: Path) -> str:
+    """The file's text, through the one bounded reader (a FIFO, a device or /dev/zero is refused unread)."""
     try:
-        if not stat.S_ISREG(path.stat().st_mode):
-            raise UserError(f"{path}: not a regular file; pass the matrix file itself")
-        with open(path, "rb") as f:
-            raw = f.read(MAX_BYTES + 1)
-    except FileNotFoundError:
+        return read_text(path, MAX_BYTES)
+    except Missing:
         raise UserError(f"{path}: no such file; pass --matrix PATH or run from the repository root") from None
-    except OSError as exc:
-        raise UserError(f"{path}: cannot be read: {exc.strerror}") from None
-    if len(raw) > MAX_BYTES:
-        raise UserError(f"{path}: larger than {MAX_BYTES >> 10} KiB; is this the matrix?")
-    return raw
+    except Refused as exc:
+        fix = "pass the matrix file itself" if "regular file" in str(exc) else "is this the matrix?"
+        raise UserError(f"{exc}; {fix}") from None
 
 
 def load_yaml(path: Path) -> LoadedYaml:
-    raw = _read(path)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: not a UTF-8 text file (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
-                        "is this the matrix?") from None
-    if "\x00" in text:
-        raise UserError(f"{path}: not a text file (it holds NUL bytes); is this the matrix?")
+    text = _read(path)
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:

@@ -9,6 +9,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+try:
+    from .boundary import control_character
+except ImportError:  # run as a script inside the image, beside boundary.py
+    from boundary import control_character  # type: ignore[no-redef]
+
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 FALSE_WORDS = frozenset({"0", "false", "no", "off"})
 
@@ -50,6 +55,8 @@ class Knob:
         return value
 
     def _problem(self, value: str) -> str | None:
+        if problem := control_character(value):  # it becomes a line of compose/.env and an argument of vllm serve
+            return f"expected {problem}"
         if self.kind == "bool":
             if value.lower() not in TRUE_WORDS | FALSE_WORDS:
                 return f"expected one of {'/'.join(sorted(TRUE_WORDS | FALSE_WORDS))} (any case)"

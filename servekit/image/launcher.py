@@ -15,9 +15,11 @@ from pathlib import Path
 
 try:
     from . import recipe
+    from .boundary import Refused, argv_words, read_secret
     from .knobs import KNOBS
 except ImportError:  # run as a script inside the image, beside knobs.py and recipe.py
     import recipe  # type: ignore[no-redef]
+    from boundary import Refused, argv_words, read_secret  # type: ignore[no-redef]
     from knobs import KNOBS  # type: ignore[no-redef]
 
 CONTAINER_PORT = 8000  # where vLLM listens inside the container: the Dockerfile and Compose use it (a test ties them)
@@ -71,11 +73,9 @@ TIER_FLAG = "--kv-offloading-size"
 def _extra_args(k: dict[str, str]) -> list[str]:
     """EXTRA_ARGS as tokens, its CPU tier folded into KV_OFFLOAD_GB (so the tier's environment and retention rules
     apply, as the source's `EXTRA_ARGS="--kv-offloading-size 8"` needs) and the flags that need a knob refused."""
-    try:
-        extra = shlex.split(k.get("EXTRA_ARGS", ""))
-    except ValueError as exc:
-        raise KnobError(f"EXTRA_ARGS={k['EXTRA_ARGS']!r}: does not split into arguments as a shell would ({exc})") \
-            from None
+    extra, problem = argv_words(k.get("EXTRA_ARGS", ""))
+    if problem:
+        raise KnobError(f"EXTRA_ARGS={k['EXTRA_ARGS']!r}: expected {problem}")
     rest, i = [], 0
     while i < len(extra):
         token, name = extra[i], _flag_name(extra[i])
@@ -141,9 +141,9 @@ def read_key(key_file: str | None) -> tuple[str | None, str]:
     if not key_file:
         return None, "no API key: API_KEY_FILE is not set"
     try:
-        key = Path(key_file).read_text().strip()
-    except OSError as exc:
-        return None, f"no API key: {key_file} cannot be read ({exc.strerror})"
+        key = read_secret(key_file)
+    except Refused as exc:  # missing, a FIFO or a device (never waited on), too large, not one line of text
+        return None, f"no API key: {exc}"
     if len(key) < MIN_KEY_CHARS:
         return None, f"no API key: {key_file} holds {len(key)} characters"
     return key, ""

@@ -15,6 +15,7 @@ from smoke import Result, all_passed
 
 from servekit.atomic import write_text
 from servekit.errors import UserError
+from servekit.image.boundary import Refused, read_text
 
 SCHEMA_VERSION = 1
 
@@ -164,13 +165,36 @@ KINDS: dict[str, type[Document]] = {"run": RunReport, "sweep": SweepReport, "fle
                                     "release": ReleaseManifest}
 
 
+MAX_RECORD_BYTES = 64 << 20  # a report with every check's figures is some KB; a sweep's table some hundred
+MAX_RECORD_DEPTH = 16  # a report nests about six levels (checks, figures, per-GPU samples)
+
+
+def _depth(doc: Any) -> int:
+    """How deep `doc` nests, walked without recursion (a hostile file must not exhaust the stack here either)."""
+    deepest, stack = 0, [(doc, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            deepest = max(deepest, depth)
+            if depth <= MAX_RECORD_DEPTH:
+                stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return deepest
+
+
 def load(path: Path, model: type[Document]):
     """The file at `path` as `model`, or a UserError in one line saying what it is instead."""
     wanted = model.model_fields["kind"].default
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{path}: not a readable {wanted} file ({type(exc).__name__}: {exc})") from None
+        doc = json.loads(read_text(path, MAX_RECORD_BYTES))
+    except Refused as exc:
+        raise UserError(f"{exc}; expected a {wanted} file") from None
+    except ValueError as exc:
+        raise UserError(f"{path}: not a {wanted} file: not JSON ({exc})") from None
+    except RecursionError:
+        raise UserError(f"{path}: not a {wanted} file: JSON nested deeper than any servekit record") from None
+    if _depth(doc) > MAX_RECORD_DEPTH:
+        raise UserError(f"{path}: not a {wanted} file: nested deeper than any servekit record ({MAX_RECORD_DEPTH} "
+                        "levels)")
     if isinstance(doc, dict) and "kind" not in doc and model is ReleaseManifest and {"version", "targets"} <= set(doc):
         doc = {**doc, "kind": "release", "schema_version": SCHEMA_VERSION}  # written before files said their kind
     if not isinstance(doc, dict) or doc.get("kind") not in KINDS:
@@ -182,6 +206,8 @@ def load(path: Path, model: type[Document]):
                         f"{SCHEMA_VERSION}")
     try:
         return model.model_validate(doc)
+    except RecursionError:
+        raise UserError(f"{path}: not a {wanted} file: nested deeper than any servekit record") from None
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "(top)"

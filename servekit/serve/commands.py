@@ -8,6 +8,7 @@ from pathlib import Path
 from servekit import engines
 from servekit.engines import transfer
 from servekit.errors import UserError
+from servekit.image.boundary import Missing, Refused, read_secret
 from servekit.output import as_output
 from servekit.records.models import RunReport
 from servekit.serve import deploy
@@ -24,6 +25,7 @@ def up_profile(session, profile: str, target: str | None = None, host: str | Non
     engine = engine or engines.resolve(None)
     engine.check()
     target = session.profile_target(profile, target, engine)
+    session.check_knobs([profile], target, knobs)
     session.require_gpu(target, engine, f"up: {profile}")
     dep = session.deployment(target, engine, host, port)
     arrived = transfer.ensure_image(engine, dep.image, say=lambda line: say(f"up: {line}"))
@@ -70,6 +72,7 @@ def run(session, target: str | None = None, profiles: list[str] | None = None, h
     target = session.target(target, engine)
     profiles = profiles_of(session, target, profiles)
     checks_to_run(session.matrix, profiles[0], target, only)  # a misspelt --check ends here, before any boot
+    session.check_knobs(profiles, target, knobs)
     engine.check()
     session.require_gpu(target, engine, f"run: {', '.join(profiles)}")
     plan = ensure_built(session, target, say=as_output(say).child("run: "), engine=engine)
@@ -83,9 +86,10 @@ def run(session, target: str | None = None, profiles: list[str] | None = None, h
 
 
 def smoke_running(session, profile: str, target: str | None = None, engine=None, url: str | None = None,
-                  api_key_file: Path | None = None, on_result=None, only: list[str] | None = None) -> tuple[str, list]:
+                  api_key_file: Path | None = None, on_result=None, only: list[str] | None = None,
+                  timeout_s: float | None = None) -> tuple[str, list]:
     """The profile's checks (or `only` those) against a server already running: its container on `engine`, or
-    `url`."""
+    `url`; `timeout_s` bounds each check (every request of it, and each wait between bytes)."""
     from contextlib import nullcontext
 
     from smoke import Context
@@ -101,8 +105,12 @@ def smoke_running(session, profile: str, target: str | None = None, engine=None,
     checks_to_run(matrix, profile, target, only)  # a misspelt --check ends here, before any request
     dep = session.deployment(target, engine, "native")
     key_path = api_key_file or dep.api_key_file
-    if not key_path.is_file():
-        raise UserError(f"no API key file at {key_path}: pass --api-key-file")
+    try:
+        api_key = read_secret(key_path)
+    except Missing:
+        raise UserError(f"no API key file at {key_path}: pass --api-key-file") from None
+    except Refused as exc:
+        raise UserError(f"--api-key-file {exc}; expected the file holding the server's key") from None
     logs, environ, port, healthy_line, host = None, None, dep.port, 0, "native"
     if not url:  # a profile on an engine: its log and environment are readable, so the log checks can run
         engine.check()
@@ -118,9 +126,10 @@ def smoke_running(session, profile: str, target: str | None = None, engine=None,
         # compiles while booting are expected; the log checks judge what came after the server was ready
         healthy_line = next((i + 1 for i, line in enumerate(logs()) if READY.search(line)), 0)
     with (nullcontext(url) if url else engines.reach(engine, dep.bind, port)) as base_url:
-        ctx = Context(base_url.rstrip("/"), key_path.read_text().strip(),
-                      matrix.models[matrix.targets[target].model].served_name, gpu=matrix.targets[target].gpu,
-                      logs=logs, environ=environ, healthy_line=healthy_line)
+        ctx = Context(base_url.rstrip("/"), api_key, matrix.models[matrix.targets[target].model].served_name,
+                      gpu=matrix.targets[target].gpu, logs=logs, environ=environ, healthy_line=healthy_line)
+        if timeout_s:  # --timeout: the bound of every check, each wait between bytes within it
+            ctx = replace(ctx, check_deadline_s=timeout_s, timeout_s=timeout_s, deadline_scales=False)
         results = smoke(ctx, checks_to_run(matrix, profile, target, only, host), on_result=on_result)
         for result in not_required_results(matrix, profile, target, only):
             results.append(result)

@@ -22,6 +22,7 @@ from servekit.errors import UserError
 from servekit.output import as_output
 from servekit.engines import resolve
 from servekit.engines.docker import PROJECT, Engine, ServerState, docker_errors, local_url
+from servekit.image.boundary import Refused, read_secret
 from servekit.image.launcher import MIN_KEY_CHARS
 
 IMAGE_UID = 10001  # the image's non-root user
@@ -85,13 +86,11 @@ def _owned_by_container(path: Path) -> None:
 
 
 def _key_in(path: Path) -> str | None:
-    """The key a regular file (not a link) holds, when it is long enough to be one."""
+    """The key a regular file (not a link, not a FIFO) holds, when it is long enough to be one."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:  # missing, or a link
+        key = read_secret(path, follow_links=False)
+    except Refused:  # missing, a link, a FIFO, too large: a new key replaces it
         return None
-    with os.fdopen(fd) as f:
-        key = f.read().strip()
     return key if len(key) >= MIN_KEY_CHARS else None
 
 
@@ -112,8 +111,8 @@ def ensure_secrets(dep: Deployment) -> Path:
         path.chmod(0o600)
         _owned_by_container(path)
     if not dep.engine.same_machine:  # compose.remote.yaml: Compose copies them into the container from its environment
-        os.environ["SERVEKIT_API_KEY"] = dep.api_key_file.read_text().strip()
-        os.environ["SERVEKIT_HF_TOKEN"] = (folder / "hf_token").read_text().strip()
+        os.environ["SERVEKIT_API_KEY"] = read_secret(dep.api_key_file)
+        os.environ["SERVEKIT_HF_TOKEN"] = read_secret(token)
     return dep.api_key_file
 
 

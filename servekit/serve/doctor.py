@@ -146,7 +146,7 @@ def doctor(matrix_path) -> list[Finding]:
     """Every finding: the engine and the machine, then (when the engine answers) the bases of the matrix, the target
     commands default to and, where the engine can give a container a GPU, one GPU container."""
     from servekit.errors import UserError
-    from servekit.config.matrix import load_matrix
+    from servekit.config.load import load_matrix
     findings = diagnose()
     if findings and findings[0].status == "ok":
         try:

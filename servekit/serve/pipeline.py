@@ -8,6 +8,7 @@ from pathlib import Path
 
 from servekit import engines
 from servekit.engines import transfer
+from servekit.image.boundary import read_secret
 from servekit.records.models import BootFigures, ImageUsed, Memory, ReleaseRecord, RunReport
 from servekit.serve import deploy
 from servekit.serve.boot import Stopped, boot
@@ -41,7 +42,7 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
         lines = lambda: list(b.record.lines)  # noqa: E731
         served_name = matrix.models[matrix.targets[dep.target].model].served_name
         container = b.container
-        ctx = Context(dep.url, key_file.read_text().strip(), served_name,
+        ctx = Context(dep.url, read_secret(key_file), served_name,
                       gpu=matrix.targets[dep.target].gpu, logs=lines, healthy_line=len(b.record.lines),
                       environ=lambda: dep.engine.server_environ(container),
                       shared_usage=b.end_traffic if dep.host == "wsl2" else None)

