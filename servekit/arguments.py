@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from servekit.image.boundary import control_character, number_in
+from servekit.image.boundary import REGISTRY, control_character, number_in
 
 
 def _number(kind, text: str, low: float | None, high: float | None, what: str):
@@ -83,3 +83,11 @@ def kube_version(text: str) -> str:
         raise argparse.ArgumentTypeError(f"expected a Kubernetes minor version such as 1.31, found {text!r}")
     return text
 
+
+
+def registry(text: str) -> str:
+    """Where `release` pushes: HOST[:PORT][/NAMESPACE], as release.registry in images.yaml."""
+    if not REGISTRY.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"expected HOST[:PORT][/NAMESPACE] such as 127.0.0.1:5000/serve, found "
+                                         f"{text!r}")
+    return text

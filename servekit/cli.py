@@ -713,7 +713,7 @@ def _release_commands(c: _Commands) -> None:
     """The commands of releasing and deploying elsewhere: release, render."""
     p = c.add("release", cmd_release, "push each target's checked image: immutable and moving tags, digests read "
             "back, then releases/v<vllm>.json", locked=True)
-    p.add_argument("--registry", metavar="HOST[:PORT]/NAMESPACE", help="default: release.registry in images.yaml")
+    p.add_argument("--registry", type=arguments.registry, metavar="HOST[:PORT]/NAMESPACE", help="default: release.registry in images.yaml")
     c.target(p, many=True, help="only this target (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="check and report; push nothing")
     p.add_argument("--git-tag", action="store_true", help="also create an annotated git tag v<vllm> with the summary")

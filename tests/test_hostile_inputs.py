@@ -218,6 +218,20 @@ def test_a_hostile_key_file_stops_the_launcher_in_one_line(tmp_path, kind):
     assert time.monotonic() - started < 5
 
 
+@pytest.mark.parametrize("kind", ["fifo", "huge", "binary"])
+def test_a_hostile_token_file_stops_the_download_before_any_request(tmp_path, kind):
+    """prepare's HF_TOKEN_FILE: refused in one line, never waited on (a FIFO) and never sent."""
+    profiles = tmp_path / "profiles.json"
+    profiles.write_text(json.dumps({"model": {"source": "huggingface", "repo": "org/model", "path": str(tmp_path / "m"),
+                                              "served_name": "m", "drafters": {}}, "profiles": {}, "hosts": {}}))
+    env = {"SERVEKIT_PROFILES": str(profiles), "HF_ENDPOINT": "http://127.0.0.1:9", "PATH": os.environ["PATH"],
+           "HF_TOKEN_FILE": str(_hostile_file(tmp_path, kind, "hf_" + "t" * 30))}
+    done = subprocess.run([sys.executable, str(ROOT / "servekit/image/launcher.py"), "prepare"], env=env,
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1 and done.stderr.strip().splitlines()[-1].startswith("prepare: error: HF_TOKEN_FILE"), \
+        done.stderr
+
+
 def test_a_key_of_two_lines_is_no_key(tmp_path):
     from servekit.image.launcher import read_key
     path = tmp_path / "key"
@@ -366,6 +380,8 @@ ARGUMENTS = [
     (["smoke", "default", "--url", "http://me:pw@127.0.0.1:8000"], "--url", "no credentials"),
     (["smoke", "default", "--url", "http://127.0.0.1:99999"], "--url", "http(s)://"),
     (["smoke", "default", "--timeout", "0"], "--timeout", "more than 0"),
+    (["release", "--registry", "127.0.0.1:5000/serve --all-tags"], "--registry", "HOST[:PORT][/NAMESPACE]"),
+    (["release", "--registry", "https://127.0.0.1:5000"], "--registry", "HOST[:PORT][/NAMESPACE]"),
 ]
 
 

@@ -218,7 +218,7 @@ class Serve(Strict):
 
 
 class Release(Strict):
-    registry: str = Field("127.0.0.1:5000/serve", pattern=r"^[A-Za-z0-9.-]+(:\d+)?(/[a-z0-9._/-]+)?$",
+    registry: str = Field("127.0.0.1:5000/serve", pattern=f"^{boundary.REGISTRY.pattern}$",
                           description="HOST[:PORT]/NAMESPACE that `release` pushes to (--registry overrides)")
 
 

@@ -35,9 +35,10 @@ def control_character(text: str) -> str | None:
 
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# PEP 508's distribution name; Debian's package name; an image reference (name[:tag][@digest]).
+# PEP 508's distribution name; Debian's package name; a registry; an image reference (name[:tag][@digest]).
 DIST_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
 DEBIAN_PACKAGE = re.compile(r"[a-z0-9][a-z0-9+.-]+")
+REGISTRY = re.compile(r"[A-Za-z0-9.-]+(:\d+)?(/[a-z0-9._/-]+)?")  # HOST[:PORT][/NAMESPACE], where release pushes
 IMAGE_REF = re.compile(r"[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?")
 
 

@@ -21,8 +21,10 @@ from pathlib import Path
 
 try:
     from . import hub
+    from .boundary import Refused, read_secret
 except ImportError:  # run as a script inside the image, beside hub.py
     import hub  # type: ignore[no-redef]
+    from boundary import Refused, read_secret  # type: ignore[no-redef]
 
 COMPLETE = ".servekit-complete"
 LOCK_WAIT_S = float(os.environ.get("PREPARE_LOCK_WAIT", "600"))
@@ -131,7 +133,10 @@ def _prepare_one(part: dict, say) -> None:
         if os.environ.get("HF_HUB_OFFLINE") == "1":
             raise PrepareError(f"{dest} is not prepared and HF_HUB_OFFLINE=1 forbids the download of {part['repo']}")
         token_file = os.environ.get("HF_TOKEN_FILE")
-        token = Path(token_file).read_text().strip() if token_file and Path(token_file).is_file() else None
+        try:
+            token = read_secret(token_file) if token_file and os.path.lexists(token_file) else None
+        except Refused as exc:  # a FIFO, a device, two lines: said, never waited on or sent
+            raise PrepareError(f"HF_TOKEN_FILE {exc}") from None
         dest.mkdir(parents=True, exist_ok=True)
         try:
             hub.download(part["repo"], part.get("revision"), dest, token or None, say=say)
