@@ -231,6 +231,47 @@ def test_the_env_file_names_its_path_separator_for_compose_on_windows(tmp_path):
     assert done.returncode != 0  # the separator really matters: ';' under ':' names one file that is not there
 
 
+def test_a_users_env_lines_survive_image_and_up(tmp_path):
+    """compose/.env is the user's as much as servekit's: the source's way of setting knobs (MAX_SEQS=4 there) and any
+    comment stay through every rewrite; servekit's block changes with the deployment and comes last."""
+    from servekit.serve.deploy import ENV_END, Deployment, write_env
+    (tmp_path / "compose").mkdir()
+    env_file = tmp_path / "compose" / ".env"
+    mine = ["# my box", "MAX_SEQS=4", "VLLM_WSL2_ENABLE_PIN_MEMORY=1", "", "PREFIX_CACHE=0"]
+    env_file.write_text("\n".join(mine) + "\n")
+    write_env(Deployment(tmp_path, "cuda", "native", "vllm-serve:a", "127.0.0.1", 8000))  # as `image` does
+    write_env(Deployment(tmp_path, "cuda", "wsl2", "vllm-serve:b", "127.0.0.1", 9000))  # as `up --port 9000` does
+    lines = env_file.read_text().splitlines()
+    assert lines[:len(mine)] == mine and lines[-1] == ENV_END
+    assert "SERVEKIT_IMAGE=vllm-serve:b" in lines and "SERVEKIT_PORT=9000" in lines
+    assert sum(line.startswith("SERVEKIT_IMAGE=") for line in lines) == 1
+
+
+def test_an_env_file_from_before_the_block_keeps_the_users_lines_and_drops_servekits(tmp_path):
+    from servekit.serve.deploy import Deployment, write_env
+    (tmp_path / "compose").mkdir()
+    env_file = tmp_path / "compose" / ".env"
+    env_file.write_text("# Written by `python build.py image` / `up`; edit by hand if you like.\nSERVEKIT_IMAGE=old\n"
+                        "SERVEKIT_PORT=8000\nCOMPOSE_FILE=compose.yaml\nSPEC=dflash2\n")
+    write_env(Deployment(tmp_path, "cuda", "native", "vllm-serve:new", "127.0.0.1", 8000))
+    text = env_file.read_text()
+    assert text.startswith("SPEC=dflash2\n") and "SERVEKIT_IMAGE=old" not in text and text.count("SERVEKIT_PORT=") == 1
+
+
+def test_a_knob_in_the_users_env_file_reaches_the_container(tmp_path):
+    """A bare knob name in compose.yaml takes its value from the shell or the env file, as the source's env_file did."""
+    from servekit.serve.deploy import Deployment, write_env
+    root = tracked_copy(tmp_path)
+    env_file = root / "compose" / ".env"
+    env_file.write_text("MAX_SEQS=4\n")
+    write_env(Deployment(root, "cuda", "native", "vllm-serve:x", "127.0.0.1", 8000))
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("COMPOSE_", "SERVEKIT_")) and k != "MAX_SEQS"}
+    done = subprocess.run(["docker", "compose", "--profile", "alternative", "config", "--format", "json"],
+                          cwd=env_file.parent, env=clean, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["services"]["alternative"]["environment"]["MAX_SEQS"] == "4"
+
+
 def test_a_non_loopback_bind_warns():
     from servekit.serve.deploy import check_bind
     said: list[str] = []

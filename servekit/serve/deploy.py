@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import ipaddress
 import os
+import re
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,7 @@ from servekit.errors import UserError
 from servekit.output import as_output
 from servekit.engines import resolve
 from servekit.engines.docker import PROJECT, Engine, ServerState, docker_errors, local_url
-from servekit.image.boundary import Refused, read_secret
+from servekit.image.boundary import Missing, Refused, read_secret, read_text
 from servekit.image.launcher import MIN_KEY_CHARS
 
 IMAGE_UID = 10001  # the image's non-root user
@@ -116,28 +117,58 @@ def ensure_secrets(dep: Deployment) -> Path:
     return dep.api_key_file
 
 
+ENV_BEGIN = "# BEGIN servekit: `python build.py image` and `up` rewrite this block, and only it (its keys come last, so"
+ENV_BEGIN_2 = "# they win); your own lines above it, knobs such as MAX_SEQS=4 among them, are kept as you wrote them."
+ENV_END = "# END servekit"
+
+
 def write_env(dep: Deployment) -> Path | None:
-    """The env file (compose/.env for the local engine): image, host, address and the compose files. A process
+    """The env file (compose/.env for the local engine): image, host, address and the compose files, in servekit's
+    block; whatever else the file holds (a user's knobs, the source repository's .env lines) stays. A process
     engine has no Compose and gets none."""
     if not dep.engine.serves_images:
         return None
-    lines = [
-        "# Written by `python build.py image` / `up`; edit by hand if you like." if dep.engine.is_local else
-        f"# Written by `python build.py --engine {dep.engine.given}`; docker compose --env-file reads it.",
-        f"SERVEKIT_IMAGE={dep.image}",
-        f"SERVEKIT_HOST={dep.host}",
-        f"SERVEKIT_BIND={dep.bind}",
-        f"SERVEKIT_PORT={dep.port}",
-        f"COMPOSE_PROJECT_NAME={PROJECT}",
+    ours = {
+        "SERVEKIT_IMAGE": dep.image,
+        "SERVEKIT_HOST": dep.host,
+        "SERVEKIT_BIND": dep.bind,
+        "SERVEKIT_PORT": str(dep.port),
+        "COMPOSE_PROJECT_NAME": PROJECT,
         # Compose on Windows splits COMPOSE_FILE at ';' unless told otherwise: PowerShell reads this file too.
-        "COMPOSE_PATH_SEPARATOR=:",
-        f"COMPOSE_FILE={':'.join(p.name for p in dep.compose_files)}",
-    ]
+        "COMPOSE_PATH_SEPARATOR": ":",
+        "COMPOSE_FILE": ":".join(p.name for p in dep.compose_files),
+    }
     uid, gid = run_as()
     if (uid, gid) != (IMAGE_UID, IMAGE_UID) and dep.engine.same_machine:  # another machine's engine: the image's user
-        lines += [f"SERVEKIT_UID={uid}", f"SERVEKIT_GID={gid}"]
-    write_text(dep.env_file, "\n".join(lines) + "\n")
+        ours.update(SERVEKIT_UID=str(uid), SERVEKIT_GID=str(gid))
+    where = [] if dep.engine.is_local else [f"# For `python build.py --engine {dep.engine.given}`; docker compose "
+                                            "--env-file reads it."]
+    block = [ENV_BEGIN, ENV_BEGIN_2, *where, *(f"{k}={v}" for k, v in ours.items()), ENV_END]
+    write_text(dep.env_file, "".join(line + "\n" for line in [*users_lines(dep.env_file), *block]))
     return dep.env_file
+
+
+OWN_KEYS = re.compile(r"^\s*(SERVEKIT_[A-Z_]+|COMPOSE_PROJECT_NAME|COMPOSE_PATH_SEPARATOR|COMPOSE_FILE)\s*=")
+
+
+def users_lines(env_file: Path) -> list[str]:
+    """The lines of `env_file` that are not servekit's: all but its block; in a file from before the block (or one
+    without it), all but the keys servekit writes and its old header."""
+    try:
+        lines = read_text(env_file, 1 << 20).splitlines()
+    except Missing:
+        return []
+    except Refused as exc:
+        raise UserError(f"{exc}; compose/.env must be a text file (servekit keeps your lines in it)") from None
+    if ENV_BEGIN in lines:
+        start = lines.index(ENV_BEGIN)
+        end = lines.index(ENV_END, start) if ENV_END in lines[start:] else len(lines) - 1
+        kept = lines[:start] + lines[end + 1:]
+    else:
+        kept = [line for line in lines if not OWN_KEYS.match(line) and not line.startswith("# Written by `python build.py")]
+    while kept and not kept[-1].strip():
+        kept.pop()
+    return kept
 
 
 def ready_for_compose(session, target: str, tag: str) -> None:
