@@ -459,7 +459,9 @@ def cmd_render(args) -> int:
                                 "native" if args.host == "auto" else args.host, args.kube_version)
     print(f"image {how}", file=sys.stderr)
     print("create the key Secret first: kubectl create secret generic servekit-api-key "
-          "--from-file=api-key=compose/secrets/api_key", file=sys.stderr)
+          "--from-file=api-key=compose/secrets/api_key (and, for a gated model, servekit-hf-token: "
+          "kubectl create secret generic servekit-hf-token --from-file=token=compose/secrets/hf_token)",
+          file=sys.stderr)
     for path in paths:
         print(path)
     return 0

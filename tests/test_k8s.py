@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 
 import pytest
@@ -35,6 +36,33 @@ def test_every_profile_validates_and_carries_its_knobs(profile, target, host):
     assert startup["periodSeconds"] * startup["failureThreshold"] >= MATRIX.serve.boot_timeout_s
     assert {d["kind"] for d in docs} == {"Deployment", "Service", "PersistentVolumeClaim"}
     assert "sk-" not in json.dumps(docs)  # the key comes from a Secret, never a manifest
+
+
+def test_the_written_manifests_carry_no_anchors_and_read_back_the_same(tmp_path):
+    """kubectl users read these: every value written out (the init container shares the server's security context,
+    which PyYAML would otherwise write as &id001 and *id001)."""
+    docs = k8s.render(MATRIX, "default", "cuda", "native", "x")
+    for path in k8s.write(docs, tmp_path):
+        text = path.read_text()
+        assert not re.search(r"[&*]id\d+", text), text
+    deployment = yaml.safe_load((tmp_path / "deployment-servekit-default.yaml").read_text())
+    assert deployment == docs[0]
+
+
+def test_the_prepare_init_container_reads_the_token_from_an_optional_secret():
+    pod = k8s.render(MATRIX, "default", "cuda", "native", "x")[0]["spec"]["template"]["spec"]
+    [prepare] = pod["initContainers"]
+    assert {"name": "HF_TOKEN_FILE", "value": "/run/secrets/hf_token"} in prepare["env"]
+    token = next(v for v in pod["volumes"] if v["name"] == "hf-token")
+    assert token["secret"]["secretName"] == "servekit-hf-token" and token["secret"]["optional"] is True
+    assert any(m["name"] == "hf-token" for m in prepare["volumeMounts"])
+
+
+def test_before_a_release_the_image_is_named_at_the_registry(tmp_path):
+    from servekit.build.plan import plan_targets
+    plan = plan_targets(MATRIX, ROOT, ["cpu"])[0]
+    reference, how = k8s.image_reference(MATRIX, plan, tmp_path)  # no releases/ there
+    assert reference == f"{MATRIX.release.registry}/{plan.tag}" and "not released yet" in how
 
 
 def test_a_broken_manifest_is_caught():

@@ -2,14 +2,16 @@
 
 A Deployment (the image by digest where a release recorded one, GPU limits on the cuda target,
 startup/readiness/liveness probes on the keyless /health, resource requests, the knobs as
-environment, the API key from a Secret), a Service, and a PersistentVolumeClaim per volume.
-The key itself is never written into a manifest: the Secret is created from the key file.
+environment, the API key from a Secret, the prepare init container's Hugging Face token from an
+optional one), a Service, and a PersistentVolumeClaim per volume. Neither secret is ever written into
+a manifest: each Secret is created from its file.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from servekit.atomic import write_text
 from servekit.config.matrix import Matrix
 from servekit.build.plan import TargetPlan
 from servekit.config.profiles import resolve_knobs
@@ -21,11 +23,15 @@ PROBE_PERIOD_S = 10
 
 
 def image_reference(matrix: Matrix, plan: TargetPlan, root: Path) -> tuple[str, str]:
-    """(reference, how it was chosen): the released digest when this build was released, else the local tag."""
+    """(reference, how it was chosen): the released digest when this build was released, else the tag `release`
+    will push to the registry (a node pulls from a registry, never a tag that exists only here)."""
     record = released(root, matrix, plan.target, plan.digest)
     if record:
         return f"{record.repository}@{record.registry_digest}", f"by digest, from releases/v{matrix.vllm}.json"
-    return plan.tag, ("by tag: this build is not released yet (run `python build.py release`), so not by digest")
+    name, _, tag = plan.tag.rpartition(":")
+    return f"{matrix.release.registry}/{name}:{tag}", (
+        f"by tag at {matrix.release.registry}: this build is not released yet, so a node cannot pull it until "
+        "`python build.py release` pushes it (then render again for the digest)")
 
 
 def render(matrix: Matrix, profile: str, target: str, host: str, image: str) -> list[dict]:
@@ -56,9 +62,12 @@ def render(matrix: Matrix, profile: str, target: str, host: str, image: str) -> 
                         [{"name": "api-key", "mountPath": "/run/secrets/api_key", "subPath": "api_key",
                           "readOnly": True}, {"name": "shm", "mountPath": "/dev/shm"}],
     }
-    prepare = {"name": "prepare", "image": image, "args": ["prepare"],
-               "securityContext": container["securityContext"],
-               "volumeMounts": [{"name": v, "mountPath": path} for v, path, _ in volumes]}
+    prepare = {"name": "prepare", "image": image, "args": ["prepare"],  # a gated model's token from its own Secret
+               "env": [{"name": "HF_TOKEN_FILE", "value": "/run/secrets/hf_token"}],
+               "securityContext": dict(container["securityContext"]),
+               "volumeMounts": [{"name": v, "mountPath": path} for v, path, _ in volumes] +
+                               [{"name": "hf-token", "mountPath": "/run/secrets/hf_token", "subPath": "hf_token",
+                                 "readOnly": True}]}
     deployment = {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": name, "labels": labels},
@@ -75,6 +84,9 @@ def render(matrix: Matrix, profile: str, target: str, host: str, image: str) -> 
                                 for v, _, _ in volumes] +
                                [{"name": "api-key", "secret": {"secretName": "servekit-api-key",
                                                                "items": [{"key": "api-key", "path": "api_key"}]}},
+                                # optional: a public model needs no token, and prepare runs without one
+                                {"name": "hf-token", "secret": {"secretName": "servekit-hf-token", "optional": True,
+                                                                "items": [{"key": "token", "path": "hf_token"}]}},
                                 {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}}],
                 },
             },
@@ -90,13 +102,22 @@ def render(matrix: Matrix, profile: str, target: str, host: str, image: str) -> 
     return [deployment, service, *claims]
 
 
-def write(docs: list[dict], out: Path) -> list[Path]:
+def to_yaml(doc: dict) -> str:
+    """The manifest as YAML a person reads and kubectl applies: every value written out, no anchors (`&id001`)."""
     import yaml
+
+    class Written(yaml.SafeDumper):
+        def ignore_aliases(self, data) -> bool:
+            return True
+    return yaml.dump(doc, Dumper=Written, sort_keys=False)
+
+
+def write(docs: list[dict], out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for doc in docs:
         path = out / f"{doc['kind'].lower()}-{doc['metadata']['name']}.yaml"
-        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        write_text(path, to_yaml(doc))
         paths.append(path)
     return paths
 
