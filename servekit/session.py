@@ -88,7 +88,7 @@ class Session:
 
     def deployment(self, target: str, engine: Engine, host: str | None = "auto", port: int | None = None,
                    tag: str | None = None):
-        from servekit.serve.deploy import Deployment
+        from servekit.serve.deploy import Deployment, published
         from servekit.engines.process import is_process_engine
         pins: dict[str, str] = {}  # what a process engine's environment must hold; an image carries its own
         if is_process_engine(engine):
@@ -96,8 +96,8 @@ class Session:
             image = engine.describe(pins)
         else:
             image = tag or self.plan(target).tag  # a caller with the tag has planned already
-        return Deployment(self.root, target, self.host(host, engine), image, self.matrix.serve.bind,
-                          port or self.matrix.serve.port, engine=engine,
+        bind, port = published(self.root, self.matrix.serve.bind, self.matrix.serve.port, port)
+        return Deployment(self.root, target, self.host(host, engine), image, bind, port, engine=engine,
                           overrides=tuple(self.matrix.targets[target].compose), matrix=self.matrix, pins=pins)
 
     def check_knobs(self, profiles: list[str], target: str, knobs: dict[str, str] | None) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_PROJECT = "servekit-test"
-TEST_PORT = 18000  # the tests' servers publish here, never on a developer's 8000
+TEST_PORT = 18000  # the tests' servers publish here, never on a developer's serve.port (18020)
 STATE_AT_START: dict = {}  # checkout_state() when the session began (conftest's pytest_configure)
 
 
@@ -84,8 +84,8 @@ def tracked_copy(dst: Path) -> Path:
             os.symlink(ROOT / ".cache" / cache, dst / ".cache" / cache)
     matrix = dst / "images.yaml"
     text = matrix.read_text()
-    assert "\n  port: 8000\n" in text
-    matrix.write_text(text.replace("\n  port: 8000\n", f"\n  port: {TEST_PORT}\n"))
+    assert "\n  port: 18020\n" in text
+    matrix.write_text(text.replace("\n  port: 18020\n", f"\n  port: {TEST_PORT}\n"))
     return dst
 
 

@@ -64,6 +64,19 @@ def test_the_follower_records_pool_readiness_and_the_error_with_its_detail():
     assert reason == "error" and "1 validation error" in text and "max_model_len (100000)" in text
 
 
+@pytest.mark.parametrize("status, restarts", [("exited", 0), ("restarting", 0), ("running", 1)])
+def test_an_exit_during_a_boot_fails_it_even_when_the_engine_restarts_the_server(status, restarts):
+    """compose.yaml asks for restart: unless-stopped (as the source's did); a boot still ends at the first exit."""
+    from servekit.engines.docker import ServerState
+    from servekit.serve.watch import BootFailed, StillRunning
+    state = ServerState(name="s", profile="default", status=status, running=status == "running", exit_code=2,
+                        restarts=restarts, started_at="", health=None, image="x", env={}, port=None)
+    follower = LogFollower(container=None, record=BootRecord(started=time.time()))
+    follower.ended.set()
+    with pytest.raises(BootFailed, match="exited with code 2"):
+        StillRunning(lambda: state, follower, lambda: []).poll()
+
+
 def test_frames_are_dropped_from_the_quoted_tail():
     lines = ["Traceback (most recent call last):", '  File "/a.py", line 1, in f', "    f()", "    ^^^",
              "ValueError: bad", "  Value error, detail"]
@@ -177,10 +190,14 @@ def test_every_combination_passes_compose_config(compose_env, overrides):
         assert service["user"] == "10001:10001"
         assert service["depends_on"]["prepare"]["condition"] == "service_completed_successfully"
         assert service["healthcheck"]["test"][-1].endswith("urlopen('http://127.0.0.1:8000/health', timeout=4)")
-        assert "SERVEKIT" not in json.dumps(service["environment"])  # no secret or host path leaks in
-        assert service["environment"]["HOST"] == ("wsl2" if "compose.wsl2.yaml" in overrides else "native")
+        leaked = {k: v for k, v in service["environment"].items() if k != "SERVEKIT_HOST"}
+        assert "SERVEKIT" not in json.dumps(leaked)  # no secret or host path leaks in (the host's kind is meant to)
+        assert service["environment"]["SERVEKIT_HOST"] == ("wsl2" if "compose.wsl2.yaml" in overrides else "native")
         gpu = service.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices")
         assert bool(gpu) is ("compose.cpu.yaml" not in overrides)
+        assert service["restart"] == "unless-stopped" and service["stop_grace_period"] == "30s"
+        if gpu:
+            assert gpu[0]["count"] == 1  # the source's GPU_COUNT, 1 unless set
 
 
 @pytest.mark.engine
@@ -221,7 +238,7 @@ def test_the_env_file_names_its_path_separator_for_compose_on_windows(tmp_path):
         doc = json.loads(done.stdout)
         return sorted(doc["services"]), json.dumps(doc["services"]["alternative"])
     ours = services_and_files()
-    assert '"HOST": "wsl2"' in ours[1]  # the WSL2 overrides are in
+    assert '"SERVEKIT_HOST": "wsl2"' in ours[1]  # the WSL2 overrides are in
     env_file.write_text(text.replace("COMPOSE_PATH_SEPARATOR=:", "COMPOSE_PATH_SEPARATOR=;").replace(
         "compose.yaml:compose.wsl2.yaml", "compose.yaml;compose.wsl2.yaml"))
     assert services_and_files() == ours

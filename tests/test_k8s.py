@@ -28,7 +28,7 @@ def test_every_profile_validates_and_carries_its_knobs(profile, target, host):
     env = {e["name"]: e["value"] for e in container["env"]}
     assert {k: env[k] for k in resolve_knobs(MATRIX, profile, target, host)} == resolve_knobs(MATRIX, profile, target,
                                                                                                host)
-    assert container["args"] == ["serve", profile] and env["HOST"] == host
+    assert container["args"] == ["serve", profile] and env["SERVEKIT_HOST"] == host
     assert ("nvidia.com/gpu" in container["resources"].get("limits", {})) is MATRIX.targets[target].gpu
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert container[probe]["httpGet"] == {"path": "/health", "port": 8000}

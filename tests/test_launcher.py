@@ -165,7 +165,7 @@ def test_every_flag_the_launcher_emits_is_in_the_list_verify_checks():
     from servekit.image.launcher import flags
     allowed, seen = set(flags()), set()
     rng = random.Random(20261201)
-    free = [k for k in KNOBS.values() if k.name not in ("MODE", "PORT", "BIND", "EXTRA_ARGS", "TOOL_PARSER",
+    free = [k for k in KNOBS.values() if k.name not in ("MODE", "PORT", "HOST", "EXTRA_ARGS", "TOOL_PARSER",
                                                           "PREFIX_RETENTION")]
     for _ in range(600):
         profiles = rng.choice([CUDA, CPU])

@@ -190,7 +190,9 @@ class Engine:
     def compose_for(self, dep, profiles: list[str] | None = None, knobs: dict[str, str] | None = None):
         """Compose for deployment `dep` on this engine; `knobs` go into that one process's environment, where they
         win over the shell's (so parallel boots with different knobs do not share them)."""
-        call = ["env", *(f"{k}={v}" for k, v in knobs.items()), "docker"] if knobs else ["docker"]
+        # BIND and PORT (the source's spellings, which compose.yaml reads first) as this deployment resolved them
+        setting = {**(knobs or {}), "BIND": dep.bind, "PORT": str(dep.port)}
+        call = ["env", *(f"{k}={v}" for k, v in setting.items()), "docker"]
         return self.compose(compose_files=dep.compose_files, compose_project_name=PROJECT,
                             compose_project_directory=dep.compose_dir, compose_env_files=[dep.env_file],
                             compose_profiles=profiles or [], client_call=call)
@@ -276,6 +278,7 @@ class ServerState:
     status: str  # running, exited, dead, created, ...
     running: bool
     exit_code: int | None
+    restarts: int  # how often the engine restarted it (restart: unless-stopped): each one follows an exit
     started_at: str  # RFC 3339
     health: str | None  # Docker's healthcheck verdict, where there is one
     image: str | None  # what it was started from: a tag, or the process engine's environment
@@ -289,7 +292,8 @@ class ServerState:
         ports = ((attrs.get("NetworkSettings") or {}).get("Ports") or {}).get(f"{container_port}/tcp") or []
         return cls(name=container.name, profile=(container.labels or {}).get("com.docker.compose.service"),
                    status=state.get("Status") or "unknown", running=bool(state.get("Running")),
-                   exit_code=state.get("ExitCode"), started_at=state.get("StartedAt") or "",
+                   exit_code=state.get("ExitCode"), restarts=int(attrs.get("RestartCount") or 0),
+                   started_at=state.get("StartedAt") or "",
                    health=(state.get("Health") or {}).get("Status"), image=config.get("Image"),
                    env=dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e),
                    port=int(ports[0]["HostPort"]) if ports else None)

@@ -204,7 +204,7 @@ class ProcessServer:
         running = self.running
         code = self.popen.returncode if self.popen is not None and not running else None
         return ServerState(name=self.name, profile=self.record["profile"], status="running" if running else "exited",
-                           running=running, exit_code=code, started_at=self.record["started_at"], health=None,
+                           running=running, exit_code=code, restarts=0, started_at=self.record["started_at"], health=None,
                            image=self.record["image"], env=dict(self.record["knobs"]), port=self.record["port"])
 
     def logs(self, stream: bool = False, follow: bool = False, timestamps: bool = False, tail="all"):
@@ -283,9 +283,9 @@ def check_environment(engine: ProcessEngine, dep) -> None:
 
 
 def _environment(dep, profiles_file: Path, knobs: dict[str, str]) -> dict[str, str]:
-    env = {**os.environ, "SERVEKIT_PROFILES": str(profiles_file), "HOST": dep.host,
+    env = {**os.environ, "SERVEKIT_PROFILES": str(profiles_file), "SERVEKIT_HOST": dep.host,
            "API_KEY_FILE": str(dep.api_key_file), "HF_TOKEN_FILE": str(dep.api_key_file.parent / "hf_token"),
-           "BIND": dep.bind, "PORT": str(dep.port), "PYTHONUNBUFFERED": "1",
+           "HOST": dep.bind, "PORT": str(dep.port), "PYTHONUNBUFFERED": "1",
            "PATH": f"{dep.engine.prefix / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", **knobs}
     env.pop("PYTHONPATH", None)  # the launcher imports its siblings; the environment's own packages come first
     return env

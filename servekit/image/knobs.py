@@ -118,10 +118,12 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("ENABLE_THINKING", "bool", "the chat template's enable_thinking default"),
     Knob("ASYNC_SCHED", "bool", "--async-scheduling"),
     Knob("API_SERVERS", "int", "--api-server-count", minimum=1),
-    Knob("PORT", "int", "the port vLLM listens on inside the container (Compose maps 8000; not passed through)",
+    Knob("PORT", "int", "the port clients reach, as in the source's launchers and Compose file: Compose publishes it "
+         "(inside, vLLM listens on 8000), the process engine listens on it; default serve.port (18020)",
          minimum=1, maximum=65535, passthrough=False),
-    Knob("BIND", "str", "the address vLLM listens on (0.0.0.0 inside a container; the process engine sets serve.bind; "
-         "not passed through)", passthrough=False),
+    Knob("HOST", "str", "the address vLLM listens on, the source's HOST: 0.0.0.0 inside a container (what other "
+         "machines reach is BIND, the published address); the process engine listens on serve.bind unless set",
+         passthrough=False),
     Knob("ENFORCE_EAGER", "bool", "--enforce-eager (no compiled graphs; the cpu image has no C++ compiler)"),
     Knob("DTYPE", "enum", "--dtype", choices=("auto", "bfloat16", "float16", "float32")),
     Knob("EXTRA_ARGS", "str", "extra vllm serve flags, last; a flag here wins over the same flag from a knob"),

@@ -15,14 +15,15 @@ from pathlib import Path
 
 try:
     from . import recipe
-    from .boundary import Refused, argv_words, read_secret
+    from .boundary import Refused, argv_words, control_character, read_secret
     from .knobs import KNOBS
 except ImportError:  # run as a script inside the image, beside knobs.py and recipe.py
     import recipe  # type: ignore[no-redef]
-    from boundary import Refused, argv_words, read_secret  # type: ignore[no-redef]
+    from boundary import Refused, argv_words, control_character, read_secret  # type: ignore[no-redef]
     from knobs import KNOBS  # type: ignore[no-redef]
 
 CONTAINER_PORT = 8000  # where vLLM listens inside the container: the Dockerfile and Compose use it (a test ties them)
+HOST_KIND_ENV = "SERVEKIT_HOST"  # which host of images.yaml this is (native, wsl2); HOST is the source's bind address
 MIN_KEY_CHARS = 16  # a shorter key (an empty file above all) is no key: the host regenerates one this short or shorter
 PROFILES_FILE = Path(os.environ.get("SERVEKIT_PROFILES", Path(__file__).resolve().parent / "profiles.json"))
 VLLM = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
@@ -102,7 +103,7 @@ def build_command(profiles: dict, profile: str, host: str, environ: dict[str, st
     if profile not in profiles["profiles"]:
         raise KnobError(f"PROFILE={profile!r}: expected one of {', '.join(profiles['profiles'])}")
     if host not in profiles["hosts"]:
-        raise KnobError(f"HOST={host!r}: expected one of {', '.join(profiles['hosts'])}")
+        raise KnobError(f"SERVEKIT_HOST={host!r}: expected one of {', '.join(profiles['hosts'])}")
     k = merged_knobs(profiles["profiles"][profile][host], environ)
     extra_args = _extra_args(k)
     model = profiles["model"]
@@ -112,7 +113,7 @@ def build_command(profiles: dict, profile: str, host: str, environ: dict[str, st
         raise KnobError(str(exc)) from None
     env = {**recipe.PRIVACY_ENV, **recipe_env, **profiles.get("env", {}), **profiles["hosts"][host]["env"]}
     args = ["--model", model["path"], "--served-model-name", model["served_name"], "--host",
-            k.get("BIND", "0.0.0.0"), "--port", k.get("PORT", str(CONTAINER_PORT)), *flags]
+            k.get("HOST", "0.0.0.0"), "--port", k.get("PORT", str(CONTAINER_PORT)), *flags]
     extra = ([TIER_FLAG, k["KV_OFFLOAD_GB"]] if "KV_OFFLOAD_GB" in k else []) + extra_args
     if warn:
         mine = {_flag_name(t) for t in args}
@@ -134,6 +135,16 @@ def _extra_wins(args: list[str], extra: list[str]) -> list[str]:
         out.append(token)
         i += 1
     return out + extra
+
+
+def given_key(environ) -> tuple[str | None, str]:
+    """The key as the source's launchers take it: an exported VLLM_API_KEY wins, else API_KEY_FILE's (read_key)."""
+    exported = environ.get("VLLM_API_KEY", "").strip()
+    if not exported:
+        return read_key(environ.get("API_KEY_FILE"))
+    if len(exported) < MIN_KEY_CHARS or control_character(exported):
+        return None, f"no API key: VLLM_API_KEY holds {len(exported)} characters, not one line of {MIN_KEY_CHARS} or more"
+    return exported, ""
 
 
 def read_key(key_file: str | None) -> tuple[str | None, str]:
@@ -188,7 +199,7 @@ def main(argv: list[str]) -> int:
         return _prepared(lambda: prepare(profiles["model"], say=say), PrepareError)
     profile = argv[2] if len(argv) > 2 else os.environ.get("PROFILE", "default")
     try:
-        args, env = build_command(profiles, profile, os.environ.get("HOST", "native"), dict(os.environ),
+        args, env = build_command(profiles, profile, os.environ.get(HOST_KIND_ENV, "native"), dict(os.environ),
                                   warn=lambda line: print(f"launcher: warning: {line}", file=sys.stderr))
     except KnobError as exc:
         print(f"launcher: refusing to start: {exc}", file=sys.stderr)
@@ -196,7 +207,7 @@ def main(argv: list[str]) -> int:
     needed = served_parts(profiles["model"], args)
     if command == "prepare":  # `prepare PROFILE`: what that profile serves (the process engine), no more
         return _prepared(lambda: prepare(profiles["model"], say=say, needed=needed), PrepareError)
-    key, problem = read_key(os.environ.get("API_KEY_FILE"))
+    key, problem = given_key(os.environ)
     if key:  # the key travels in the environment, never on the command line or in a log
         env["VLLM_API_KEY"] = key
     elif profile in profiles.get("without_key", []):

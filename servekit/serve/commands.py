@@ -9,6 +9,7 @@ from servekit import engines
 from servekit.engines import transfer
 from servekit.errors import UserError
 from servekit.image.boundary import Missing, Refused, read_secret
+from servekit.image.launcher import HOST_KIND_ENV
 from servekit.output import as_output
 from servekit.records.models import RunReport
 from servekit.serve import deploy
@@ -122,7 +123,7 @@ def smoke_running(session, profile: str, target: str | None = None, engine=None,
         environ = lambda: engine.server_environ(container)  # noqa: E731
         state = engine.server_state(container)
         port = state.port or port
-        host = state.env.get("HOST") or host  # its host's checks (a WSL2 server gets spill, which smoke cannot judge)
+        host = state.env.get(HOST_KIND_ENV) or host  # its host's checks (a WSL2 server gets spill, which smoke cannot judge)
         # compiles while booting are expected; the log checks judge what came after the server was ready
         healthy_line = next((i + 1 for i, line in enumerate(logs()) if READY.search(line)), 0)
     with (nullcontext(url) if url else engines.reach(engine, dep.bind, port)) as base_url:

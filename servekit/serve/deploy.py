@@ -23,7 +23,8 @@ from servekit.errors import UserError
 from servekit.output import as_output
 from servekit.engines import resolve
 from servekit.engines.docker import PROJECT, Engine, ServerState, docker_errors, local_url
-from servekit.image.boundary import Missing, Refused, read_secret, read_text
+from servekit.image.boundary import Missing, Refused, control_character, read_secret, read_text
+from servekit.image.knobs import KNOBS
 from servekit.image.launcher import MIN_KEY_CHARS
 
 IMAGE_UID = 10001  # the image's non-root user
@@ -95,16 +96,38 @@ def _key_in(path: Path) -> str | None:
     return key if len(key) >= MIN_KEY_CHARS else None
 
 
+SOURCE_KEY_FILE = "api_key.txt"  # the source repository's key file, at the root of the checkout
+
+
+def given_key(root: Path) -> tuple[str, str] | None:
+    """(the key, where it came from) where the source's users give one: VLLM_API_KEY in the shell or compose/.env,
+    else api_key.txt at the root; None when neither holds one. A key too short to be one is refused."""
+    key, where = source_setting(root, "VLLM_API_KEY"), "VLLM_API_KEY"
+    if key is None and os.path.lexists(root / SOURCE_KEY_FILE):
+        key, where = read_secret(root / SOURCE_KEY_FILE), SOURCE_KEY_FILE
+    if key is None:
+        return None
+    if len(key) < MIN_KEY_CHARS or control_character(key):
+        raise UserError(f"{where} holds {len(key)} characters" + (" and a control character" if control_character(key)
+                        else "") + f"; a key is one line of at least {MIN_KEY_CHARS} characters (or remove it, and "
+                        "servekit makes one in compose/secrets/api_key)")
+    return key, where
+
+
 def ensure_secrets(dep: Deployment) -> Path:
-    """The API key (made when missing, empty, short or a link; mode 0600, written atomically) and an HF token
-    file (empty unless you fill it)."""
+    """The API key file: the key given the source's way (VLLM_API_KEY, api_key.txt) where there is one, else the
+    one there, else a new one (made when missing, empty, short or a link; mode 0600, written atomically); and an HF
+    token file (empty unless you fill it)."""
+    given = given_key(dep.root)
     folder = dep.api_key_file.parent
     folder.mkdir(parents=True, exist_ok=True)
     folder.chmod(0o700)  # Compose bind-mounts the file itself, so the folder can stay private
     token = folder / "hf_token"
     with open(os.open(folder / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)) as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two commands at once make one key, not two (the second reads the first's)
-        if _key_in(dep.api_key_file) is None:
+        if given and _key_in(dep.api_key_file) != given[0]:
+            write_text(dep.api_key_file, given[0] + "\n", mode=0o600)
+        elif not given and _key_in(dep.api_key_file) is None:
             write_text(dep.api_key_file, f"sk-{secrets.token_urlsafe(32)}\n", mode=0o600)
         if token.is_symlink() or not token.is_file():
             write_text(token, "", mode=0o600)
@@ -171,6 +194,36 @@ def users_lines(env_file: Path) -> list[str]:
     return kept
 
 
+def source_setting(root: Path, name: str) -> str | None:
+    """BIND or PORT as the source repository's users set them: in the shell, else in their lines of compose/.env."""
+    if os.environ.get(name):
+        return os.environ[name]
+    for line in users_lines(root / "compose" / ".env"):
+        key, sep, value = line.partition("=")
+        if sep and key.strip() == name and value.strip():
+            return value.strip().strip("'\"")
+    return None
+
+
+def published(root: Path, bind: str, port: int, asked_port: int | None) -> tuple[str, int]:
+    """(address, port) a deployment publishes on: --port, else the source's BIND/PORT where set, else images.yaml's
+    serve.bind and serve.port. A BIND or PORT that is no address or port is refused, naming where it came from."""
+    where = "in the shell or compose/.env"
+    if given := source_setting(root, "BIND"):
+        try:
+            ipaddress.ip_address(given)
+        except ValueError:
+            raise UserError(f"BIND={given!r} ({where}): expected the IP address to publish on, e.g. 127.0.0.1") \
+                from None
+        bind = given
+    if asked_port is None and (given := source_setting(root, "PORT")):
+        try:
+            port = int(KNOBS["PORT"].normalize(given))
+        except ValueError as exc:
+            raise UserError(f"PORT={given!r} ({where}): {exc}") from None
+    return bind, asked_port or port
+
+
 def ready_for_compose(session, target: str, tag: str) -> None:
     """compose/.env and the secrets for the image `tag` of `target`: all a plain `docker compose up PROFILE` in
     compose/ needs (what `image` leaves behind)."""
@@ -213,7 +266,6 @@ def is_running(profile: str, engine: Engine | None = None) -> bool:
 
 def knobs_of(state: ServerState) -> dict[str, str]:
     """The knobs a server runs with: those set in its environment (the image's, Compose's and the shell's)."""
-    from servekit.image.knobs import KNOBS
     return {k: v for k, v in sorted(state.env.items()) if k in KNOBS}
 
 

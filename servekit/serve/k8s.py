@@ -15,7 +15,7 @@ from servekit.atomic import write_text
 from servekit.config.matrix import Matrix
 from servekit.build.plan import TargetPlan
 from servekit.config.profiles import resolve_knobs
-from servekit.image.launcher import CONTAINER_PORT
+from servekit.image.launcher import CONTAINER_PORT, HOST_KIND_ENV
 from servekit.records.releases import released
 
 PORT = CONTAINER_PORT
@@ -40,7 +40,7 @@ def render(matrix: Matrix, profile: str, target: str, host: str, image: str) -> 
               "servekit/profile": profile, "servekit/target": target}
     spec = matrix.targets[target]
     knobs = resolve_knobs(matrix, profile, target, host)
-    env = [{"name": "HOST", "value": host}, {"name": "API_KEY_FILE", "value": "/run/secrets/api_key"}]
+    env = [{"name": HOST_KIND_ENV, "value": host}, {"name": "API_KEY_FILE", "value": "/run/secrets/api_key"}]
     env += [{"name": k, "value": str(v)} for k, v in sorted(knobs.items())]
     env += [{"name": k, "value": v} for k, v in sorted(matrix.hosts[host].env.items())]
     resources: dict = {"requests": {"cpu": "2", "memory": "8Gi" if not spec.gpu else "32Gi"}}

@@ -193,7 +193,8 @@ class StillRunning:
 
     def poll(self) -> bool:
         state = self.state()
-        if state.status in ("exited", "dead"):
+        # restart: unless-stopped brings a failed server back; an exit during a boot is still a failed boot
+        if state.status in ("exited", "dead", "restarting") or state.restarts:
             self.follower.ended.wait(2)  # let the last lines arrive before quoting them
             failure = self.follower.failure_at_exit()
             if failure:

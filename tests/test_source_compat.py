@@ -1,0 +1,112 @@
+"""What the source repository's users know keeps working here: its port, its BIND/PORT/HOST, its key (VLLM_API_KEY
+or api_key.txt) and its knobs in .env (#30)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from support import ROOT, tracked_copy
+from servekit.errors import UserError
+from servekit.serve.deploy import Deployment, ensure_secrets, published, write_env
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for name in ("PORT", "BIND", "VLLM_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def _root(tmp_path, env_lines: str = ""):
+    (tmp_path / "compose").mkdir()
+    if env_lines:
+        (tmp_path / "compose" / ".env").write_text(env_lines)
+    return tmp_path
+
+
+def test_the_default_port_is_the_sources():
+    from servekit.config.load import load_matrix
+    assert load_matrix(ROOT / "images.yaml").serve.port == 18020
+
+
+def test_port_and_bind_in_env_mean_what_they_meant_there(tmp_path, clean_env, monkeypatch):
+    root = _root(tmp_path, "PORT=18021\nBIND=0.0.0.0\n")
+    assert published(root, "127.0.0.1", 18020, None) == ("0.0.0.0", 18021)
+    assert published(root, "127.0.0.1", 18020, 9000) == ("0.0.0.0", 9000)  # --port wins
+    monkeypatch.setenv("PORT", "18030")  # the shell wins over the file, as in Compose
+    assert published(root, "127.0.0.1", 18020, None) == ("0.0.0.0", 18030)
+
+
+@pytest.mark.parametrize("line, says", [("PORT=eighty\n", "PORT='eighty'"), ("PORT=0\n", "at least 1"),
+                                        ("BIND=localhost\n", "BIND='localhost'")])
+def test_a_bad_port_or_bind_is_refused_naming_it(tmp_path, clean_env, line, says):
+    with pytest.raises(UserError, match=says):
+        published(_root(tmp_path, line), "127.0.0.1", 18020, None)
+
+
+@pytest.mark.engine
+def test_compose_publishes_on_the_sources_bind_and_port(tmp_path, clean_env):
+    root = tracked_copy(tmp_path)
+    env_file = root / "compose" / ".env"
+    env_file.write_text("PORT=18021\n")
+    write_env(Deployment(root, "cuda", "native", "vllm-serve:x", "127.0.0.1", 18020))
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("COMPOSE_", "SERVEKIT_"))
+             and k not in ("PORT", "BIND")}
+
+    def ports(**env) -> list[dict]:
+        done = subprocess.run(["docker", "compose", "--profile", "default", "config", "--format", "json"],
+                              cwd=env_file.parent, env={**clean, **env}, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)["services"]["default"]["ports"]
+    [port] = ports()
+    assert (port["host_ip"], port["published"], port["target"]) == ("127.0.0.1", "18021", 8000)
+    [port] = ports(BIND="0.0.0.0", PORT="18030")
+    assert (port["host_ip"], port["published"]) == ("0.0.0.0", "18030")
+
+
+def test_vllm_api_key_or_api_key_txt_becomes_the_key_file(tmp_path, clean_env, monkeypatch):
+    root = _root(tmp_path)
+    dep = Deployment(root, "cuda", "native", "x", "127.0.0.1", 18020)
+    (root / "api_key.txt").write_text("sk-from-the-source-repo-0123456789\n")
+    assert ensure_secrets(dep).read_text() == "sk-from-the-source-repo-0123456789\n"
+    (root / "compose" / ".env").write_text("VLLM_API_KEY=sk-from-dot-env-0123456789\n")
+    assert ensure_secrets(dep).read_text() == "sk-from-dot-env-0123456789\n"
+    monkeypatch.setenv("VLLM_API_KEY", "sk-exported-wins-0123456789")
+    assert ensure_secrets(dep).read_text() == "sk-exported-wins-0123456789\n"
+    assert oct(dep.api_key_file.stat().st_mode & 0o777) == "0o600"
+
+
+def test_a_key_too_short_is_refused_not_served(tmp_path, clean_env, monkeypatch):
+    monkeypatch.setenv("VLLM_API_KEY", "short")
+    with pytest.raises(UserError, match="VLLM_API_KEY holds 5 characters"):
+        ensure_secrets(Deployment(_root(tmp_path), "cuda", "native", "x", "127.0.0.1", 18020))
+
+
+def test_the_launcher_takes_an_exported_vllm_api_key_first(tmp_path):
+    from servekit.image.launcher import given_key
+    key_file = tmp_path / "key"
+    key_file.write_text("sk-in-the-file-0123456789")
+    assert given_key({"API_KEY_FILE": str(key_file)}) == ("sk-in-the-file-0123456789", "")
+    assert given_key({"API_KEY_FILE": str(key_file), "VLLM_API_KEY": "sk-exported-0123456789"}) == \
+        ("sk-exported-0123456789", "")
+    key, why = given_key({"API_KEY_FILE": str(key_file), "VLLM_API_KEY": "short"})
+    assert key is None and "VLLM_API_KEY holds 5 characters" in why
+
+
+def test_host_is_the_address_vllm_listens_on_and_the_host_kind_has_its_own_name(tmp_path):
+    """HOST=127.0.0.1 (the source's bind address) reaches --host; SERVEKIT_HOST picks the host of images.yaml."""
+    from servekit.config.load import load_matrix
+    from servekit.config.profiles import render_profiles
+    profiles = tmp_path / "profiles.json"
+    profiles.write_text(json.dumps(render_profiles(load_matrix(ROOT / "images.yaml"), "cuda")))
+    env = {"SERVEKIT_PROFILES": str(profiles), "PRINT_ARGV": "1", "PATH": "/usr/bin:/bin", "HOST": "127.0.0.1",
+           "SERVEKIT_HOST": "wsl2", "VLLM_API_KEY": "sk-" + "k" * 30}
+    done = subprocess.run([sys.executable, str(ROOT / "servekit/image/launcher.py"), "serve", "alternative"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    argv = done.stdout.splitlines()[0]
+    assert "--host 127.0.0.1" in argv and "--max-num-seqs 4" in argv  # the wsl2 host's MAX_SEQS=4
