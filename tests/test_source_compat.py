@@ -110,3 +110,23 @@ def test_host_is_the_address_vllm_listens_on_and_the_host_kind_has_its_own_name(
     assert done.returncode == 0, done.stderr
     argv = done.stdout.splitlines()[0]
     assert "--host 127.0.0.1" in argv and "--max-num-seqs 4" in argv  # the wsl2 host's MAX_SEQS=4
+
+
+@pytest.mark.parametrize("old, new", [("DFLASH_TOKENS", "DRAFT_TOKENS"), ("DRAFT_METHOD", "SPEC"),
+                                      ("DFLASH_MAX_LEN", "MAX_LEN")])
+def test_a_renamed_knob_is_refused_naming_the_new_one(old, new):
+    from servekit.config.load import load_matrix
+    from servekit.config.profiles import render_profiles
+    from servekit.image.launcher import KnobError, build_command
+    rendered = render_profiles(load_matrix(ROOT / "images.yaml"), "cuda")
+    with pytest.raises(KnobError, match=f"{old}='15' is the source repository's name; set {new} instead"):
+        build_command(rendered, "default", "native", {old: "15"})
+
+
+def test_every_name_the_source_shares_is_a_knob_and_the_old_names_reach_the_launcher():
+    from servekit.image.knobs import KNOBS, RENAMED, SAME_AS_SOURCE, SOURCE_NAMES
+    assert set(SAME_AS_SOURCE) <= set(KNOBS) and not set(SOURCE_NAMES) & set(KNOBS)
+    compose = (ROOT / "compose" / "compose.yaml").read_text()
+    assert all(f"    - {old}\n" in compose for old in RENAMED)  # passed through, so that the refusal can happen
+    table = (ROOT / "docs" / "profiles.md").read_text()
+    assert all(f"| `{name}` |" in table for name in [*SAME_AS_SOURCE, *SOURCE_NAMES])

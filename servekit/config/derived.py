@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from servekit.image.knobs import KNOBS, Knob
+from servekit.image.knobs import KNOBS, RENAMED, SAME_AS_SOURCE, SOURCE_NAMES, Knob
 from servekit.config.matrix import Matrix
 from servekit.config.profiles import HOST_LAYERS, layers
 from servekit.build.plan import IMAGE_CODE, STAGED
@@ -23,7 +23,8 @@ MARK = re.compile(r"^(?P<indent>[ \t]*)(?P<open>#|<!--) BEGIN (?P<name>[\w-]+)(?
 # --- Compose -----------------------------------------------------------------------------------
 
 def _compose_knobs(matrix: Matrix) -> list[str]:
-    return [f"- {name}" for name, knob in KNOBS.items() if knob.passthrough]
+    # and the source's old names, so that the launcher can refuse them naming the new one
+    return [f"- {name}" for name, knob in KNOBS.items() if knob.passthrough] + [f"- {name}" for name in RENAMED]
 
 
 def _compose_services(matrix: Matrix) -> list[str]:
@@ -109,6 +110,15 @@ def _profile_flags(matrix: Matrix) -> list[str]:
     return out + [""]
 
 
+def _source_table(matrix: Matrix) -> list[str]:
+    rows = ["", "| the source's name | what it did there | here |", "|---|---|---|"]
+    rows += [f"| `{name}` | the same as here | {_cell(KNOBS[name].help)} |" for name in SAME_AS_SOURCE]
+    for name, n in SOURCE_NAMES.items():
+        here = f"{n.here}: set `{n.renamed_to}`; the launcher refuses `{name}` naming it" if n.renamed_to else n.here
+        rows.append(f"| `{name}` | {_cell(n.there)} | {_cell(here)} |")
+    return rows + [""]
+
+
 def _knob_table(matrix: Matrix) -> list[str]:
     rows = ["", "| knob | values | sets |", "|---|---|---|"]
     return rows + [f"| `{k.name}` | {_allowed(k)} | {_cell(k.help)} |" for k in KNOBS.values()] + [""]
@@ -149,7 +159,7 @@ PARTS = {
     "compose/compose.yaml": {"knobs": _compose_knobs, "profiles": _compose_services},
     "compose/compose.wsl2.yaml": {"profiles": _compose_wsl2_services},
     "docs/profiles.md": {"profile-table": _profile_table, "check-table": _check_table, "profile-flags": _profile_flags,
-                         "knob-table": _knob_table},
+                         "knob-table": _knob_table, "source-table": _source_table},
     "docs/architecture.md": {"modules": _module_table},
 }
 

@@ -128,3 +128,42 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("DTYPE", "enum", "--dtype", choices=("auto", "bfloat16", "float16", "float32")),
     Knob("EXTRA_ARGS", "str", "extra vllm serve flags, last; a flag here wins over the same flag from a knob"),
 )}
+
+
+@dataclass(frozen=True)
+class SourceName:
+    """A name the source repository's users set (its launchers, its Compose file, its key file), and what it is here."""
+    there: str  # what the source's launchers or Compose file did with it
+    here: str  # what it does here
+    renamed_to: str | None = None  # the name to use here: the launcher refuses the old one, naming this
+
+
+# Same name, same meaning: every knob above that the source's launchers read (docs/profiles.md lists them with
+# SOURCE_NAMES, which holds the rest: what servekit reads outside the launcher, renamed names, and names not read).
+SAME_AS_SOURCE = ("SPEC", "DRAFT_TOKENS", "DRAFT_SAMPLE", "CTX", "KV", "KV_MEM", "PREFIX_RETENTION", "CUDAGRAPH_MODE",
+                  "SPEC_ATTN", "INT8_ACT", "INT4_MQ_3D", "VISION", "SSE_KEEP_ALIVE", "PREFIX_CACHE", "MAX_SEQS",
+                  "MAX_LEN", "GPU_UTIL", "TOOL_STRICT", "TOOLS", "TOOL_PARSER", "KV_OFFLOAD_GB", "LOOKUP",
+                  "ASYNC_SCHED", "PORT", "HOST", "EXTRA_ARGS")
+
+SOURCE_NAMES: dict[str, SourceName] = {
+    "BIND": SourceName("the address Compose publishes the port on (default 127.0.0.1)",
+                       "the same, in the shell or compose/.env; default serve.bind"),
+    "GPU_COUNT": SourceName("how many GPUs Compose gives the server (default 1)", "the same (default 1)"),
+    "VLLM_API_KEY": SourceName("the API key; an exported one wins over api_key.txt",
+                               "the same: `image`/`up` write it to compose/secrets/api_key, which the container "
+                               "mounts; the launcher also takes an exported one first"),
+    "api_key.txt": SourceName("the key file at the repository's root",
+                              "read when VLLM_API_KEY is unset; its key goes to compose/secrets/api_key"),
+    "PRINT_ARGV": SourceName("print the argv and exit", "the same (the key masked), plus the environment"),
+    "DFLASH_TOKENS": SourceName("draft tokens per step for dflash2", "renamed", renamed_to="DRAFT_TOKENS"),
+    "DFLASH_MAX_LEN": SourceName("max length for dflash2, over MAX_LEN", "renamed", renamed_to="MAX_LEN"),
+    "DRAFT_METHOD": SourceName("dflash, or dspark for the DSpark drafter", "renamed (SPEC=dflash2 is method dflash; "
+                               "DSpark is not served here)", renamed_to="SPEC"),
+    "CUDA_VISIBLE_DEVICES": SourceName("which GPUs the solo service sees", "not read: no solo service here; give "
+                                       "the container its GPUs with GPU_COUNT"),
+    "PREFILL_ATTN": SourceName("VLLM_PREFILL_ATTN", "not read here"),
+    "EMBED_UVA": SourceName("VLLM_EMBED_UVA=1", "not read here"),
+    "VLLM_OFFLOAD_KEEP_SHM": SourceName("keep the CPU tier's shared memory between runs", "not read here"),
+}
+RENAMED = {name: n.renamed_to for name, n in SOURCE_NAMES.items() if n.renamed_to}
+

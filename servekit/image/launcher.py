@@ -16,11 +16,11 @@ from pathlib import Path
 try:
     from . import recipe
     from .boundary import Refused, argv_words, control_character, read_secret
-    from .knobs import KNOBS
+    from .knobs import KNOBS, RENAMED
 except ImportError:  # run as a script inside the image, beside knobs.py and recipe.py
     import recipe  # type: ignore[no-redef]
     from boundary import Refused, argv_words, control_character, read_secret  # type: ignore[no-redef]
-    from knobs import KNOBS  # type: ignore[no-redef]
+    from knobs import KNOBS, RENAMED  # type: ignore[no-redef]
 
 CONTAINER_PORT = 8000  # where vLLM listens inside the container: the Dockerfile and Compose use it (a test ties them)
 HOST_KIND_ENV = "SERVEKIT_HOST"  # which host of images.yaml this is (native, wsl2); HOST is the source's bind address
@@ -44,6 +44,9 @@ class KnobError(Exception):
 def merged_knobs(profile_knobs: dict[str, str], environ: dict[str, str]) -> dict[str, str]:
     """The profile's knobs under the environment's, each in its one normalized form (knobs.py): whatever spelling a
     user chose, the recipe sees 1/0, plain numbers and stripped text."""
+    for old, new in RENAMED.items():  # the source's name for a knob: refused, naming the one to set
+        if environ.get(old):
+            raise KnobError(f"{old}={environ[old]!r} is the source repository's name; set {new} instead")
     knobs = dict(profile_knobs)
     # An empty variable is unset: `KNOB=` in a compose file or shell must not override a default.
     knobs.update({k: v for k, v in environ.items() if k in KNOBS and v != ""})
