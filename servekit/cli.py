@@ -449,7 +449,10 @@ def cmd_release(args) -> int:
         _emit_json({"manifest": str(manifest), "releases": [r.model_dump() for r in releases]})
     else:
         print(summary_text(session.matrix, releases))
-        print(f"manifest: {manifest.relative_to(session.root)}")
+        rel = manifest.relative_to(session.root)
+        print(f"manifest: {rel}" + (f" (committed, tagged v{session.matrix.vllm})" if args.git_tag else
+                                    "; commit it: it is the record of this release that `release --verify` and "
+                                    "`render k8s` read"))
     return 0
 
 

@@ -16,6 +16,7 @@ import pytest
 import requests
 
 from support import ROOT, work_dir, run_build_py, tracked_copy
+from servekit.config.load import load_matrix
 from servekit.release.localregistry import start_registry
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -134,6 +135,22 @@ def test_git_tag_with_uncommitted_changes_is_refused(checked_image, registry, tm
     (root / "README.md").write_text("changed\n")
     done = _release("--registry", f"127.0.0.1:{registry['port']}/other", "--target", "cpu", "--git-tag", cwd=root)
     assert done.returncode == 1 and "uncommitted changes" in done.stderr
+
+
+def test_git_tag_commits_the_manifest_and_tags_that_commit(checked_image, registry, tmp_path):
+    """The record of a release is committed with the code: the tag's commit holds releases/v<vllm>.json."""
+    root = _copy_with_git(tmp_path)
+    shutil.copytree(work_dir() / "reports" / "latest", root / "reports" / "run", symlinks=False)
+    subprocess.run(["git", "config", "user.email", "t@t"], cwd=root, check=True)
+    subprocess.run(["git", "config", "user.name", "t"], cwd=root, check=True)
+    done = _release("--registry", f"127.0.0.1:{registry['port']}/tagged", "--target", "cpu", "--git-tag", cwd=root)
+    assert done.returncode == 0, done.stderr
+    vllm = load_matrix(root / "images.yaml").vllm
+    shown = subprocess.run(["git", "show", f"v{vllm}:releases/v{vllm}.json"], cwd=root, capture_output=True,
+                           text=True, check=True).stdout
+    assert json.loads(shown)["targets"]["cpu"]["registry_digest"].startswith("sha256:")
+    assert subprocess.run(["git", "status", "--porcelain", "releases"], cwd=root, capture_output=True, text=True
+                          ).stdout == ""
 
 
 def test_a_moving_tag_is_never_moved_backwards(checked_image, registry, tmp_path):

@@ -98,6 +98,15 @@ def _show(say, text: str, live: bool) -> None:
         say(f"  {text}")
 
 
+def commit_manifest(root: Path, manifest: Path, message: str) -> None:
+    """The release manifest committed on its own, so that the tag names the commit that records what was released."""
+    rel = str(manifest.relative_to(root))
+    subprocess.run(["git", "add", "--", rel], cwd=root, check=True, capture_output=True)
+    staged = subprocess.run(["git", "diff", "--cached", "--quiet", "--", rel], cwd=root)
+    if staged.returncode:
+        subprocess.run(["git", "commit", "-q", "-m", message, "--", rel], cwd=root, check=True, capture_output=True)
+
+
 def git_tag(root: Path, name: str, message: str) -> None:
     existing = subprocess.run(["git", "rev-parse", "-q", "--verify", f"refs/tags/{name}^{{commit}}"], cwd=root,
                               capture_output=True, text=True).stdout.strip()
@@ -247,5 +256,7 @@ def release(session, registry: str | None = None, targets: list[str] | None = No
         raise CheckFailed("nothing released: no target has a built image")
     manifest = write_manifest(root, matrix, releases)
     if tag_git:
-        git_tag(root, f"v{matrix.vllm}", summary_text(matrix, releases))
+        summary = summary_text(matrix, releases)
+        commit_manifest(root, manifest, f"Release v{matrix.vllm}\n\n{summary}")
+        git_tag(root, f"v{matrix.vllm}", summary)
     return manifest, releases
