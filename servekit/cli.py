@@ -565,11 +565,25 @@ def _shared_options() -> argparse.ArgumentParser:
     return shared
 
 
+def version() -> str:
+    """pyproject.toml's version: read there in a checkout (an editable install's metadata can be older), else the
+    installed distribution's."""
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    if pyproject.is_file():
+        import tomllib
+        with open(pyproject, "rb") as f:
+            return tomllib.load(f)["project"]["version"]
+    from importlib.metadata import version as installed
+    return installed("servekit")
+
+
 def build_parser() -> argparse.ArgumentParser:
     shared = _shared_options()
-    parser = _Parser(prog="build.py", description="Build, deploy, check and release patched vLLM serving images "
+    prog = "servekit" if Path(sys.argv[0]).name == "servekit" else "build.py"  # the console script, or the door
+    parser = _Parser(prog=prog, description="Build, deploy, check and release patched vLLM serving images "
                      "from one pinned matrix.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
                      parents=[shared])
+    parser.add_argument("--version", action="version", version=f"servekit {version()}")
     commands = _Commands(parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser), shared)
     for group in (_matrix_commands, _image_commands, _serving_commands, _checking_commands, _release_commands,
                   _machine_commands):

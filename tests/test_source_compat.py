@@ -130,3 +130,34 @@ def test_every_name_the_source_shares_is_a_knob_and_the_old_names_reach_the_laun
     assert all(f"    - {old}\n" in compose for old in RENAMED)  # passed through, so that the refusal can happen
     table = (ROOT / "docs" / "profiles.md").read_text()
     assert all(f"| `{name}` |" in table for name in [*SAME_AS_SOURCE, *SOURCE_NAMES])
+
+
+@pytest.mark.slow
+def test_the_wheel_holds_the_whole_tree_and_its_console_script_runs_from_any_folder(tmp_path):
+    """pip install of the wheel: the image's code and the WSL2 sampler's script are in it, `servekit --version`
+    answers from any folder, and `plan` says what it needs (a checkout's images.yaml) instead of failing."""
+    import zipfile
+    root = tracked_copy(tmp_path / "src")
+    wheels, target, elsewhere = tmp_path / "wheels", tmp_path / "site", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels),
+                    str(root)], check=True, capture_output=True, timeout=300)
+    [wheel] = wheels.glob("servekit-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "servekit/image/launcher.py" in names and "wsl2/shared_usage.ps1" in names
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+                   check=True, capture_output=True, timeout=300)
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    script = str(target / "bin" / "servekit")
+    done = subprocess.run([sys.executable, script, "--version"], cwd=elsewhere, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith("servekit 0."), done.stderr
+    done = subprocess.run([sys.executable, script, "plan"], cwd=elsewhere, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == ("error: images.yaml: no such file; run from a servekit checkout "
+                                                    "(the folder that holds images.yaml) or pass --matrix PATH")
+    done = subprocess.run([sys.executable, script, "--matrix", str(root / "images.yaml"), "plan", "--json"],
+                          cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert {p["target"] for p in json.loads(done.stdout)["targets"]} == {"cpu", "cuda"}

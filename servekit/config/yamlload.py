@@ -92,7 +92,8 @@ def _read(path: Path) -> str:
     try:
         return read_text(path, MAX_BYTES)
     except Missing:
-        raise UserError(f"{path}: no such file; pass --matrix PATH or run from the repository root") from None
+        raise UserError(f"{path}: no such file; run from a servekit checkout (the folder that holds images.yaml) "
+                        "or pass --matrix PATH") from None
     except Refused as exc:
         fix = "pass the matrix file itself" if "regular file" in str(exc) else "is this the matrix?"
         raise UserError(f"{exc}; {fix}") from None
