@@ -101,13 +101,13 @@ class Context:
     def post(self, path: str, body: dict, session=None) -> requests.Response:
         return self.fetch("POST", path, session=session, json=body)
 
-    def metric_totals(self, pattern) -> dict[str, float]:
-        """Sum each /metrics series whose name `pattern` captures (group 1; the value is group 2) over labels."""
-        text = self.fetch("GET", "/metrics").text
-        out: dict[str, float] = {}
-        for name, value in pattern.findall(text):
-            out[name] = out.get(name, 0.0) + float(value)
-        return out
+    def metrics(self) -> list:
+        """/metrics as Prometheus samples (name, labels, value), read by Prometheus' own text parser."""
+        return metric_samples(self.fetch("GET", "/metrics").text)
+
+    def metric_totals(self, names) -> dict[str, float]:
+        """Each sample named in `names` that /metrics has, summed over its labels (engines, models)."""
+        return totals(self.metrics(), names)
 
     def chat(self, messages: list[dict], session=None, **kw) -> dict:
         resp = self.post("/v1/chat/completions", {"model": self.model, "messages": messages, **kw}, session=session)
@@ -119,6 +119,23 @@ class Context:
         answer never closed its thinking), else ""."""
         message = self.chat(messages, **kw)["choices"][0]["message"]
         return text_of(message) or reasoning_of(message)
+
+
+def metric_samples(text: str) -> list:
+    """The samples of a Prometheus text exposition; CheckFailure when it is not one."""
+    from prometheus_client.parser import text_string_to_metric_families
+    try:
+        return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+    except (ValueError, TypeError, IndexError) as exc:  # the parser's words for text that is no exposition
+        raise CheckFailure(f"/metrics is not Prometheus' text format ({exc})") from None
+
+
+def totals(samples, names) -> dict[str, float]:
+    wanted, out = set(names), dict[str, float]()
+    for sample in samples:
+        if sample.name in wanted:
+            out[sample.name] = out.get(sample.name, 0.0) + sample.value
+    return out
 
 
 def _origin(url: str) -> str:

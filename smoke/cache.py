@@ -4,7 +4,6 @@ and warm."""
 from __future__ import annotations
 
 import hashlib
-import re
 import statistics
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -15,8 +14,8 @@ from . import CheckFailure, Context, NotRun, check, ensure, text_of
 
 # The prefix cache's counters, and a CPU KV tier's bytes moved (vLLM's offloading connector): store is GPU to
 # CPU, load is CPU to GPU.
-METRIC = re.compile(r"^(vllm:(?:prefix_cache_(?:queries|hits)|kv_offload_(?:store|load)_bytes)_total)(?:\{[^}]*\})? "
-                    r"([0-9.e+]+)$", re.M)
+METRIC = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:kv_offload_store_bytes_total",
+          "vllm:kv_offload_load_bytes_total")
 
 
 def _conversation(seed: int, words: int) -> list[dict]:
@@ -85,14 +84,11 @@ def long_conversations(ctx: Context, conversations: int = 2, tokens: int = 60000
     return figures
 
 
-BLOCK_SIZE = re.compile(r'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"', re.M)
-
-
 def _block_size(ctx: Context) -> int | None:
     """The prefix cache's block from the engine's own /metrics (vllm:cache_config_info), as residue_sweep.py reads
     it."""
-    found = BLOCK_SIZE.search(ctx.fetch("GET", "/metrics").text)
-    return int(found[1]) if found else None
+    found = [s.labels.get("block_size", "") for s in ctx.metrics() if s.name == "vllm:cache_config_info"]
+    return int(found[0]) if found and found[0].isdigit() else None
 
 
 def _document(chars: int) -> str:

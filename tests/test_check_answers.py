@@ -50,7 +50,14 @@ class ReasoningOnly(BaseHTTPRequestHandler):
                       "prompt_tokens_details": {"cached_tokens": cached}}})
 
     def do_GET(self):
-        self._send(200, {}) if self.path != "/metrics" else self._send(200, {})
+        if self.path != "/metrics":
+            return self._send(200, {})
+        data = b"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0.0\n"  # a server without a tier
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def log_message(self, *args):
         pass

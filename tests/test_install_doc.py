@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from support import ROOT, work_dir
-from servekit.engines.process import _start_ticks
+from servekit.engines.process import _started
 
 pytestmark = [pytest.mark.slow, pytest.mark.network]
 
@@ -166,4 +166,4 @@ def _processes_of(environment: Path) -> list[int]:
                     found.append(int(pid))
             except OSError:
                 continue
-    return [p for p in found if _start_ticks(p) is not None]  # zombies left out
+    return [p for p in found if _started(p) is not None]  # zombies left out

@@ -14,7 +14,7 @@ import pytest
 
 from servekit.engines import resolve
 from servekit.errors import EnvironmentProblem, UserError
-from servekit.engines.process import ProcessEngine, ProcessServer, _start_ticks, check_environment, down, stop_group
+from servekit.engines.process import ProcessEngine, ProcessServer, _started, check_environment, down, stop_group
 from servekit.engines.process import resolve as process_engine
 
 
@@ -44,10 +44,10 @@ def test_an_environment_without_the_pins_is_refused(tmp_path):
     assert "docs/install.md" in str(err.value)
 
 
-def _record(engine: ProcessEngine, profile: str, pid: int, ticks: int | None, port: int = 1) -> None:
+def _record(engine: ProcessEngine, profile: str, pid: int, started: float | None, port: int = 1) -> None:
     engine.state.mkdir(parents=True, exist_ok=True)
     (engine.state / f"{profile}.json").write_text(json.dumps({
-        "profile": profile, "pid": pid, "start_ticks": ticks, "port": port, "bind": "127.0.0.1", "target": "cpu",
+        "profile": profile, "pid": pid, "started": started, "port": port, "bind": "127.0.0.1", "target": "cpu",
         "image": "env", "started_at": "2026-12-01T00:00:00+00:00", "knobs": {"MAX_SEQS": "4"}}))
     (engine.state / f"{profile}.log").write_text("line one\nline two\n")
 
@@ -65,7 +65,7 @@ def test_down_stops_the_whole_group_and_leaves_nothing(tmp_path):
     while len(_group_alive(proc.pid)) < 3 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert len(_group_alive(proc.pid)) == 3
-    _record(engine, "default", proc.pid, _start_ticks(proc.pid))
+    _record(engine, "default", proc.pid, _started(proc.pid))
     [server] = engine.containers(label="com.docker.compose.service=default")
     state = server.current_state()
     assert state.status == "running" and state.env == {"MAX_SEQS": "4"}
@@ -82,7 +82,7 @@ def test_a_reused_pid_is_not_the_server(tmp_path):
     bystander = subprocess.Popen(["sleep", "300"])
     try:
         # The record names this pid but another start time: the server that had it is gone.
-        _record(engine, "default", bystander.pid, (_start_ticks(bystander.pid) or 0) + 1)
+        _record(engine, "default", bystander.pid, (_started(bystander.pid) or 0) + 1)
         [server] = engine.containers()
         assert server.current_state().status == "exited"
         down(engine)
@@ -100,7 +100,7 @@ def test_logs_follow_a_process_to_its_end(tmp_path):
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-c", "import time\nfor i in range(5):\n print(i, flush=True)\n"
                                  " time.sleep(0.1)"], stdout=out, stderr=subprocess.STDOUT)
-    record = {"profile": "default", "pid": proc.pid, "start_ticks": _start_ticks(proc.pid), "port": 1,
+    record = {"profile": "default", "pid": proc.pid, "started": _started(proc.pid), "port": 1,
               "bind": "127.0.0.1", "target": "cpu", "image": "env", "started_at": "x", "knobs": {}}
     server = ProcessServer(engine, record, proc)
     started = time.monotonic()

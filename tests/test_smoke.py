@@ -122,6 +122,7 @@ def test_smoke_command_against_the_running_server(server):
 def test_the_kv_tier_counters_are_read_from_vllms_exposition():
     """vLLM's offloading connector counts bytes per direction (store: GPU to CPU, load: CPU to GPU); labelled or not,
     series of one name add up, and the _created samples and histograms beside them are not counted."""
+    from smoke import metric_samples, totals
     from smoke.cache import METRIC
     exposition = "\n".join([
         "# HELP vllm:kv_offload_store_bytes_total Number of bytes stored to the offload medium",
@@ -133,8 +134,11 @@ def test_the_kv_tier_counters_are_read_from_vllms_exposition():
         'vllm:prefix_cache_queries_total{engine="0"} 100.0',
         'vllm:prefix_cache_queries_total{engine="1"} 20.0',
         'vllm:prefix_cache_hits_total{engine="0"} 90.0', ""])
-    totals: dict[str, float] = {}
-    for name, value in METRIC.findall(exposition):
-        totals[name] = totals.get(name, 0.0) + float(value)
-    assert totals == {"vllm:kv_offload_store_bytes_total": 1048576.0, "vllm:kv_offload_load_bytes_total": 524288.0,
+    assert totals(metric_samples(exposition), METRIC) == {"vllm:kv_offload_store_bytes_total": 1048576.0, "vllm:kv_offload_load_bytes_total": 524288.0,
                       "vllm:prefix_cache_queries_total": 120.0, "vllm:prefix_cache_hits_total": 90.0}
+
+
+def test_an_answer_on_metrics_that_is_no_exposition_fails_in_words():
+    from smoke import CheckFailure, metric_samples
+    with pytest.raises(CheckFailure, match="not Prometheus' text format"):
+        metric_samples('{"not": "prometheus"}')

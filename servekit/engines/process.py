@@ -27,7 +27,7 @@ from typing import TypeGuard
 
 from servekit import image
 from servekit.atomic import write_text
-from servekit.engines.docker import PROJECT, Engine, EngineError, ServerState, parse_environ
+from servekit.engines.docker import PROJECT, Engine, EngineError, ServerState
 from servekit.errors import EnvironmentProblem, UserError
 
 SCHEME = "venv"
@@ -40,31 +40,36 @@ VERSIONS = ("import importlib.metadata as m, json; "
             "print(json.dumps([[d.metadata['Name'], d.version] for d in m.distributions()]))")
 
 
-def _stat(pid: int | str) -> list[str]:
-    """/proc/PID/stat's fields after the command name (state first), or [] when there is no such process."""
+def _started(pid: int) -> float | None:
+    """When process `pid` started (psutil's create time), or None when there is none or it has exited (a zombie):
+    with the pid, its identity."""
+    import psutil
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return []
-
-
-def _start_ticks(pid: int) -> int | None:
-    """When process `pid` started (clock ticks since boot), or None when there is none: with the pid, its identity."""
-    fields = _stat(pid)
-    return int(fields[19]) if fields and fields[0] != "Z" else None  # a zombie has exited
+        proc = psutil.Process(pid)
+        return None if proc.status() == psutil.STATUS_ZOMBIE else proc.create_time()
+    except psutil.Error:
+        return None
 
 
 def _group_members(pgid: int) -> list[int]:
-    return [int(entry.name) for entry in Path("/proc").iterdir()
-            if entry.name.isdigit() and _stat(entry.name)[2:3] == [str(pgid)]]
+    import psutil
+    members = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == pgid:
+                members.append(proc.pid)
+        except OSError:  # gone between the listing and the question
+            continue
+    return members
 
 
 def _rss_bytes(pids: list[int]) -> int:
+    import psutil
     total = 0
     for pid in pids:
         try:
-            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, IndexError, ValueError):
+            total += psutil.Process(pid).memory_info().rss
+        except psutil.Error:
             continue
     return total
 
@@ -198,7 +203,7 @@ class ProcessServer:
     def running(self) -> bool:
         if self.popen is not None:
             return self.popen.poll() is None
-        return _start_ticks(self.record["pid"]) == self.record["start_ticks"]
+        return _started(self.record["pid"]) == self.record["started"]
 
     def current_state(self) -> ServerState:
         running = self.running
@@ -234,7 +239,11 @@ class ProcessServer:
 
     def environ(self) -> dict[str, str]:
         """The serving process's environment as the kernel holds it (the launcher execs vLLM in its own pid)."""
-        return parse_environ(Path(f"/proc/{self.record['pid']}/environ").read_bytes())
+        import psutil
+        try:
+            return psutil.Process(self.record["pid"]).environ()
+        except psutil.Error as exc:
+            raise OSError(f"the environment of process {self.record['pid']} cannot be read ({exc})") from None
 
     def stats(self, stream: bool = True, decode: bool = True):
         """Memory of the whole process group (vLLM's engine core is a child), once a second, in docker's shape."""
@@ -320,7 +329,7 @@ def up(dep, profile: str, knobs: dict[str, str] | None = None) -> ProcessServer:
         popen = subprocess.Popen([*launcher, "serve", profile], env={**env, "HF_HUB_OFFLINE": "1"},
                                  stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=state,
                                  start_new_session=True)  # its own group: `down` stops vLLM's children with it
-    record = {"profile": profile, "pid": popen.pid, "start_ticks": _start_ticks(popen.pid), "port": dep.port,
+    record = {"profile": profile, "pid": popen.pid, "started": _started(popen.pid), "port": dep.port,
               "bind": dep.bind, "target": dep.target, "image": dep.image,
               "started_at": dt.datetime.now(dt.timezone.utc).isoformat(),
               "knobs": {k: v for k, v in env.items() if k in _knob_names()}}
@@ -352,7 +361,7 @@ def stop_group(pgid: int, grace_s: float = STOP_GRACE_S) -> None:
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             _reap(pgid)
-            if not [p for p in _group_members(pgid) if _start_ticks(p) is not None]:
+            if not [p for p in _group_members(pgid) if _started(p) is not None]:
                 return
             time.sleep(0.1)
     print(f"warning: process group {pgid} still has members after SIGKILL", file=sys.stderr)
