@@ -26,7 +26,7 @@ def port(text: str) -> int:
 
 
 def count(text: str) -> int:
-    """How many of something (boots, lines): at least 1, so that no command does nothing and passes."""
+    """How many of something (boots a cell): at least 1, so that no command does nothing and passes."""
     return _number(int, text, 1, 1_000_000, "a whole number")
 
 
