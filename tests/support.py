@@ -111,6 +111,13 @@ def project_containers() -> list[str]:
                           capture_output=True, text=True).stdout.split()
 
 
+def ctrl_c_reaches_it() -> None:
+    """preexec_fn for a command a test stops with SIGINT: Ctrl-C's default, even where the tests were started in
+    the background of a shell, which starts them with SIGINT ignored (and a child inherits that)."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def follow_logs(*argv: str, wanted: str, within_s: float = 60) -> tuple[bool, int]:
     """`build.py logs ... -f` until a line holding `wanted` arrives, then Ctrl-C, as a person stops it: (seen while
     it was still following, its exit code). Bounded in time, whatever the command does."""
@@ -119,7 +126,7 @@ def follow_logs(*argv: str, wanted: str, within_s: float = 60) -> tuple[bool, in
     import threading
     import time
     proc = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "logs", *argv, "-f"], cwd=work_dir(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=ctrl_c_reaches_it)
     lines: queue.Queue = queue.Queue()
 
     def read() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from support import (ROOT, TEST_PORT, TEST_PROJECT, compose_dir, follow_logs, project_containers, run_build_py,
+from support import (ROOT, TEST_PORT, TEST_PROJECT, compose_dir, ctrl_c_reaches_it, follow_logs, project_containers, run_build_py,
                      tracked_copy, work_dir)
 from servekit.image.prepare import COMPLETE, is_complete, prepare
 from servekit.serve.watch import LogFollower, BootRecord, classify, without_frames
@@ -375,7 +375,7 @@ def test_a_bad_setting_fails_fast_naming_it(cpu_built, env, within_s, says):
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_ctrl_c_or_sigterm_during_up_leaves_nothing_running(cpu_built, sig):
     proc = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "up", "default", "--target", "cpu"], cwd=work_dir(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_reaches_it)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not subprocess.run(
             ["docker", "ps", "-q", "--filter", f"label=com.docker.compose.project={TEST_PROJECT}",
