@@ -84,7 +84,6 @@ def kube_version(text: str) -> str:
     return text
 
 
-
 def registry(text: str) -> str:
     """Where `release` pushes: HOST[:PORT][/NAMESPACE], as release.registry in images.yaml."""
     if not REGISTRY.fullmatch(text):

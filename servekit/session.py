@@ -103,15 +103,11 @@ class Session:
     def check_knobs(self, profiles: list[str], target: str, knobs: dict[str, str] | None) -> None:
         """`--knob` values the launcher would refuse with a profile (on any host) end here, before anything starts:
         the launcher's own code judges them, as it judges the matrix at load."""
-        from servekit.config.profiles import launch_problem, render_profiles
-        if not knobs:
-            return
-        rendered = render_profiles(self.matrix, target)
-        for profile in profiles:
-            for host in self.matrix.hosts:
-                if problem := launch_problem(self.matrix, profile, target, host, knobs, rendered):
-                    shown = " ".join(f"--knob {k}={v!r}" for k, v in knobs.items())
-                    raise UserError(f"{shown}: the launcher would refuse to start {profile} with it: {problem}")
+        from servekit.config.profiles import refusal
+        if knobs and (refused := refusal(self.matrix, target, profiles, knobs)):
+            profile, _, why = refused
+            shown = " ".join(f"--knob {k}={v!r}" for k, v in knobs.items())
+            raise UserError(f"{shown}: the launcher would refuse to start {profile} with it: {why}")
 
     def require_gpu(self, target: str, engine: Engine, what: str) -> None:
         """A GPU target on an engine that cannot give it a GPU ends here, in one line, before anything starts."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from servekit.config.matrix import Matrix, key_of, parse_matrix
-from servekit.config.profiles import launch_problem, render_profiles
+from servekit.config.profiles import refusal
 from servekit.config.yamlload import load_yaml
 from servekit.errors import UserError
 
@@ -15,11 +15,9 @@ def load_matrix(path: str | Path) -> Matrix:
     loaded = load_yaml(Path(path))
     matrix = parse_matrix(loaded)
     for target in matrix.targets:
-        rendered = render_profiles(matrix, target)
-        for profile in rendered["profiles"]:
-            for host in matrix.hosts:
-                if problem := launch_problem(matrix, profile, target, host, rendered=rendered):
-                    loc = ("profiles", profile)
-                    raise UserError(f"{loaded.where(loc)}: {key_of(loc)}: the launcher refuses it on target {target}, "
-                                    f"host {host}: {problem}")
+        if refused := refusal(matrix, target):
+            profile, host, why = refused
+            loc = ("profiles", profile)
+            raise UserError(f"{loaded.where(loc)}: {key_of(loc)}: the launcher refuses it on target {target}, host "
+                            f"{host}: {why}")
     return matrix

@@ -55,13 +55,17 @@ def render_profiles(matrix: Matrix, target: str) -> dict:
     }
 
 
-def launch_problem(matrix: Matrix, profile: str, target: str, host: str, knobs: dict[str, str] | None = None,
-                   rendered: dict | None = None) -> str | None:
-    """Why the launcher inside the image would refuse to start `profile` on `target` and `host` (with `knobs` set in
-    its environment), or None: the launcher's own code decides, so the matrix, `--knob` and a boot agree."""
+def refusal(matrix: Matrix, target: str, profiles: list[str] | None = None,
+            knobs: dict[str, str] | None = None) -> tuple[str, str, str] | None:
+    """(profile, host, why) for the first of `profiles` (every one `target` serves when None) that the launcher inside
+    the image would refuse to start on a host (with `knobs` set in its environment), or None: the launcher's own
+    code decides, so the matrix, `--knob` and a boot agree."""
     from servekit.image.launcher import KnobError, build_command
-    try:
-        build_command(rendered or render_profiles(matrix, target), profile, host, dict(knobs or {}))
-    except KnobError as exc:
-        return str(exc)
+    rendered = render_profiles(matrix, target)
+    for profile in profiles if profiles is not None else list(rendered["profiles"]):
+        for host in matrix.hosts:
+            try:
+                build_command(rendered, profile, host, dict(knobs or {}))
+            except KnobError as exc:
+                return profile, host, str(exc)
     return None

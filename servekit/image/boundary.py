@@ -42,17 +42,6 @@ REGISTRY = re.compile(r"[A-Za-z0-9.-]+(:\d+)?(/[a-z0-9._/-]+)?")  # HOST[:PORT][
 IMAGE_REF = re.compile(r"[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?")
 
 
-def env_name(name: str) -> str | None:
-    """Why `name` cannot be an environment variable's name, or None."""
-    if ENV_NAME.fullmatch(name):
-        return None
-    return f"an environment variable's name (letters, digits and '_', not starting with a digit), found {name!r}"
-
-
-def fits(pattern: re.Pattern, what: str, value: str) -> str | None:
-    return None if pattern.fullmatch(value) else f"{what}, found {value!r}"
-
-
 def argv_words(text: str) -> tuple[list[str], str | None]:
     """`text` split as a shell would split it, and why it cannot be (an open quote), or None."""
     try:

@@ -102,7 +102,7 @@ SOURCE_KEY_FILE = "api_key.txt"  # the source repository's key file, at the root
 def given_key(root: Path) -> tuple[str, str] | None:
     """(the key, where it came from) where the source's users give one: VLLM_API_KEY in the shell or compose/.env,
     else api_key.txt at the root; None when neither holds one. A key too short to be one is refused."""
-    key, where = source_setting(root, "VLLM_API_KEY"), "VLLM_API_KEY"
+    key, where = source_settings(root, "VLLM_API_KEY").get("VLLM_API_KEY"), "VLLM_API_KEY"
     if key is None and os.path.lexists(root / SOURCE_KEY_FILE):
         key, where = read_secret(root / SOURCE_KEY_FILE), SOURCE_KEY_FILE
     if key is None:
@@ -194,29 +194,29 @@ def users_lines(env_file: Path) -> list[str]:
     return kept
 
 
-def source_setting(root: Path, name: str) -> str | None:
-    """BIND or PORT as the source repository's users set them: in the shell, else in their lines of compose/.env."""
-    if os.environ.get(name):
-        return os.environ[name]
+def source_settings(root: Path, *names: str) -> dict[str, str]:
+    """`names` (BIND, PORT, VLLM_API_KEY) as the source repository's users set them: in the shell, else in their
+    lines of compose/.env (read once); only those set."""
+    found: dict[str, str] = {}
     for line in users_lines(root / "compose" / ".env"):
         key, sep, value = line.partition("=")
-        if sep and key.strip() == name and value.strip():
-            return value.strip().strip("'\"")
-    return None
+        if sep and key.strip() in names and value.strip():
+            found.setdefault(key.strip(), value.strip().strip("'\""))
+    return {**found, **{name: os.environ[name] for name in names if os.environ.get(name)}}
 
 
 def published(root: Path, bind: str, port: int, asked_port: int | None) -> tuple[str, int]:
     """(address, port) a deployment publishes on: --port, else the source's BIND/PORT where set, else images.yaml's
     serve.bind and serve.port. A BIND or PORT that is no address or port is refused, naming where it came from."""
-    where = "in the shell or compose/.env"
-    if given := source_setting(root, "BIND"):
+    where, settings = "in the shell or compose/.env", source_settings(root, "BIND", "PORT")
+    if given := settings.get("BIND"):
         try:
             ipaddress.ip_address(given)
         except ValueError:
             raise UserError(f"BIND={given!r} ({where}): expected the IP address to publish on, e.g. 127.0.0.1") \
                 from None
         bind = given
-    if asked_port is None and (given := source_setting(root, "PORT")):
+    if asked_port is None and (given := settings.get("PORT")):
         try:
             port = int(KNOBS["PORT"].normalize(given))
         except ValueError as exc:
