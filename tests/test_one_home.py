@@ -1,5 +1,6 @@
 """A fact lives in one place; where a file cannot derive it (a Dockerfile, Compose's YAML), a test holds it to that
-place: the container's port (the launcher's) and the boot's start period (images.yaml's serve.boot_timeout_s)."""
+place: the container's port (the launcher's), the boot's start period (images.yaml's serve.boot_timeout_s) and
+the host tool's huggingface_hub (images.yaml's pin)."""
 
 from __future__ import annotations
 
@@ -27,3 +28,9 @@ def test_compose_publishes_and_checks_the_launchers_port_with_the_matrixs_start_
     assert [p.rsplit(":", 1)[1] for p in serve["ports"]] == [str(CONTAINER_PORT)]
     assert f"127.0.0.1:{CONTAINER_PORT}/health" in " ".join(serve["healthcheck"]["test"])
     assert serve["healthcheck"]["start_period"] == f"{MATRIX.serve.boot_timeout_s}s"
+
+
+def test_the_host_tool_runs_prepare_with_the_images_huggingface_hub():
+    """The tests drive prepare's download on the host's Python: its huggingface_hub is the pin the images install."""
+    host = re.search(r"^huggingface_hub==(\S+)", (ROOT / "requirements.in").read_text(), re.M)
+    assert host and host.group(1) == MATRIX.pins["huggingface_hub"]

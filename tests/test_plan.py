@@ -222,11 +222,12 @@ def _imports(tree) -> list[tuple[int, str]]:
 def test_the_image_code_is_standard_library_only():
     """Every module of the image's code folder loads with the standard library and its siblings alone: the
     series and components run on the base's bare Python, and the host imports the knob table cheaply. Inside a
-    function, a pinned package of the image may be used (prepare downloads with huggingface_hub)."""
+    function, a package the targets' own locks install may be used (prepare downloads with huggingface_hub)."""
     from servekit.build.plan import IMAGE_CODE
     folder = ROOT / IMAGE_CODE
     siblings = {p.stem for p in folder.glob("*.py")}
-    pinned = {name.replace("-", "_") for name in yaml.safe_load((ROOT / "images.yaml").read_text())["pins"]}
+    pinned = {name.replace("-", "_") for lock in (ROOT / "docker/locks").glob("*.txt")
+              for name in re.findall(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==", lock.read_text(), re.M)}
     found = []
     for path in sorted(folder.glob("*.py")):
         tree = ast.parse(path.read_text())

@@ -1,9 +1,10 @@
-"""prepare against a stand-in hub on 127.0.0.1 that speaks the Hugging Face HTTP API (the model listing at a
-commit, files by `resolve`, byte ranges): a whole download with its drafter, a connection dropped mid-shard
+"""prepare, through huggingface_hub, against a stand-in hub on 127.0.0.1 that speaks the Hugging Face HTTP API
+(a revision's commit, the file tree at a commit, files by `resolve`, byte ranges): a whole download with its drafter, a connection dropped mid-shard
 (resumed, not restarted), a shard the repository holds truncated (refused, never marked), and two at once."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import struct
@@ -14,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import yaml
 
 from support import ROOT
 
@@ -29,6 +31,10 @@ def _shard(tensors: int, floats: int, cut: int = 0) -> bytes:
     return body[:len(body) - cut] if cut else body
 
 
+def _oid(body: bytes) -> str:
+    return hashlib.sha1(body).hexdigest()
+
+
 def _repo(shards: int, cut: int = 0) -> dict[str, bytes]:
     files = {f"model-{i:05d}-of-{shards:05d}.safetensors": _shard(2, 200_000, cut if i == shards else 0)
              for i in range(1, shards + 1)}
@@ -38,38 +44,71 @@ def _repo(shards: int, cut: int = 0) -> dict[str, bytes]:
 
 
 class Hub(BaseHTTPRequestHandler):
+    """The routes huggingface_hub's snapshot_download uses, answered as the hub answers them: the revision's
+    commit, the recursive tree (file entries with path, size and blob oid), and each file by `resolve` with the
+    headers the client requires (X-Repo-Commit, ETag, Content-Length) on HEAD and GET, byte ranges on GET."""
     repos: dict[str, dict[str, bytes]] = {}
     drop_once: set[str] = set()  # files whose first download stops half way
     ranges: list[tuple[str, str]] = []
+    resolved: list[tuple[str, str]] = []  # (path, user agent) of every file request
+    protocol_version = "HTTP/1.1"
 
     def do_GET(self):
         path = self.path.split("?")[0]
         if path.startswith("/api/models/"):
-            repo = "/".join(path.split("/")[3:5])
-            files = self.repos.get(repo)
+            parts = path.split("/")
+            files = self.repos.get("/".join(parts[3:5]))
             if files is None:
-                return self._send(404, b"{}")
-            return self._send(200, json.dumps({"sha": COMMIT, "siblings": [
-                {"rfilename": n, "size": len(b)} for n, b in files.items()]}).encode())
-        org, name, _, commit, filename = path.lstrip("/").split("/", 4)
-        body = self.repos[f"{org}/{name}"][filename]
+                return self._send(404, b'{"error": "Repository not found"}', {"X-Error-Code": "RepoNotFound"})
+            if parts[5] == "tree":
+                return self._send(200, json.dumps([{"type": "file", "path": n, "size": len(b), "oid": _oid(b)}
+                                                   for n, b in files.items()]).encode())
+            return self._send(200, json.dumps({"id": "/".join(parts[3:5]), "sha": COMMIT, "siblings": [
+                {"rfilename": n} for n in files]}).encode())
+        filename, body = self._file(path)
+        if body is None:
+            return
         start = 0
         if self.headers.get("Range"):
             start = int(self.headers["Range"].split("=")[1].rstrip("-"))
             self.ranges.append((filename, self.headers["Range"]))
         self.send_response(206 if start else 200)
-        self.send_header("Content-Length", str(len(body) - start))
-        self.end_headers()
+        self._file_headers(body, len(body) - start)
         if filename in self.drop_once:
             self.drop_once.discard(filename)
             self.wfile.write(body[start:start + (len(body) - start) // 2])
             self.wfile.flush()
             self.connection.shutdown(2)  # the connection drops mid-shard
+            self.close_connection = True
             return
         self.wfile.write(body[start:])
 
-    def _send(self, code: int, body: bytes):
+    def do_HEAD(self):
+        _, body = self._file(self.path.split("?")[0])
+        if body is not None:
+            self.send_response(200)
+            self._file_headers(body, len(body))
+
+    def _file(self, path: str) -> tuple[str, bytes | None]:
+        self.resolved.append((path, self.headers.get("User-Agent", "")))
+        parts = path.lstrip("/").split("/", 4)
+        filename = parts[-1]
+        body = self.repos.get("/".join(parts[:2]), {}).get(filename) if len(parts) == 5 and parts[2] == "resolve" \
+            else None  # another route of the hub (the client asks for its agent registry): none here
+        if body is None:
+            self._send(404, b"{}", {"X-Error-Code": "EntryNotFound"})
+        return filename, body
+
+    def _file_headers(self, body: bytes, length: int):
+        self.send_header("X-Repo-Commit", COMMIT)
+        self.send_header("ETag", f'"{_oid(body)}"')
+        self.send_header("Content-Length", str(length))
+        self.end_headers()
+
+    def _send(self, code: int, body: bytes, headers: dict[str, str] | None = None):
         self.send_response(code)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -81,7 +120,7 @@ class Hub(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def hub():
-    Hub.repos, Hub.drop_once, Hub.ranges = {"org/model": _repo(2), "org/drafter": _repo(1)}, set(), []
+    Hub.repos, Hub.drop_once, Hub.ranges, Hub.resolved = {"org/model": _repo(2), "org/drafter": _repo(1)}, set(), [], []
     server = ThreadingHTTPServer(("127.0.0.1", 0), Hub)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -115,18 +154,23 @@ def test_the_model_and_its_drafter_arrive_whole_and_marked(tmp_path, hub):
             assert (tmp_path / "models" / folder / name).read_bytes() == body
         assert json.loads((tmp_path / "models" / folder / ".servekit-complete").read_text())["identity"] == \
             f"{repo}@{COMMIT}"
+    pin = yaml.safe_load((ROOT / "images.yaml").read_text())["pins"]["huggingface_hub"]
+    files = [agent for path, agent in Hub.resolved if "/resolve/" in path]
+    assert files and all(f"hf_hub/{pin};" in agent for agent in files)  # fetched by the image's client
     again = _prepare(_profiles(tmp_path), hub)
     assert again.returncode == 0 and again.stderr.count("is complete") == 2
 
 
 def test_a_connection_dropped_mid_shard_resumes_where_it_stopped(tmp_path, hub):
     shard = "model-00001-of-00002.safetensors"
+    # big enough that the client wrote some of it before the drop (it writes in 10 MiB pieces)
+    Hub.repos["org/model"][shard] = _shard(2, 3_000_000)
     Hub.drop_once = {shard}
     done = _prepare(_profiles(tmp_path), hub)
     assert done.returncode == 0, done.stderr
-    assert f"{shard}: the transfer stopped at" in done.stderr and "resuming" in done.stderr
+    resumed = [int(r.split("=")[1].rstrip("-")) for name, r in Hub.ranges if name == shard]
     half = len(Hub.repos["org/model"][shard]) // 2
-    assert (shard, f"bytes={half}-") in Hub.ranges  # resumed from the bytes it had, not from the start
+    assert len(resumed) == 1 and 0 < resumed[0] <= half  # from the bytes it had, not from the start
     assert (tmp_path / "models/m" / shard).read_bytes() == Hub.repos["org/model"][shard]
 
 
@@ -138,7 +182,34 @@ def test_a_shard_the_repository_holds_truncated_is_refused_and_nothing_is_marked
     assert lines[-1].startswith("prepare: error: org/model/model-00002-of-00002.safetensors: holds"), lines[-1]
     assert "its header declares" in lines[-1]
     assert not (tmp_path / "models/m/.servekit-complete").exists()
-    assert not (tmp_path / "models/m/model.safetensors.index.json").exists()  # the index, last, never came
+    assert not (tmp_path / "models/m/model-00002-of-00002.safetensors").exists()  # removed: the next run fetches it
+
+
+def test_a_repository_the_hub_lacks_or_cannot_be_reached_is_said_in_one_line(tmp_path, hub):
+    profiles = _profiles(tmp_path)
+    doc = json.loads(profiles.read_text())
+    doc["model"]["repo"] = "org/nothing"
+    profiles.write_text(json.dumps(doc))
+    missing = _prepare(profiles, hub)
+    assert missing.returncode == 1
+    assert missing.stderr.strip().splitlines()[-1] == ("prepare: error: org/nothing: the hub has no such repository, "
+                                                       "or it is private (give a token: HF_TOKEN_FILE)")
+    unreachable = _prepare(_profiles(tmp_path), "http://127.0.0.1:9")
+    assert unreachable.returncode == 1 and "Traceback" not in unreachable.stderr
+    assert unreachable.stderr.strip().splitlines()[-1].startswith(
+        "prepare: error: http://127.0.0.1:9 cannot be reached (")
+
+
+def test_a_branch_is_resolved_to_one_commit_and_every_file_comes_from_it(tmp_path, hub):
+    profiles = _profiles(tmp_path)
+    doc = json.loads(profiles.read_text())
+    doc["model"]["revision"] = "main"
+    profiles.write_text(json.dumps(doc))
+    done = _prepare(profiles, hub)
+    assert done.returncode == 0, done.stderr
+    assert f"org/model@{COMMIT[:12]}" in done.stderr
+    assert {p for p, _ in Hub.resolved if p.startswith("/org/model/")} == \
+        {f"/org/model/resolve/{COMMIT}/{name}" for name in Hub.repos["org/model"]}
 
 
 def test_two_prepares_at_once_download_once(tmp_path, hub):

@@ -3,8 +3,8 @@ lock; never leave a half one where the launcher would serve it.
 
 A folder counts as complete only when it holds the marker this step writes last, naming the very
 model the image asks for (the generated model's hash, or repo@revision): a newer image's model
-replaces a volume's older copy. A download that stopped resumes where it stopped (hub.py); the
-safetensors index is fetched last and the marker written after it. Standard library only.
+replaces a volume's older copy. A download that stopped resumes where it stopped (hub.py, through
+huggingface_hub); the marker is written after every file is there and every shard checked whole.
 """
 
 from __future__ import annotations
