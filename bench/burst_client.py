@@ -13,8 +13,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from smoke import Context  # noqa: E402
-from smoke.load import burst_requests  # noqa: E402
+from servekit.smoke import Context  # noqa: E402
+from servekit.smoke.load import burst_requests  # noqa: E402
 
 BODY = json.dumps({"usage": {"completion_tokens": 32}}).encode()
 

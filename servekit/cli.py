@@ -297,7 +297,7 @@ def cmd_up(args) -> int:
         print(f"  GPU peak {r['gpu']['peak_used_bytes'] / 2**30:.2f} GiB, margin "
               f"{r['gpu']['min_margin_bytes'] / 2**30:.2f} GiB")
     if r["shared_usage"]:
-        from wsl2.shared_usage import describe
+        from servekit.wsl2.shared_usage import describe
         print(f"  {describe(r['shared_usage'])}")
     if r["url"].startswith("http"):
         print(usage_snippets(r["url"], r["api_key_file"], r["served_name"]))
@@ -367,7 +367,7 @@ def cmd_monitor(args) -> int:
               f"{g['samples']} samples")
     shared = result["shared_usage"]
     if shared:
-        from wsl2.shared_usage import describe
+        from servekit.wsl2.shared_usage import describe
         print(describe(shared))
     return 0
 
@@ -388,7 +388,7 @@ def cmd_run(args) -> int:
                         doc["table"]["rows"], summary_md.read_text())
             print(f"run: summary in {summary_md.relative_to(session.root)}")
         return 0 if doc["passed"] else 1
-    from smoke import GATE_PASSES
+    from servekit.smoke import GATE_PASSES
 
     from servekit.serve import commands
     from servekit.config.knobargs import parse_settings
@@ -406,7 +406,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_smoke(args) -> int:
-    from smoke import all_passed
+    from servekit.smoke import all_passed
 
     from servekit.serve.checks import console_line
     from servekit.serve.commands import smoke_running

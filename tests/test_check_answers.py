@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from smoke import CHECKS, Context, run_check
+from servekit.smoke import CHECKS, Context, run_check
 
 MAX_MODEL_LEN = 4096
 

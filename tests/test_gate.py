@@ -20,7 +20,7 @@ from servekit.image.recipe import BOOLEAN_ENV, PRIVACY_ENV
 from servekit.config.load import load_matrix
 from servekit.serve.checks import console_line, not_required_results, smoke
 from servekit.config.profiles import render_profiles
-from smoke import Context, Result, all_passed, run_check
+from servekit.smoke import Context, Result, all_passed, run_check
 
 MATRIX = load_matrix(ROOT / "images.yaml")
 CUDA, CPU = render_profiles(MATRIX, "cuda"), render_profiles(MATRIX, "cpu")

@@ -339,7 +339,7 @@ def server():
 
 
 def test_a_redirect_to_another_origin_fails_the_check(server):
-    from smoke import Context, run_check
+    from servekit.smoke import Context, run_check
     elsewhere = server()  # a second server: it would hang, but it must never be asked
     ctx = Context(server(redirect_to=elsewhere), "k" * 20, "m", check_deadline_s=20)
     result = run_check("health", ctx, {})

@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from servekit.serve.checks import smoke
-from smoke import Context, run_check
+from servekit.smoke import Context, run_check
 
 DEADLINE_S = 3.0
 

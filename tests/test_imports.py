@@ -16,6 +16,8 @@ def _modules() -> dict[str, Path]:
     for package in PACKAGES:
         for path in (ROOT / package).rglob("*.py"):
             parts = path.relative_to(ROOT).with_suffix("").parts
+            if package != "servekit":  # smoke/ and wsl2/ are servekit.smoke and servekit.wsl2
+                parts = ("servekit", *parts)
             out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return out
 
@@ -80,8 +82,7 @@ def _graph() -> dict[str, set[str]]:
     # a package's __init__ that re-exports its modules is not an edge back from those modules to it
     graph = {name: _imports(name, path, set(modules)) for name, path in modules.items()}
     for name in graph:
-        graph[name] = {t for t in graph[name] if not (name.startswith(t + ".") and (ROOT / t.replace(".", "/") /
-                                                                                  "__init__.py").is_file())}
+        graph[name] = {t for t in graph[name] if not (name.startswith(t + ".") and modules[t].name == "__init__.py")}
     return graph
 
 

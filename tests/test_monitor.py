@@ -9,7 +9,7 @@ import sys
 
 
 from support import ROOT
-from wsl2.shared_usage import AdapterSeries, choose_adapter, parse_sample, summarize
+from servekit.wsl2.shared_usage import AdapterSeries, choose_adapter, parse_sample, summarize
 
 STANDINS = ROOT / "tests" / "standins"
 NVIDIA = "luid_0x00000000_0x0000c3a1"

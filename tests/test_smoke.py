@@ -10,7 +10,7 @@ import pytest
 from support import run_build_py
 from servekit.records.models import RunReport
 from servekit.records.report import compare, render_markdown
-from smoke import CHECKS, Context, run_check
+from servekit.smoke import CHECKS, Context, run_check
 
 pytestmark = pytest.mark.engine
 
@@ -65,7 +65,7 @@ def test_markdown_names_a_failed_check():
 def test_markdown_shows_the_plot_escapes_cells_and_a_failed_boot_with_its_tail():
     report = _report("a", 30.0, 500.0).model_copy(update={"checks": [], "passed": False})
     report.boot.time_to_healthy_s = report.boot.detection_lag_s = None
-    from smoke import Result
+    from servekit.smoke import Result
     report.checks = [Result(name="boot", status="failed", reason="not healthy | within 10 s",
                                  figures={"last_lines": ["ValueError: max_model_len (100000) is too large"]})]
     text = render_markdown(report)
@@ -122,8 +122,8 @@ def test_smoke_command_against_the_running_server(server):
 def test_the_kv_tier_counters_are_read_from_vllms_exposition():
     """vLLM's offloading connector counts bytes per direction (store: GPU to CPU, load: CPU to GPU); labelled or not,
     series of one name add up, and the _created samples and histograms beside them are not counted."""
-    from smoke import metric_samples, totals
-    from smoke.cache import METRIC
+    from servekit.smoke import metric_samples, totals
+    from servekit.smoke.cache import METRIC
     exposition = "\n".join([
         "# HELP vllm:kv_offload_store_bytes_total Number of bytes stored to the offload medium",
         "# TYPE vllm:kv_offload_store_bytes_total counter",
@@ -139,6 +139,6 @@ def test_the_kv_tier_counters_are_read_from_vllms_exposition():
 
 
 def test_an_answer_on_metrics_that_is_no_exposition_fails_in_words():
-    from smoke import CheckFailure, metric_samples
+    from servekit.smoke import CheckFailure, metric_samples
     with pytest.raises(CheckFailure, match="not Prometheus' text format"):
         metric_samples('{"not": "prometheus"}')

@@ -144,7 +144,10 @@ def test_the_wheel_holds_the_whole_tree_and_its_console_script_runs_from_any_fol
                     str(root)], check=True, capture_output=True, timeout=300)
     [wheel] = wheels.glob("servekit-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "servekit/image/launcher.py" in names and "wsl2/shared_usage.ps1" in names
+    assert "servekit/image/launcher.py" in names and "servekit/wsl2/shared_usage.ps1" in names
+    assert "servekit/smoke/api.py" in names
+    top = {name.split("/")[0] for name in names if not name.split("/")[0].endswith((".dist-info", ".data"))}
+    assert top == {"servekit"}, top  # nothing else lands in site-packages under a name of its own
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
                    check=True, capture_output=True, timeout=300)
     env = {**os.environ, "PYTHONPATH": str(target)}
@@ -161,3 +164,8 @@ def test_the_wheel_holds_the_whole_tree_and_its_console_script_runs_from_any_fol
                           cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert {p["target"] for p in json.loads(done.stdout)["targets"]} == {"cpu", "cuda"}
+    done = subprocess.run([sys.executable, "-c", "import servekit.smoke.api, servekit.wsl2.shared_usage as s; "
+                           "print(servekit.smoke.api.__file__, s.SCRIPT.is_file())"], cwd=elsewhere, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.split() == [str(target / "servekit/smoke/api.py"), "True"], \
+        done.stderr

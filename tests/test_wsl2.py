@@ -14,8 +14,8 @@ import pytest
 from support import ROOT, TEST_PORT, work_dir, project_containers
 from standins.docker_api import RecordedEngine
 from servekit.serve.sweep import Cell, sizing_advice
-from smoke import CheckFailure
-from smoke.spill import judge
+from servekit.smoke import CheckFailure
+from servekit.smoke.spill import judge
 
 STANDINS = ROOT / "tests" / "standins"
 NVIDIA, INTEL = "luid_0x00000000_0x0000c3a1", "luid_0x00000000_0x0000a18d"
@@ -58,7 +58,7 @@ def test_a_boot_reads_the_adapter_images_yaml_names(repo, monkeypatch, named):
     from servekit.serve.deploy import Deployment
     from servekit.config.load import load_matrix
     from servekit.serve.boot import Boot
-    from wsl2.shared_usage import SharedUsageSampler
+    from servekit.wsl2.shared_usage import SharedUsageSampler
     matrix_path = repo / "images.yaml"
     matrix_path.write_text(matrix_path.read_text().replace('    cuda_arch: "8.9"\n',
                                                            f'    cuda_arch: "8.9"\n    adapter: "{named}"\n'))

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from packaging.version import InvalidVersion, Version
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
-from smoke import param_problems
+from servekit.smoke import param_problems
 
 from servekit import credentials
 from servekit.image import boundary

@@ -142,7 +142,7 @@ class Engine:
         """wsl2 or native, for `--host auto`: this machine's signs for the local engine, the engine's kernel
         (Docker Desktop on WSL2 runs a `...-microsoft-standard-WSL2` one) for any other."""
         if self.is_local:
-            from wsl2.detect import is_wsl2
+            from servekit.wsl2.detect import is_wsl2
             return "wsl2" if is_wsl2() else "native"
         return host_kind_of(self.sdk(timeout=15).info())
 

@@ -125,7 +125,7 @@ class ProcessEngine(Engine):
         return os.access(self.python, os.X_OK)
 
     def host_kind(self) -> str:
-        from wsl2.detect import is_wsl2
+        from servekit.wsl2.detect import is_wsl2
         return "wsl2" if is_wsl2() else "native"
 
     def gpu_problem(self) -> str | None:

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from smoke import Result, all_passed
+from servekit.smoke import Result, all_passed
 
 from servekit.atomic import write_text
 from servekit.errors import UserError

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from wsl2.shared_usage import SharedUsageSampler, SharedUsageUnavailable
+from servekit.wsl2.shared_usage import SharedUsageSampler, SharedUsageUnavailable
 
 from servekit.engines.docker import EngineError
 from servekit.output import as_output

@@ -13,7 +13,7 @@ def checks_to_run(matrix, profile: str, target: str, only: list[str] | None = No
     """The profile's checks on `host` with their parameters, or only those named (each with the profile's parameters
     where it has the check, else the check's own); those that judge the others' traffic (spill) come last. A check
     the target does not require is left out, unless named."""
-    from smoke import AFTER_TRAFFIC
+    from servekit.smoke import AFTER_TRAFFIC
     for name in only or []:
         if name not in matrix.checks:
             raise UserError(f"--check {name}: expected one of {', '.join(matrix.checks)}")
@@ -28,7 +28,7 @@ def checks_to_run(matrix, profile: str, target: str, only: list[str] | None = No
 
 def not_required_results(matrix, profile: str, target: str, only: list[str] | None = None) -> list:
     """A result for each check of the profile the target does not require (images.yaml says why), unless named."""
-    from smoke import Result
+    from servekit.smoke import Result
     return [Result(name, "not_required", why) for name, why in matrix.not_required(profile, target).items()
             if not only or name not in only]
 
@@ -42,7 +42,7 @@ def console_line(result) -> str:
 def smoke(ctx, checks: dict[str, dict], on_result=None, deadline_s: float | None = None) -> list:
     """Run each check in order within the run's deadline, `on_result` hearing each verdict as it comes; a check that
     raises something unexpected fails, and the rest still run."""
-    from smoke import RUN_DEADLINE_S, Result, run_check
+    from servekit.smoke import RUN_DEADLINE_S, Result, run_check
     results = []
     ends = time.monotonic() + (deadline_s or RUN_DEADLINE_S)
     for name, params in checks.items():

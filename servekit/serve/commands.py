@@ -93,7 +93,7 @@ def smoke_running(session, profile: str, target: str | None = None, engine=None,
     `url`; `timeout_s` bounds each check (every request of it, and each wait between bytes)."""
     from contextlib import nullcontext
 
-    from smoke import Context
+    from servekit.smoke import Context
 
     from servekit.serve.watch import READY
     if url and engine:

@@ -6,7 +6,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from wsl2.detect import wsl2_signs
+from servekit.wsl2.detect import wsl2_signs
 
 from servekit.errors import EnvironmentProblem
 from servekit.serve.gpu import NvmlUnavailable, driver_version, list_gpus

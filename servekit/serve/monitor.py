@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from wsl2.detect import is_wsl2
-from wsl2.shared_usage import SharedUsageSampler, SharedUsageUnavailable
+from servekit.wsl2.detect import is_wsl2
+from servekit.wsl2.shared_usage import SharedUsageSampler, SharedUsageUnavailable
 
 from servekit.serve.gpu import NvmlSampler, NvmlUnavailable
 

@@ -22,7 +22,7 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
 
     `knobs` apply to this boot only; `only` limits the checks to those named."""
     import datetime as dt
-    from smoke import Context, Result, all_passed
+    from servekit.smoke import Context, Result, all_passed
     checks = checks_to_run(matrix, profile, dep.target, only, dep.host)
     created = dt.datetime.now(dt.timezone.utc)
     report = RunReport(run_id=f"{created:%Y%m%d-%H%M%S}-{profile}-{dep.target}",
