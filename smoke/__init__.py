@@ -130,6 +130,16 @@ def metric_samples(text: str) -> list:
         raise CheckFailure(f"/metrics is not Prometheus' text format ({exc})") from None
 
 
+def stream_events(body: bytes) -> list[str]:
+    """The data of each server-sent event of a streamed answer, in order, read by a kept SSE parser (events that
+    span lines or pieces, comments, CRLF: as the format defines them)."""
+    from sseclient import SSEClient
+    try:
+        return [event.data for event in SSEClient(iter([body])).events()]
+    except UnicodeDecodeError as exc:
+        raise CheckFailure(f"the stream is not UTF-8 text ({exc})") from None
+
+
 def totals(samples, names) -> dict[str, float]:
     wanted, out = set(names), dict[str, float]()
     for sample in samples:

@@ -6,7 +6,7 @@ import json
 
 import requests
 
-from . import Context, check, ensure, reasoning_of, text_of
+from . import CheckFailure, Context, check, ensure, reasoning_of, stream_events, text_of
 
 KEYLESS = ("/health", "/ping", "/version")
 GUARDED = ("/v1/models", "/metrics", "/tokenize", "/server_info")
@@ -61,9 +61,12 @@ def streaming(ctx: Context, max_tokens: int = 16) -> dict:
             "stream_options": {"include_usage": True}}
     resp = ctx.post("/v1/chat/completions", body)
     resp.raise_for_status()
-    events = [line[len(b"data: "):].decode() for line in resp.content.splitlines() if line.startswith(b"data: ")]
+    events = stream_events(resp.content)
     ensure(bool(events) and events[-1] == "[DONE]", "the stream did not end with [DONE]")
-    chunks = [json.loads(e) for e in events[:-1]]
+    try:
+        chunks = [json.loads(e) for e in events[:-1]]
+    except ValueError as exc:
+        raise CheckFailure(f"an event of the stream is not JSON ({exc})") from None
     usage = [c["usage"] for c in chunks if c.get("usage")]
     ensure(bool(usage), "no usage chunk although include_usage was asked")
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices"))
@@ -176,7 +179,7 @@ def _streamed_chunks(ctx: Context, max_tokens: int = 16) -> tuple[bool, str]:
     resp = ctx.post("/v1/chat/completions", {"model": ctx.model, "messages": HELLO, "max_tokens": max_tokens,
                                              "temperature": 0, "stream": True})
     resp.raise_for_status()
-    chunks = [line for line in resp.content.splitlines() if line.startswith(b"data: ") and line != b"data: [DONE]"]
+    chunks = [event for event in stream_events(resp.content) if event != "[DONE]"]
     return len(chunks) > 5, f"{len(chunks)} chunks, not more than 5"
 
 

@@ -30,6 +30,7 @@ class VllmLike(BaseHTTPRequestHandler):
     """What a test sets: `metrics` (the exposition text, or a function giving it at each read), `answer(body) ->
     (message, finish_reason, extra)`; what it sees: `sent` (every chat body)."""
     metrics: Any = ""
+    stream: bytes | None = None  # a streamed answer's body, as sent
     sent: list[dict] = []
     answer: Any = None
 
@@ -56,6 +57,12 @@ class VllmLike(BaseHTTPRequestHandler):
                                                  "prompt_logprobs": [None, {"1": {"logprob": -1.0}}]}],
                                     "usage": {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3}})
         self.sent.append(body)
+        if body.get("stream") and VllmLike.stream is not None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Content-Length", str(len(VllmLike.stream)))
+            self.end_headers()
+            return self.wfile.write(VllmLike.stream)
         message, finish, extra = type(self).answer(body)
         prompt = sum(len(str(m.get("content") or "").split()) for m in body.get("messages", [])) + 4
         self._send(200, {"choices": [{"index": 0, "finish_reason": finish, "message": {"role": "assistant", **message},
@@ -68,13 +75,34 @@ class VllmLike(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def standin():
-    VllmLike.sent, VllmLike.metrics = [], ""
+    VllmLike.sent, VllmLike.metrics, VllmLike.stream = [], "", None
     VllmLike.answer = staticmethod(lambda body: ({"content": "Hello there, friend."}, "stop", {}))
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), VllmLike)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     yield Context(f"http://127.0.0.1:{httpd.server_port}", "k", "m", check_deadline_s=60)
     httpd.shutdown()
     httpd.server_close()
+
+
+def _sse(*events: str, newline: bytes = b"\n") -> bytes:
+    return b"".join(e.encode().replace(b"\n", newline) + newline * 2 for e in events)
+
+
+def test_a_stream_is_read_as_server_sent_events_however_the_server_frames_them(standin):
+    """What the format allows and a line-prefix reader misses: CRLF line ends, a comment, `data:` without its
+    space, one event's JSON over two data lines. Without [DONE] the same stream fails."""
+    usage = {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}
+    first = json.dumps({"choices": [{"index": 0, "delta": {"content": "Hel"}}]})
+    events = (": keep-alive", f"data:{first}",
+              'data: {"choices": [{"index": 0,\ndata:  "delta": {"content": "lo"}}]}',
+              "data: " + json.dumps({"choices": [], "usage": usage}))
+    VllmLike.stream = _sse(*events, "data: [DONE]", newline=b"\r\n")
+    passed = run_check("streaming", standin, {})
+    assert passed.status == "passed", passed.reason
+    assert passed.figures["text"] == "Hello" and passed.figures["chunks"] == 3
+    VllmLike.stream = _sse(*events)
+    cut = run_check("streaming", standin, {})
+    assert cut.status == "failed" and cut.reason == "the stream did not end with [DONE]"
 
 
 # --- three outcomes, one rule ------------------------------------------------------------------------
