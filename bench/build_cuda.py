@@ -7,9 +7,9 @@
 3. image size unpacked and gzipped (about what a pull moves), and the venv inside it;
 beside the source repository's figures: about 20 min to build its image and about 9.5 GB to pull.
 
-Here neither nvidia/cuda's registry nor FlashInfer's index can be reached, so it builds on the base
-made here with flashinfer-cubin left out (`--base cuda-local --without flashinfer-cubin`, or other
-settings given as arguments). Removing the builder cache costs the cpu image's build cache too.
+It builds what `make image TARGET=cuda` builds (the base made here, FlashInfer compiling at first use), or
+with the settings given as arguments (`--base cuda-devel`). Removing the builder cache costs the cpu image's
+build cache too. Per-layer sizes and what a change re-sends: bench/image_size.py.
 Run: .venv/bin/python bench/build_cuda.py [--skip-cold] [SETTINGS...]
 """
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE_BUILD_S, SOURCE_PULL_GB = 20 * 60, 9.5
-DEFAULT_SETTINGS = ["--base", "cuda-local", "--without", "flashinfer-cubin"]
+DEFAULT_SETTINGS: list[str] = []  # what `make image TARGET=cuda` builds
 
 
 def image_json(settings: list[str]) -> dict:
@@ -73,7 +73,7 @@ def sizes(tag: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-cold", action="store_true", help="only the no-op build and the sizes")
-    parser.add_argument("settings", nargs="*", help=f"build.py settings (default: {' '.join(DEFAULT_SETTINGS)})")
+    parser.add_argument("settings", nargs="*", help="build.py settings (default: none, as make image)")
     args = parser.parse_args()
     settings = args.settings or DEFAULT_SETTINGS
     figures = {}
@@ -83,7 +83,7 @@ def main() -> None:
         figures["cold_build_s"] = round(cold["wall"], 1)
     noop = image_json(settings)
     figures.update(noop_s=round(noop["wall"], 2), noop_started_build=noop["built"], **sizes(noop["tag"]))
-    print(f"settings: {' '.join(settings)}; image {noop['tag']}")
+    print(f"settings: {' '.join(settings) or 'none'}; image {noop['tag']}")
     if "cold_build_s" in figures:
         print(f"cold cuda build (base made, wheels, series, verify with the JIT compile): "
               f"{figures['cold_build_s']:7.1f} s = {figures['cold_build_s'] / SOURCE_BUILD_S:.2f} of the source's "

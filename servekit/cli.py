@@ -555,9 +555,11 @@ def _shared_options() -> argparse.ArgumentParser:
     machine = shared.add_argument_group("this machine's build settings (each also read from the environment; "
                                         "--base and --without change the image's tag, so give them to every command)")
     machine.add_argument("--base", default=argparse.SUPPRESS, metavar="NAME", help="build on this base where the "
-                         "target lists it, e.g. cuda-local when nvidia/cuda cannot be pulled (SERVEKIT_BASE)")
+                         "target lists it instead of its first, e.g. cuda-devel (nvidia/cuda's devel image) "
+                         "(SERVEKIT_BASE)")
     machine.add_argument("--without", action="append", default=argparse.SUPPRESS, metavar="PIN", help="leave out a "
-                         "pin listed under may_omit, e.g. flashinfer-cubin where its index cannot be reached "
+                         "pin listed under may_omit, e.g. flashinfer-cubin where a target installs it and its index cannot "
+                         "be reached "
                          "(SERVEKIT_WITHOUT; repeatable)")
     machine.add_argument("--wheels", default=argparse.SUPPRESS, metavar="DIR[:DIR]", help="folders of wheels offered "
                          "to the build, exact pinned versions only (SERVEKIT_WHEELS; default: the find-links your pip "

@@ -89,6 +89,17 @@ def tracked_copy(dst: Path) -> Path:
     return dst
 
 
+def with_prebuilt_cubins(root: Path) -> Path:
+    """The matrix of `root` with FlashInfer's prebuilt kernels in the cuda target, as docs/build.md says to add
+    them where FlashInfer's index answers (the lock is not made again: it leaves them out, as one made here
+    would); its images.yaml."""
+    path = root / "images.yaml"
+    default = "packages: [vllm, flashinfer-python, torch,"
+    assert default in path.read_text()
+    path.write_text(path.read_text().replace(default, "packages: [vllm, flashinfer-python, flashinfer-cubin, torch,"))
+    return path
+
+
 def checkout_state() -> dict:
     """What the tests must leave as they found it: the checkout's files and the developer's servers."""
     def listing(rel: str) -> list[str]:

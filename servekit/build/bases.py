@@ -30,8 +30,31 @@ CUDA_HOME = "/usr/local/cuda"
 _DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
+# How _make lays a base down, beside what images.yaml says of it: a change here makes every made base again (and,
+# through build_facts, moves the image tags built on one).
+RECIPE = 2  # 2: apt's downloaded packages and lists, docs, man pages and locales left out
+
+
 def definition_digest(base: Base) -> str:
-    return hashlib.sha256(json.dumps(base.model_dump(), sort_keys=True).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps({**base.model_dump(), "recipe": RECIPE}, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# What a made base leaves out of debootstrap's tree, as Debian's slim images do: apt's downloaded .debs and package
+# lists (a build that needs a package runs apt-get update first), man pages, translations, and documentation
+# but each package's copyright file.
+SLIMMED = ("var/cache/apt/archives/*.deb", "var/lib/apt/lists/*", "usr/share/man/*", "usr/share/locale/*",
+           "usr/share/info/*", "usr/share/doc/*/*")
+
+
+def _slim(rootfs: Path) -> None:
+    for pattern in SLIMMED:
+        for entry in rootfs.glob(pattern):
+            if entry.name == "copyright" and entry.parent.parent.name == "doc":
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
 
 
 def made_base_current(base: Base) -> bool:
@@ -66,6 +89,7 @@ def _make(name: str, base: Base, cache_dir: Path, say) -> None:
                                str(rootfs)], capture_output=True, text=True, timeout=1200)
         if done.returncode != 0:
             raise EnvironmentProblem(f"debootstrap {boot.suite} for base {name} failed: {done.stderr.strip()[-300:]}")
+        _slim(rootfs)
         changes = [f"LABEL {LABEL}={definition_digest(base)}"]
         if base.cuda_wheels:
             _lay_cuda_toolkit(name, base.cuda_wheels, rootfs, cache_dir / "cuda-wheels", say)

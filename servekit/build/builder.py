@@ -16,6 +16,8 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
+from functools import partial
+from typing import Callable
 from pathlib import Path
 
 import requests
@@ -31,7 +33,7 @@ from servekit.errors import EnvironmentProblem, UserError
 from servekit.output import as_output
 from servekit.build.index import IndexUnreachable, normalize, release_exists
 from servekit.config.matrix import Matrix, substitute
-from servekit.build.locks import for_build
+from servekit.build.locks import for_build, layers
 from servekit.build.plan import STAGE_DIR, STAGED_FILES, TargetPlan
 from servekit.config.settings import ENV_BASE, ENV_WHEELS, ENV_WITHOUT, BuildSettings
 from servekit.trust import ca_bundle, requests_verify
@@ -172,8 +174,8 @@ def _prepare_context(matrix: Matrix, plan: TargetPlan, root: Path, wheels: dict[
             shutil.copy2(wheel, wheelhouse / wheel.name)
     out = root / STAGE_DIR / plan.target
     model_dir = plan.build_info["model"]["dir"]
-    writers = {  # one per entry of STAGED_FILES
-        "requirements.txt": lambda path: _write(path, lock),
+    writers: dict[str, Callable[[Path], None]] = {  # one per entry of STAGED_FILES
+        **{f"requirements-{layer}.txt": partial(_write, text=text) for layer, text in layers(lock).items()},
         "patches": lambda path: replace_tree(path, root / matrix.series.dir),
         "components": lambda path: stage_components(matrix, plan, root, path),
         "model": lambda path: replace_tree(path, root / model_dir if model_dir else None),
@@ -257,7 +259,7 @@ def build_args(plan: TargetPlan) -> dict[str, str]:
     the digest covers (build-info.json), so the tag and the build cannot disagree."""
     info = plan.build_info
     return {"TARGET": plan.target, "BASE": info["base"]["image"], "BASE_APT_PACKAGES": " ".join(info["base"]["apt"]),
-            "MODEL_SOURCE": info["model"]["source"]}
+            "MODEL_SOURCE": info["model"]["source"], "GPU": "1" if info["gpu"] else "0"}
 
 
 def _command(matrix: Matrix, plan: TargetPlan, root: Path, workdir: Path, secret_files: dict[str, Path],

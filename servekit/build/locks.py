@@ -152,6 +152,45 @@ def installable(lock: Lock, leave_out: set[str]) -> str:
     return "\n".join(kept) + "\n"
 
 
+# The image installs its lock in slices, one layer each, ordered by how often they change: torch and everything
+# it depends on (the CUDA libraries, Triton) change with torch; the rest (vLLM, FlashInfer and what they need)
+# with a vLLM bump. The Dockerfile installs requirements-<slice>.txt in this order.
+LAYERS = ("torch", "serving")
+ROOT_OF_FIRST_LAYER = "torch"
+
+
+def layers(text: str) -> dict[str, str]:
+    """An installable lock (for_build's text) as its LAYERS: each a requirements file of package and hash lines
+    only, so that a slice's text changes only when a package of that slice does (the lock's header and its `via`
+    notes change with every pin). A package is in the torch slice when torch needs it, by the lock's `via` notes."""
+    entries: dict[str, list[str]] = {}
+    needed_by: dict[str, set[str]] = {}
+    current, in_via = "", False
+    for line in text.splitlines():
+        if found := PACKAGE.match(line):
+            current, in_via = normalize(found[1]), False
+            entries.setdefault(current, []).append(line)
+            needed_by.setdefault(current, set())
+        elif current and line.lstrip().startswith("--hash"):
+            entries[current].append(line)
+        elif current and (note := line.strip()).startswith("# via"):
+            rest = note.removeprefix("# via").strip()
+            needed_by[current].update({normalize(rest)} if rest else set())
+            in_via = not rest
+        elif current and in_via and line.strip().startswith("#   "):
+            needed_by[current].add(normalize(line.strip().removeprefix("#").strip()))
+        elif not line.startswith((" ", "\t")):
+            current, in_via = "", False
+    first = {ROOT_OF_FIRST_LAYER}
+    while grown := {name for name, users in needed_by.items() if name not in first and users & first}:
+        first |= grown
+    out = {}
+    for layer in LAYERS:
+        chosen = [lines for name, lines in entries.items() if (name in first) == (layer == ROOT_OF_FIRST_LAYER)]
+        out[layer] = "".join("\n".join(lines).rstrip(" \\") + "\n" for lines in chosen)
+    return out
+
+
 def for_build(matrix: Matrix, root: Path, target: str, python: str, omitted: set[str]) -> str:
     """What the image installs: the target's lock less the pins this build leaves out. Refuses a lock that is
     missing, stale, or lacks a pin the build installs."""

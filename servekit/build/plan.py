@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from servekit.config.matrix import Matrix
-from servekit.build.locks import lock_file
+from servekit.build.bases import definition_digest
+from servekit.build.locks import LAYERS, lock_file
 from servekit.config.profiles import render_profiles
 from servekit.image.series import SeriesError, read_series
 from servekit.config.settings import BuildSettings
@@ -27,7 +28,8 @@ IMAGE_CODE = "servekit/image"
 # per target under STAGE_DIR, each of STAGED_FILES (the builder writes exactly these, the Dockerfile copies them; a
 # test reads the Dockerfile against this list), and the wheelhouse.
 STAGE_DIR = ".cache/build"
-STAGED_FILES = ("requirements.txt", "patches", "components", "model", "profiles.json", "build-info.json")
+STAGED_FILES = (*(f"requirements-{layer}.txt" for layer in LAYERS), "patches", "components", "model", "profiles.json",
+                "build-info.json")
 STAGED = (STAGE_DIR, ".cache/wheelhouse")
 # Files of this repository that shape every image besides that folder and what the build stages.
 COMMON_INPUTS = ("docker/Dockerfile", ".dockerignore")
@@ -105,8 +107,11 @@ def build_facts(matrix: Matrix, target: str, root: Path, settings: BuildSettings
     lock = root / lock_file(target, matrix.bases[base_name].python)
     return {"target": target, "vllm": matrix.vllm, "image": matrix.image.name, "pins": pins,
             "omitted": {name: matrix.may_omit[name] for name in omitted},
-            "base": {"name": base_name, **matrix.bases[base_name].model_dump()},
+            "base": {"name": base_name, **matrix.bases[base_name].model_dump(),
+                     **({"made": definition_digest(matrix.bases[base_name])} if matrix.bases[base_name].debootstrap
+                        else {})},
             "model": matrix.models[spec.model].model_dump(), "gpu": spec.gpu, "cuda_archs": archs,
+            "boot_imports": spec.boot_imports,
             "lock": {"file": lock.relative_to(root).as_posix(),
                      "sha256": hashlib.sha256(lock.read_bytes()).hexdigest() if lock.is_file() else None},
             "series": series, "components": component_states(matrix, target, root),

@@ -124,6 +124,15 @@ def _knob_table(matrix: Matrix) -> list[str]:
     return rows + [f"| `{k.name}` | {_allowed(k)} | {_cell(k.help)} |" for k in KNOBS.values()] + [""]
 
 
+# --- docs/build.md -------------------------------------------------------------------------------
+
+def _exclusion_table(matrix: Matrix) -> list[str]:
+    rows = ["", "| target | left out of the lock | why |", "|---|---|---|"]
+    rows += [f"| {target} | `{name}` | {_cell(why)} |" for target, spec in matrix.targets.items()
+             for name, why in spec.exclude.items()]
+    return rows + [""]
+
+
 # --- docs/architecture.md ------------------------------------------------------------------------
 
 CODE = Path(__file__).resolve().parent.parent.parent  # the tree these modules are in
@@ -161,6 +170,7 @@ PARTS = {
     "docs/profiles.md": {"profile-table": _profile_table, "check-table": _check_table, "profile-flags": _profile_flags,
                          "knob-table": _knob_table, "source-table": _source_table},
     "docs/architecture.md": {"modules": _module_table},
+    "docs/build.md": {"exclusions": _exclusion_table},
 }
 
 

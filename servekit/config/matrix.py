@@ -131,8 +131,13 @@ class Target(Strict):
     packages: list[DistName] = Field(description="pins installed on this target (keys of pins)")
     torch_local_version: str | None = Field(None, pattern=r"^[a-z0-9]+(\.[a-z0-9]+)*$", description="the local version label of torch, e.g. cpu")
     package_index: dict[DistName, str] = Field({}, description="package to a key of indexes, on this target only")
-    exclude: list[DistName] = Field([], description="distributions the pins depend on that the lock leaves out (declared "
-                               "by a pin's metadata, unusable on this target)")
+    exclude: dict[DistName, str] = Field({}, description="distributions the pins depend on that the lock leaves out, "
+                                         "each with why (declared by a pin's metadata, never loaded by a profile "
+                                         "on this target, or unusable on it)")
+    boot_imports: list[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")]] = Field(
+        [], description="modules a boot of this target's profiles imports (server, engine, worker, the served "
+        "architecture, attention backends, speculation, parsers): the in-image verify imports each, without a GPU, "
+        "so that a package the lock leaves out but a boot needs fails the build")
     compose: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*\.ya?ml$")]] = Field(
         [], description="Compose override files in compose/ for this target (file names)")
     gpu: bool

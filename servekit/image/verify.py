@@ -1,10 +1,12 @@
 """The in-image verify step: the image is what the matrix says, or the build fails before a tag.
 
-Checks: installed versions equal the pins; every patch of the series is applied; components;
+Checks: installed versions equal the pins, and the environment holds exactly the lock's slices (no package
+more, none less); every patch of the series is applied; components;
 `import vllm` (and flashinfer where pinned) works without a GPU; every flag the launcher can
 emit is accepted by the pinned `vllm serve`; on a GPU target, the toolchain FlashInfer's JIT
 needs: nvcc where FlashInfer looks for it, at torch's CUDA major, the curand headers beside it,
-and FlashInfer's JIT compiling and linking a small curand kernel for every host's card. A build
+and FlashInfer's JIT compiling and linking a small curand kernel for every host's card; Triton's CUDA driver
+stub compiling against Python's headers, as the first GPU use compiles it (bootneeds.py). A build
 has no GPU: vLLM's argument parser is asked on its CPU platform, and nothing is loaded on a device.
 Standard library only (the packages it checks are imported in child processes).
 """
@@ -20,6 +22,11 @@ import sys
 import tempfile
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+
+try:
+    from . import bootneeds
+except ImportError:  # run as a script inside the image, beside bootneeds.py
+    import bootneeds  # type: ignore[no-redef]
 
 HERE = Path(__file__).resolve().parent
 # vLLM picks its platform at import; a build has no GPU, and the CPU platform prints the same parser.
@@ -64,6 +71,47 @@ def check_versions(pins: dict[str, str]) -> list[str]:
     return problems
 
 
+def check_installed_set(requirement_files: list[Path]) -> list[str]:
+    """The environment holds exactly what the lock's slices name: each layer installed, nothing besides."""
+    locked = {}
+    for path in requirement_files:
+        for name, pinned in re.findall(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)", path.read_text(), re.M):
+            locked[_normal(name)] = pinned
+    done = subprocess.run([sys.executable, "-c", "import json, importlib.metadata as m; print(json.dumps("
+                           "{d.metadata['Name']: d.version for d in m.distributions()}))"],
+                          capture_output=True, text=True, timeout=600)
+    installed = {_normal(n): v for n, v in json.loads(done.stdout).items()}
+    problems = [f"{name}: locked {v}, installed {installed.get(name, 'nothing')}" for name, v in sorted(locked.items())
+                if installed.get(name) != v]
+    extra = sorted(set(installed) - set(locked))
+    if extra:
+        problems.append(f"installed but in no slice of the lock: {', '.join(extra)}")
+    if not requirement_files:
+        problems.append(f"no requirements-*.txt in {HERE}: the build staged no slice of the lock")
+    return problems
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def check_triton_stub() -> list[str]:
+    """Triton's CUDA driver stub, compiled as Triton compiles it at the first GPU use (its sources, its headers,
+    Python's); without a driver, compiled, not linked."""
+    done = subprocess.run([sys.executable, "-c", "import triton, pathlib; print(pathlib.Path(triton.__file__).parent "
+                           "/ 'backends' / 'nvidia')"], capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        return [f"`import triton` fails: {(done.stderr.strip().splitlines() or ['no output'])[-1][-300:]}"]
+    backend = Path(done.stdout.strip().splitlines()[-1])
+    sources = sorted(backend.glob("*.c"))
+    if not sources:
+        return [f"Triton's CUDA driver stub is not where Triton keeps it ({backend}/*.c)"]
+    found = bootneeds.problems(sources, [backend / "include"])
+    if not found:
+        print(f"verify: Triton's CUDA driver stub compiles against Python.h ({', '.join(p.name for p in sources)})")
+    return found
+
+
 def check_series(series_dir: Path, target: str) -> list[str]:
     done = subprocess.run([sys.executable, str(HERE / "series.py"), "check", "--series-dir", str(series_dir),
                            "--target", target, "--python", sys.executable,
@@ -80,13 +128,22 @@ def check_components() -> list[str]:
 
 
 def check_imports(modules: list[str]) -> list[str]:
-    problems = []
-    for module in modules:
-        done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True,
-                              timeout=600, env={**os.environ, **NO_GPU_ENV})
-        if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            problems.append(f"`import {module}` fails without a GPU: {last[-300:]}")
+    """Each module imports without a GPU, in one interpreter (as a boot imports them), each failure named."""
+    script = ("import importlib, sys\n"
+              "for m in sys.argv[1:]:\n"
+              "    try:\n"
+              "        importlib.import_module(m)\n"
+              "    except BaseException as e:\n"
+              "        print(f'{m}: {type(e).__name__}: {e}'.splitlines()[0][:300], file=sys.stderr)\n")
+    done = subprocess.run([sys.executable, "-c", script, *modules], capture_output=True, text=True, timeout=900,
+                          env={**os.environ, **NO_GPU_ENV})
+    failed = [line for line in done.stderr.splitlines() if line.split(":")[0] in modules]
+    problems = [f"`import {line.split(': ', 1)[0]}` fails without a GPU: {line.split(': ', 1)[1]}" for line in failed]
+    if done.returncode != 0 and not problems:
+        problems.append(f"importing {', '.join(modules)} ended with exit {done.returncode}: "
+                        f"{(done.stderr.strip().splitlines() or ['no output'])[-1][-300:]}")
+    if not problems:
+        print(f"verify: {len(modules)} modules a boot imports import without a GPU")
     return problems
 
 
@@ -215,12 +272,15 @@ def main() -> int:
     args = parser.parse_args()
     info = json.loads(args.build_info.read_text())
     problems = check_versions(info["pins"])
+    problems += check_installed_set(sorted(HERE.glob("requirements-*.txt")))
     problems += check_series(args.series_dir, info["target"])
     problems += check_components()
-    problems += check_imports(["vllm"] + (["flashinfer"] if "flashinfer-python" in info["pins"] else []))
+    problems += check_imports(["vllm"] + (["flashinfer"] if "flashinfer-python" in info["pins"] else [])
+                              + info.get("boot_imports", []))
     problems += check_flags(serve_flags(), args.profiles, info["components"])
     if info["gpu"]:
         problems += check_cuda_toolchain(info["cuda_archs"])
+        problems += check_triton_stub()
     for name, what in info["omitted"].items():
         print(f"verify: note: {name} is left out of this image: {what}")
     for problem in problems:
