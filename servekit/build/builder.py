@@ -17,8 +17,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable
 from pathlib import Path
+from typing import Callable
 
 import requests
 import yaml

@@ -270,6 +270,7 @@ def main() -> int:
     parser.add_argument("--profiles", type=Path, required=True)
     parser.add_argument("--series-dir", type=Path, required=True)
     args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # notes in order with problems (stderr)
     info = json.loads(args.build_info.read_text())
     problems = check_versions(info["pins"])
     problems += check_installed_set(sorted(HERE.glob("requirements-*.txt")))
