@@ -331,3 +331,14 @@ def test_the_in_image_verify_names_a_module_a_boot_imports_that_is_gone_and_a_pa
     assert "servekit-gone: locked 1.0, installed nothing" in found
     assert any(p.startswith("installed but in no slice of the lock: ") and "pyyaml" in p for p in found)
     assert not any(p.startswith("pytest:") for p in found)
+
+
+def test_a_failed_verify_is_summed_up_by_its_first_problem_not_by_a_note_before_it(tmp_path):
+    from servekit.build.builder import _failure_summary
+    log = tmp_path / "build.log"
+    log.write_text("------\n > [image runtime 4/5] RUN /opt/venv/bin/python /opt/servekit/verify.py:\n"
+                   "21.82 verify: 9 modules a boot imports import without a GPU\n"
+                   "37.13 verify: problem: component kvarn: check failed\n"
+                   "37.13 verify: 1 problem(s); the image is not tagged\n------\n")
+    assert _failure_summary(log) == ("[image runtime 4/5]: verify: component kvarn: check failed "
+                                     "(1 problem(s); the image is not tagged)")

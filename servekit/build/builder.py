@@ -318,9 +318,11 @@ def _failure_summary(log_path: Path) -> str:
             return f"{step}: {said}"
         counted = re.match(r"^(\S+: )\d+ problem", output[-1]) if output else None
         if counted:  # a tool that lists its problems, then counts them (the image's verify): the first, and the count
-            first = next((line for line in output[:-1] if line.startswith(counted[1])), None)
+            lines_said = [line for line in output[:-1] if line.startswith(counted[1])]
+            problems = [line for line in lines_said if line.startswith(f"{counted[1]}problem: ")]
+            first = next(iter(problems or lines_said), None)
             if first:
-                return f"{step}: {first[:300]} ({output[-1][len(counted[1]):]})"
+                return f"{step}: {first.replace('problem: ', '', 1)[:300]} ({output[-1][len(counted[1]):]})"
         if output:
             return f"{step}: {output[-1][-300:]}"
     wanted = [line for line in lines if "failed to solve" in line or "ERROR" in line]

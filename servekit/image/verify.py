@@ -285,7 +285,7 @@ def main() -> int:
     for name, what in info["omitted"].items():
         print(f"verify: note: {name} is left out of this image: {what}")
     for problem in problems:
-        print(f"verify: {problem}", file=sys.stderr)
+        print(f"verify: problem: {problem}", file=sys.stderr)
     if problems:
         print(f"verify: {len(problems)} problem(s); the image is not tagged", file=sys.stderr)
         return 1
