@@ -93,9 +93,9 @@ def _build_steps(log: Path) -> dict[str, float]:
     """Seconds of the wheel stage and of the build's other steps, from BuildKit's plain log (its steps run one
     after another here, so their sum is the build's time)."""
     text = log.read_text(errors="replace")
-    wheels_step = re.search(r"^#(\d+) \[image wheels 2/2\]", text, re.M)
+    installs = set(re.findall(r"^#(\d+) \[image wheels \d+/\d+\] RUN", text, re.M))  # one per layer of the lock
     done = {m[1]: float(m[2]) for m in re.finditer(r"^#(\d+) DONE ([0-9.]+)s", text, re.M)}
-    wheels = done.get(wheels_step[1], 0.0) if wheels_step else 0.0
+    wheels = sum(done.get(step, 0.0) for step in installs)
     return {"wheels": wheels, "other build steps": sum(done.values()) - wheels}
 
 
@@ -164,7 +164,7 @@ def main() -> int:
     finally:
         shutil.rmtree(WORK, ignore_errors=True)
     total = first["venv"] + first["install"] + second["dockerd start"] + second["make demo"]
-    print(f"cold make demo: {total:.0f} s ({total / 60:.1f} min), the target is 360 s")
+    print(f"cold make demo: {total:.0f} s ({total / 60:.1f} min), the goal is 180 s")
     print(f"  1. nothing to an answering engine: venv {first['venv']:.0f} s, make engine's install (docker.io and "
           f"Compose; no registry, no SSH server) {first['install']:.0f} s, dockerd start {second['dockerd start']:.1f} s")
     print(f"  2. an empty engine to a passing report: make demo {second['make demo']:.0f} s "
