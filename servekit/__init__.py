@@ -1,10 +1,12 @@
 """servekit: build, deploy, check and release patched vLLM serving images from one matrix."""
 
+from pathlib import Path as _Path
+
 __version__ = "0.1.0"
 
 # smoke/ and wsl2/ sit at the repository's top level and are packages of servekit: a wheel installs them as
 # servekit/smoke and servekit/wsl2 (pyproject.toml's package-dir); run from a checkout, they are found beside
 # this folder.
-_CHECKOUT = __import__("pathlib").Path(__file__).resolve().parent.parent
+_CHECKOUT = _Path(__file__).resolve().parent.parent
 if (_CHECKOUT / "smoke" / "__init__.py").is_file() and not (_CHECKOUT / "servekit" / "smoke").exists():
     __path__.append(str(_CHECKOUT))

@@ -127,6 +127,7 @@ def test_uv_makes_the_cpu_lock_and_the_host_lock_from_the_pins(repo, cli):
 def test_a_lock_is_installed_in_layers_that_change_as_rarely_as_their_packages():
     """torch and what it needs (by the lock's `via` notes) in one slice, the rest in the other; each slice only
     package and hash lines, so a pin moving in one slice (and every `via` note) leaves the other's text alone."""
+    from servekit.build.index import normalize
     from servekit.build.locks import LAYERS, layers
     lock = read(ROOT / lock_file("cuda", "3.11"))
     sliced = layers(lock.text)
@@ -141,7 +142,3 @@ def test_a_lock_is_installed_in_layers_that_change_as_rarely_as_their_packages()
     bumped = lock.text.replace("\nxgrammar==0.2.7 \\", "\nxgrammar==0.2.8 \\").replace("# via vllm", "# via vllm, x")
     again = layers(bumped)
     assert again["torch"] == sliced["torch"] and again["serving"] != sliced["serving"]
-
-
-def normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
