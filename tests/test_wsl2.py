@@ -182,14 +182,14 @@ def test_recorded_engines_pick_the_target_as_docker_documents_gpu_access(case, g
     session = Session.open(ROOT / "images.yaml")
     with RecordedEngine(RECORDED / case) as recorded:
         engine = Engine(recorded.url, recorded.url)  # through the real Docker SDK
-        ok, how = engine.gpu_access()
-        assert ok is gpu and said in how, how
+        access = engine.gpu_access()
+        assert (access.route == "toolkit") is gpu and said in access.how, access.how
         assert session.target(None, engine) == ("cuda" if gpu else "cpu")
         assert session.target("cpu", engine) == "cpu" and session.target("cuda", engine) == "cuda"  # --target wins
 
 
 @pytest.mark.parametrize("case,lines", [
-    ("desktop-wsl2", ["ok gpu access: containers can have a GPU: Docker Desktop 4.37.1 (178610) on its WSL2 backend",
+    ("desktop-wsl2", ["ok gpu access: containers can have a GPU, toolkit: Docker Desktop 4.37.1 (178610) on its WSL2 backend",
                       "commands default to the cuda target"]),
     ("ce-plain", ["warn gpu access: no GPU for containers: it has no NVIDIA runtime",
                   "commands default to the cpu target"]),

@@ -38,6 +38,16 @@ def _compose_wsl2_services(matrix: Matrix) -> list[str]:
     return [f"{name}: *wsl2" for name in matrix.profiles]
 
 
+def _compose_model_dir_services(matrix: Matrix) -> list[str]:
+    return [f"{name}: *model-dir" for name in ["prepare", *matrix.profiles]]
+
+
+def _compose_gpu_device_services(matrix: Matrix) -> list[str]:
+    # Compose drops a `!reset` that arrives through a YAML alias, so each service resets the reservation itself.
+    return [line for name, profile in matrix.profiles.items() if any(matrix.targets[t].gpu for t in profile.targets)
+            for line in (f"{name}:", "  <<: *gpu-devices", "  deploy: !reset null")]
+
+
 # --- docs/profiles.md ----------------------------------------------------------------------------
 
 def _cell(text: str) -> str:
@@ -167,6 +177,8 @@ PARTS = {
     ".dockerignore": {"context": _context},
     "compose/compose.yaml": {"knobs": _compose_knobs, "profiles": _compose_services},
     "compose/compose.wsl2.yaml": {"profiles": _compose_wsl2_services},
+    "compose/compose.gpu-devices.yaml": {"profiles": _compose_gpu_device_services},
+    "compose/compose.model-dir.yaml": {"profiles": _compose_model_dir_services},
     "docs/profiles.md": {"profile-table": _profile_table, "check-table": _check_table, "profile-flags": _profile_flags,
                          "knob-table": _knob_table, "source-table": _source_table},
     "docs/architecture.md": {"modules": _module_table},

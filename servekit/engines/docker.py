@@ -24,6 +24,7 @@ from functools import cached_property
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlparse
 
+from servekit.engines.gpuaccess import GpuAccess, decide
 from servekit.errors import EnvironmentProblem, UserError
 
 
@@ -146,15 +147,15 @@ class Engine:
             return "wsl2" if is_wsl2() else "native"
         return host_kind_of(self.sdk(timeout=15).info())
 
-    def gpu_access(self) -> tuple[bool, str]:
-        """Whether a container here can have an NVIDIA GPU, and how that was decided (its `docker info` and
-        `docker version`)."""
+    def gpu_access(self) -> GpuAccess:
+        """How a container here gets an NVIDIA GPU (the toolkit, or the devices route), if it can, and how that was
+        decided (its `docker info` and `docker version`, and this machine's device nodes)."""
         client = self.sdk(timeout=15)
-        return gpu_access_of(client.info(), client.version())
+        return decide(gpu_access_of(client.info(), client.version()), self.same_machine)
 
     def gpu_problem(self) -> str | None:
-        ok, how = self.gpu_access()
-        return None if ok else how
+        access = self.gpu_access()
+        return None if access.route else access.how
 
     def answers(self) -> bool:
         try:

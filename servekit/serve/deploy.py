@@ -22,12 +22,14 @@ from servekit.atomic import write_text
 from servekit.errors import UserError
 from servekit.output import as_output
 from servekit.engines import resolve
+from servekit.engines.gpuaccess import COMPOSE_FILE as GPU_DEVICES_COMPOSE
 from servekit.engines.docker import PROJECT, Engine, ServerState, docker_errors, local_url
 from servekit.image.boundary import Missing, Refused, control_character, read_secret, read_text
 from servekit.image.knobs import KNOBS
 from servekit.image.launcher import MIN_KEY_CHARS
 
 IMAGE_UID = 10001  # the image's non-root user
+MODEL_DIR_COMPOSE = "compose.model-dir.yaml"  # mounts MODEL_DIR read-only; prepare then fetches nothing
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,8 @@ class Deployment:
     overrides: tuple[str, ...] = ()  # the target's Compose override files in compose/ (images.yaml: compose)
     matrix: Any = field(default=None, compare=False)  # the loaded images.yaml (the process engine renders from it)
     pins: dict[str, str] = field(default_factory=dict, compare=False)  # the target's, less what --without leaves out
+    gpu_devices: bool = False  # the GPU by its device nodes and driver folder (engines/gpuaccess.py), not the toolkit
+    model_dir: str | None = None  # a model folder of this machine served in place of the volume's (MODEL_DIR)
 
     @property
     def compose_dir(self) -> Path:
@@ -53,6 +57,10 @@ class Deployment:
         names = ["compose.yaml", *self.overrides]
         if self.host == "wsl2":
             names.append("compose.wsl2.yaml")
+        if self.gpu_devices:
+            names.append(GPU_DEVICES_COMPOSE)
+        if self.model_dir:
+            names.append(MODEL_DIR_COMPOSE)
         if not self.engine.same_machine:  # this disk's files are not there to bind-mount
             names.append("compose.remote.yaml")
         return [self.compose_dir / n for n in names]

@@ -11,6 +11,8 @@ from servekit.wsl2.detect import wsl2_signs
 from servekit.errors import EnvironmentProblem
 from servekit.serve.gpu import NvmlUnavailable, driver_version, list_gpus
 from servekit.engines.docker import gpu_access_of, local
+from servekit.engines.gpuaccess import (ACCESS_ENV, CONTAINER_DRIVER_DIR, DRIVER_DIR_ENV, GPU_DEVICE_ENV, GpuAccess,
+                                        decide, docker_run_args)
 
 
 @dataclass
@@ -63,18 +65,24 @@ def engine_disk(info: dict) -> Finding:
         return Finding("disk", "ok", f"the engine keeps images at {root or '?'}, not on this machine: not checked")
 
 
-def gpu_container(engine, images: list[str]) -> Finding:
-    """Run a container with every GPU once, as `up` will, from the first of `images` the engine has: the toolkit
-    and the driver answer, or say why not."""
+def gpu_container(engine, images: list[str], access: GpuAccess) -> Finding:
+    """Run a container with the GPU once, as `up` will (by the toolkit or by the devices route), from the first of
+    `images` the engine has: the driver answers, or say why not."""
     image = next((name for name in images if engine.image_exists(name)), None)
     if image is None:
         return Finding("gpu container", "warn", "no image here to try a GPU container with yet",
                        "run `doctor` again after the first build")
-    done = _docker("run", "--rm", "--gpus", "all", "-e", "NVIDIA_DRIVER_CAPABILITIES=utility", "--entrypoint",
-                   "nvidia-smi", image, "-L", timeout=120)
+    if access.devices:
+        how, smi = docker_run_args(), f"{CONTAINER_DRIVER_DIR}/bin/nvidia-smi"
+    else:
+        how, smi = ["--gpus", "all", "-e", "NVIDIA_DRIVER_CAPABILITIES=utility"], "nvidia-smi"
+    done = _docker("run", "--rm", *how, "--entrypoint", smi, image, "-L", timeout=120)
     if done.returncode == 0 and "GPU " in done.stdout:
-        return Finding("gpu container", "ok", "; ".join(done.stdout.strip().splitlines()))
+        return Finding("gpu container", "ok", f"{access.route}: " + "; ".join(done.stdout.strip().splitlines()))
     said = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
+    if access.devices:
+        return Finding("gpu container", "fail", f"a container with the GPU's device nodes failed: {said}",
+                       f"check {DRIVER_DIR_ENV} (the driver's folder, with lib64/ and bin/) and {GPU_DEVICE_ENV}")
     return Finding("gpu container", "fail", f"a container with --gpus all failed: {said}",
                    "check the NVIDIA Container Toolkit (`nvidia-ctk runtime configure --runtime=docker`, then "
                    "restart the engine; on WSL2, Docker Desktop's WSL integration and the Windows driver)")
@@ -106,10 +114,12 @@ def diagnose() -> list[Finding]:
         out.append(Finding("builder", "fail", "no BuildKit-capable builder (no buildx, no Compose)",
                            "install the buildx or Compose plugin (`make engine`)"))
     out.append(engine_disk(info))
-    gpu, how = gpu_access_of(info, server)
-    out.append(Finding("gpu access", "ok", f"containers can have a GPU: {how}") if gpu else
-               Finding("gpu access", "warn", f"no GPU for containers: {how}", "`up` of a GPU target "
-                       "stops here at once; serve a target without a GPU, or install the toolkit"))
+    access = decide(gpu_access_of(info, server), engine.same_machine)
+    out.append(Finding("gpu access", "ok", f"containers can have a GPU, {access.route}: {access.how}")
+               if access.route else
+               Finding("gpu access", "warn", f"no GPU for containers: {access.how}", "`up` of a GPU target "
+                       "stops here at once; serve a target without a GPU, install the toolkit, or give containers "
+                       f"the card's devices ({ACCESS_ENV}=devices)"))
 
     signs = wsl2_signs()
     out.append(Finding("wsl2", "ok", "WSL2: " + "; ".join(signs)) if signs else
@@ -159,5 +169,6 @@ def doctor(matrix_path) -> list[Finding]:
                                 f"{'can' if gpu else 'cannot'} give a container a GPU (gpu access above); "
                                 "--target overrides"))
         if gpu:
-            findings.append(gpu_container(local(), [base.image for base in matrix.bases.values()]))
+            engine = local()
+            findings.append(gpu_container(engine, [base.image for base in matrix.bases.values()], engine.gpu_access()))
     return findings

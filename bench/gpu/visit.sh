@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The cuda image on a GPU machine that has no Docker and no network (the lent H200), through the project's own
+# commands: `make engine` from carried Debian packages, the GPU by its device nodes (compose.gpu-devices.yaml),
+# `python build.py run --target cuda` per profile. Parts come from `python bench/gpu/pack.py PARTS` here.
+#
+# From the repository root, on the GPU machine:
+#   bench/gpu/visit.sh take DIR...     # copy carried parts into ~/kit-parts, each checked against SHA256SUMS
+#   bench/gpu/visit.sh setup           # all parts checked; host tool, engine, image loaded, the test model made
+#   bench/gpu/visit.sh run LABEL ARGS  # python build.py ARGS (run or sweep); reports tarred to $OUT/LABEL.tar
+set -euo pipefail
+
+PARTS=${SERVEKIT_GPU_PARTS:-$HOME/kit-parts}
+KIT=$HOME/kit
+MODEL=${SERVEKIT_GPU_MODEL:-$HOME/models/qwen35-hybrid-mtp}
+export LD_LIBRARY_PATH=/usr/local/nvidia/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}  # NVML for the host tool
+say() { echo "visit: $*" >&2; }
+
+case "${1:-}" in
+take)
+    shift
+    mkdir -p "$PARTS"
+    for dir in "$@"; do
+        for file in "$dir"/*; do
+            cp "$file" "$PARTS/"
+            name=$(basename "$file")
+            if [ -f "$PARTS/SHA256SUMS" ] && grep -q "  $name\$" "$PARTS/SHA256SUMS"; then
+                (cd "$PARTS" && grep "  $name\$" SHA256SUMS | sha256sum --check --quiet) && say "$name ok"
+            fi
+        done
+    done
+    ;;
+setup)
+    started=$(date +%s)
+    (cd "$PARTS" && sha256sum --check --quiet SHA256SUMS)
+    say "$(wc -l < "$PARTS/SHA256SUMS") parts checked"
+    rm -rf "$KIT" && cat "$PARTS"/kit-* | tar -x -C "$HOME"
+    python3 -m venv --without-pip .venv
+    site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    python3 -m pip install --quiet --no-index --no-deps --no-compile --target "$site" "$KIT"/wheels/*.whl
+    pwd > "$site/servekit-checkout.pth"  # what `pip install -e .` would do, without pip's build backend
+    touch .venv/.installed
+    export SERVEKIT_ENGINE_PACKAGES=$KIT/engine
+    if command -v make >/dev/null; then make engine; else .venv/bin/python build.py engine; fi
+    read -r tag image_id < "$PARTS/IMAGE"
+    LD_LIBRARY_PATH=$KIT/tools "$KIT/tools/zstd" -d -c "$PARTS"/image-* | docker load
+    [ "$(docker image inspect --format '{{.Id}}' "$tag")" = "$image_id" ] || { say "loaded image ID differs"; exit 1; }
+    mkdir -p "$(dirname "$MODEL")"
+    docker run --rm --user 0 --entrypoint /opt/venv/bin/python -v "$PWD:/src:ro" -v "$(dirname "$MODEL"):/out" \
+        "$tag" /src/bench/gpu/make_hybrid_model.py "/out/$(basename "$MODEL")"
+    chmod -R a+rX "$(dirname "$MODEL")"  # the image's user (10001) reads it
+    .venv/bin/python build.py doctor || true
+    say "ready in $(( $(date +%s) - started )) s: $tag ($image_id)"
+    ;;
+run)
+    label=$2
+    shift 2
+    mkdir -p reports
+    before=$(ls reports)
+    rc=0
+    MODEL_DIR=$MODEL .venv/bin/python build.py "$@" --target cuda --host native 2>&1 | tee "${OUT:-.}/$label.log" \
+        || rc=$?
+    new=$(comm -13 <(echo "$before" | sort) <(ls reports | sort) | grep -v '^latest' || true)
+    [ -n "$new" ] && tar -C reports -cf "${OUT:-.}/$label.tar" $new
+    say "$label: exit $rc, reports: ${new:-none}"
+    exit $rc
+    ;;
+*)
+    sed -n '2,9p' "$0" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,150 @@
+"""The GPU without the NVIDIA toolkit (the devices route) and the engine from carried Debian packages: what the lent
+GPU machine, a VM without a toolkit or a package index, needs of the project's own commands."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from servekit.engines import bootstrap, gpuaccess
+from servekit.errors import EnvironmentProblem, UserError
+
+ROOT = Path(__file__).resolve().parent.parent
+NO_TOOLKIT = (False, "it has no NVIDIA runtime (runtimes: runc) and no NVIDIA CDI device")
+
+
+@pytest.fixture
+def fake_driver_host(tmp_path, monkeypatch):
+    """A machine whose nodes and driver folder exist where the devices route looks (stand-in files: no GPU here)."""
+    nodes = [tmp_path / "dev" / n for n in ("nvidia0", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")]
+    for node in nodes:
+        node.parent.mkdir(exist_ok=True)
+        node.touch()
+    (tmp_path / "nvidia" / "lib64").mkdir(parents=True)
+    (tmp_path / "nvidia" / "lib64" / "libcuda.so.1").touch()
+    monkeypatch.setenv(gpuaccess.GPU_DEVICE_ENV, str(nodes[0]))
+    monkeypatch.setenv(gpuaccess.DRIVER_DIR_ENV, str(tmp_path / "nvidia"))
+    monkeypatch.setattr(gpuaccess, "CONTROL_DEVICES", tuple(str(n) for n in nodes[1:]))
+    return tmp_path
+
+
+def test_auto_takes_the_toolkit_where_the_engine_has_it_and_else_the_devices(fake_driver_host, monkeypatch):
+    assert gpuaccess.decide((True, "the engine lists the nvidia runtime"), same_machine=True).route == "toolkit"
+    access = gpuaccess.decide(NO_TOOLKIT, same_machine=True)
+    assert access.devices and "nvidia0" in access.how and gpuaccess.COMPOSE_FILE in access.how
+    # Another machine's engine: this machine's nodes say nothing of it.
+    assert gpuaccess.decide(NO_TOOLKIT, same_machine=False).route is None
+    monkeypatch.setenv(gpuaccess.ACCESS_ENV, "toolkit")
+    assert gpuaccess.decide(NO_TOOLKIT, same_machine=True).route is None
+    monkeypatch.setenv(gpuaccess.ACCESS_ENV, "cdi")
+    with pytest.raises(UserError, match="SERVEKIT_GPU_ACCESS='cdi': expected one of auto, toolkit, devices"):
+        gpuaccess.decide(NO_TOOLKIT, same_machine=True)
+
+
+def test_the_devices_route_says_what_is_missing(fake_driver_host, monkeypatch):
+    (fake_driver_host / "nvidia" / "lib64" / "libcuda.so.1").unlink()
+    access = gpuaccess.decide(NO_TOOLKIT, same_machine=True)
+    assert access.route is None and "libcuda.so.1 is missing" in access.how and "SERVEKIT_DRIVER_DIR" in access.how
+    monkeypatch.setenv(gpuaccess.GPU_DEVICE_ENV, str(fake_driver_host / "dev" / "nvidia7"))
+    assert "nvidia7" in gpuaccess.decide(NO_TOOLKIT, same_machine=True).how
+
+
+def _compose_config(files: list[str], profile: str) -> dict:
+    done = subprocess.run(["docker", "compose", *(a for f in files for a in ("-f", f)), "config", "--format", "json",
+                           profile], cwd=ROOT / "compose", capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "SERVEKIT_IMAGE": "vllm-serve:test", "COMPOSE_FILE": ""})
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)["services"][profile]
+
+
+def test_the_devices_compose_file_gives_every_gpu_profile_the_nodes_and_driver_folder_and_no_reservation():
+    from servekit.config.load import load_matrix
+    matrix = load_matrix(ROOT / "images.yaml")
+    gpu_profiles = [name for name, p in matrix.profiles.items() if any(matrix.targets[t].gpu for t in p.targets)]
+    assert "default" in gpu_profiles and "alternative" in gpu_profiles
+    for profile in gpu_profiles:
+        plain = _compose_config(["compose.yaml"], profile)
+        assert plain["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
+        service = _compose_config(["compose.yaml", gpuaccess.COMPOSE_FILE], profile)
+        assert not service.get("deploy"), f"{profile}: the toolkit's reservation fails without the toolkit"
+        # The same nodes, folder and library path that `doctor` passes to `docker run` (gpuaccess).
+        assert [d["source"] for d in service["devices"]] == [gpuaccess.GPU_DEVICE, *gpuaccess.CONTROL_DEVICES]
+        mounts = {v["target"]: v for v in service["volumes"]}
+        driver = mounts[gpuaccess.CONTAINER_DRIVER_DIR]
+        assert driver["source"] == gpuaccess.DRIVER_DIR and driver["read_only"] is True
+        assert service["environment"]["LD_LIBRARY_PATH"] == f"{gpuaccess.CONTAINER_DRIVER_DIR}/lib64"
+        assert {"/cache", "/app/models"} <= set(mounts)  # the volumes of compose.yaml stay
+
+
+def test_a_deployment_by_devices_names_the_file_in_compose_env(tmp_path):
+    from servekit.engines.docker import Engine
+    from servekit.serve.deploy import Deployment, write_env
+    (tmp_path / "compose").mkdir()
+    engine = Engine("unix:///var/run/docker.sock", "unix:///var/run/docker.sock")
+    dep = Deployment(tmp_path, "cuda", "native", "vllm-serve:test", "127.0.0.1", 18020, engine=engine,
+                     gpu_devices=True)
+    assert [p.name for p in dep.compose_files] == ["compose.yaml", gpuaccess.COMPOSE_FILE]
+    written = write_env(dep)
+    assert written and f"COMPOSE_FILE=compose.yaml:{gpuaccess.COMPOSE_FILE}\n" in written.read_text()
+
+
+def test_carried_packages_are_refused_in_one_line_when_one_is_missing(tmp_path):
+    (tmp_path / "docker.io_20.10.24_amd64.deb").touch()
+    with pytest.raises(EnvironmentProblem, match="no .deb of containerd, runc, tini, libdevmapper1.02.1; fetch"):
+        bootstrap.packages_folder(str(tmp_path))
+    with pytest.raises(EnvironmentProblem, match="not a folder"):
+        bootstrap.packages_folder(str(tmp_path / "absent"))
+
+
+@pytest.mark.slow
+def test_the_engine_unpacks_from_carried_debian_packages_and_its_programs_run(tmp_path):
+    """What `make engine` does where no package index answers (SERVEKIT_ENGINE_PACKAGES): Debian 12's packages, as
+    `apt-get download` fetches them, unpacked without dpkg's database; dockerd, containerd, runc and the client
+    then run from the links, dockerd with the carried libdevmapper."""
+    debs = tmp_path / "debs"
+    debs.mkdir()
+    got = subprocess.run(["apt-get", "download", *bootstrap.ENGINE_DEBS], cwd=debs, capture_output=True, text=True,
+                         timeout=300)
+    assert got.returncode == 0, got.stderr
+    folder = bootstrap.packages_folder(str(debs))
+    assert folder is not None and folder == debs
+    said: list[str] = []
+    linked = bootstrap.install_from_packages(folder, said.append, root=tmp_path / "engine", bin_dir=tmp_path / "bin")
+    assert "no package index used" in said[0]
+    names = {link.name for link in linked}
+    assert {"docker", "dockerd", "containerd", "containerd-shim-runc-v2", "runc", "docker-proxy"} <= names, names
+    libraries = sorted({str(p.parent) for p in (tmp_path / "engine").glob("**/libdevmapper.so.1.02.1")})
+    assert libraries, "the carried libdevmapper was not unpacked"
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "LD_LIBRARY_PATH": ":".join(libraries)}
+    for program, said_word in (("dockerd", "Docker version 20.10"), ("docker", "Docker version 20.10"),
+                               ("containerd", "containerd"), ("runc", "runc version")):
+        done = subprocess.run([str(tmp_path / "bin" / program), "--version"], capture_output=True, text=True,
+                              timeout=30, env=env)
+        assert done.returncode == 0 and said_word in done.stdout, (program, done.stdout, done.stderr)
+
+
+def test_dockerd_leaves_iptables_alone_where_there_is_no_iptables(monkeypatch):
+    monkeypatch.setattr(bootstrap.shutil, "which", lambda name: None)
+    assert bootstrap.dockerd_args() == ["--iptables=false", "--ip-masq=false"]
+    monkeypatch.setattr(bootstrap.shutil, "which", lambda name: f"/usr/sbin/{name}")
+    assert bootstrap.dockerd_args() == []
+
+
+def test_engine_help_names_the_carried_packages():
+    done = subprocess.run([sys.executable, str(ROOT / "build.py"), "engine", "--help"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and "--packages DIR" in done.stdout and "SERVEKIT_ENGINE_PACKAGES" in done.stdout
+
+
+def test_a_model_folder_of_this_machine_is_mounted_read_only_for_prepare_and_every_profile(tmp_path, monkeypatch):
+    from servekit.serve.deploy import MODEL_DIR_COMPOSE
+    monkeypatch.setenv("MODEL_DIR", str(tmp_path))
+    for service in ("prepare", "default", "alternative"):
+        config = _compose_config(["compose.yaml", MODEL_DIR_COMPOSE], service)
+        mount = next(v for v in config["volumes"] if v["source"] == str(tmp_path))
+        assert mount["read_only"] is True and config["environment"]["MODEL_DIR"] == mount["target"]
