@@ -42,7 +42,7 @@ setup)
     export SERVEKIT_ENGINE_PACKAGES=$KIT/engine
     if command -v make >/dev/null; then make engine; else .venv/bin/python build.py engine; fi
     read -r tag image_id < "$PARTS/IMAGE"
-    LD_LIBRARY_PATH=$KIT/tools "$KIT/tools/zstd" -d -c "$PARTS"/image-* | docker load
+    cat "$PARTS"/image-* | LD_LIBRARY_PATH=$KIT/tools "$KIT/tools/zstd" -d -c | docker load  # one stream, split
     [ "$(docker image inspect --format '{{.Id}}' "$tag")" = "$image_id" ] || { say "loaded image ID differs"; exit 1; }
     mkdir -p "$(dirname "$MODEL")"
     docker run --rm --user 0 --entrypoint /opt/venv/bin/python -v "$PWD:/src:ro" -v "$(dirname "$MODEL"):/out" \

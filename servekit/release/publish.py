@@ -17,6 +17,7 @@ from pathlib import Path
 from packaging.version import Version
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from servekit.engines.process import SCHEME as PROCESS_SCHEME
 from servekit.errors import CheckFailed, EnvironmentProblem, UserError
 from servekit.config.matrix import Matrix
 from servekit.build.plan import TargetPlan
@@ -31,9 +32,13 @@ def release_tags(matrix: Matrix, plan: TargetPlan) -> list[str]:
     return [f"{base}-{plan.digest[:12]}", base, f"latest-{plan.target}"]
 
 
+# Where run reports are read from: this machine's runs, and the GPU runs brought back and committed (docs/gpu/).
+REPORT_DIRS = ("reports", "docs/gpu")
+
+
 def _reports(root: Path) -> list[tuple[Path, RunReport]]:
     out = []
-    for path in sorted((root / "reports").glob("*/report.json")):
+    for path in sorted(p for folder in REPORT_DIRS for p in (root / folder).glob("*/report.json")):
         if path.parent.is_symlink():  # reports/latest points at a run that is listed by its own name
             continue
         try:
@@ -41,6 +46,16 @@ def _reports(root: Path) -> list[tuple[Path, RunReport]]:
         except UserError:  # a sweep's table, another version, a broken file: none of them gates a release
             continue
     return out
+
+
+def gpu_proof_problem(report: RunReport) -> str | None:
+    """Why a passing report of a GPU target does not prove the image on a GPU, or None: it must come from a Docker
+    engine (a process engine serves a venv, not the image) and carry NVML's memory samples of a GPU."""
+    if report.engine.startswith(f"{PROCESS_SCHEME}:"):
+        return f"it was served by the process engine ({report.engine}), not by the image in a container"
+    if not report.memory.gpus:
+        return "it holds no GPU memory samples (NVML did not answer where it ran)"
+    return None
 
 
 def gate(matrix: Matrix, target: str, image_id: str, root: Path) -> dict[str, ProfileGate]:
@@ -51,6 +66,12 @@ def gate(matrix: Matrix, target: str, image_id: str, root: Path) -> dict[str, Pr
         mine = [(p, r) for p, r in _reports(root) if r.profile == profile and r.target == target]
         same = [(p, r) for p, r in mine if r.image.id == image_id]
         passing = [(p, r) for p, r in same if r.gate_passes]
+        if matrix.targets[target].gpu:  # the product's proof: the image itself served on a GPU, its memory measured
+            unproven = [r for _, r in passing if gpu_proof_problem(r)]
+            passing = [(p, r) for p, r in passing if not gpu_proof_problem(r)]
+            if not passing and unproven:
+                raise CheckFailed(f"{target}: the passing {profile} report of {image_id[:19]}... is no GPU proof: "
+                                  f"{gpu_proof_problem(unproven[-1])}; run it on a GPU host through a Docker engine")
         if not passing:
             others = [(r.image.id or "?")[:19] for _, r in mine if r.gate_passes]
             if others:
