@@ -148,3 +148,10 @@ def test_a_model_folder_of_this_machine_is_mounted_read_only_for_prepare_and_eve
         config = _compose_config(["compose.yaml", MODEL_DIR_COMPOSE], service)
         mount = next(v for v in config["volumes"] if v["source"] == str(tmp_path))
         assert mount["read_only"] is True and config["environment"]["MODEL_DIR"] == mount["target"]
+        # Inside the models volume: prepare locks the model's parent folder, which the image's user can write.
+        assert mount["target"].startswith("/app/models/")
+    # prepare fetches what the profile being started serves (`up` sets SERVEKIT_PROFILE), not every drafter: a
+    # folder of your own usually comes without a hub to fetch the others from.
+    assert _compose_config(["compose.yaml", MODEL_DIR_COMPOSE], "prepare")["command"] == ["prepare", "default"]
+    monkeypatch.setenv("SERVEKIT_PROFILE", "batch")
+    assert _compose_config(["compose.yaml", MODEL_DIR_COMPOSE], "prepare")["command"] == ["prepare", "batch"]

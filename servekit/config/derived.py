@@ -39,7 +39,10 @@ def _compose_wsl2_services(matrix: Matrix) -> list[str]:
 
 
 def _compose_model_dir_services(matrix: Matrix) -> list[str]:
-    return [f"{name}: *model-dir" for name in ["prepare", *matrix.profiles]]
+    # prepare checks the folder and fetches only what the profile being started serves (`up` names it), not every
+    # drafter of the matrix's model: a folder of your own usually means no hub to fetch them from.
+    return ["prepare:", "  <<: *model-dir", '  command: ["prepare", "${SERVEKIT_PROFILE:-default}"]',
+            *(f"{name}: *model-dir" for name in matrix.profiles)]
 
 
 def _compose_gpu_device_services(matrix: Matrix) -> list[str]:

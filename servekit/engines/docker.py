@@ -200,7 +200,7 @@ class Engine:
 
     def up(self, dep, profile: str, knobs: dict[str, str] | None = None):
         """Start the profile (its prepare service first) through Compose; None (the caller finds the container)."""
-        client = self.compose_for(dep, [profile], knobs)
+        client = self.compose_for(dep, [profile], {**(knobs or {}), "SERVEKIT_PROFILE": profile})
         # A stopped container left by a run that was killed keeps its old mounts (a secret file that is gone),
         # and Compose would start it as it is: remove stopped ones first. A running server stays.
         with docker_errors(f"up {profile} on engine {self.given}"):

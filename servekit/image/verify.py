@@ -153,11 +153,15 @@ def serve_flags() -> set[str]:
 
 
 # Each argv through `vllm serve`'s own parser, then into EngineArgs: the values too (enum choices, the KV dtypes,
-# the JSON of --speculative-config and --compilation-config), not only the flag names. No model is loaded.
+# the JSON of --speculative-config and --compilation-config), not only the flag names; then the reasoning and tool
+# parsers it names, loaded through vLLM's own registries as the API server loads them at boot (they import lazily:
+# the qwen3 parsers need mistral_common, which no package import reaches). No model is loaded.
 PARSE_ARGV = r"""
 import contextlib, io, json, os, re, sys, tempfile
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.launchers.cli_args import make_arg_parser
+from vllm.reasoning import ReasoningParserManager
+from vllm.tool_parsers import ToolParserManager
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
 stub = tempfile.mkdtemp()  # the models are not in a build: a local folder stands in for each path under /app/models
@@ -169,7 +173,15 @@ for label, argv in json.load(sys.stdin):
     said = io.StringIO()
     try:
         with contextlib.redirect_stderr(said):
-            AsyncEngineArgs.from_cli_args(parser.parse_args(argv))
+            parsed = parser.parse_args(argv)
+            AsyncEngineArgs.from_cli_args(parsed)
+        for flag, name, load in (("--reasoning-parser", parsed.reasoning_parser, ReasoningParserManager.get_reasoning_parser),
+                                 ("--tool-call-parser", parsed.tool_call_parser, ToolParserManager.get_tool_parser)):
+            if name:
+                try:
+                    load(name)
+                except Exception as exc:
+                    print(f"{label}: {flag} {name} does not load: {type(exc).__name__}: {str(exc).splitlines()[0]}")
     except SystemExit:
         lines = said.getvalue().strip().splitlines() or ["refused"]
         print(f"{label}: {next((line for line in lines if 'error:' in line), lines[-1])}")

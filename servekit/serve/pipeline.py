@@ -29,6 +29,9 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
                        created=created.isoformat(timespec="seconds"), profile=profile, target=dep.target,
                        host=dep.host, engine=dep.engine.given, url=dep.url, image=ImageUsed(tag=dep.image),
                        pins=matrix.target_pins(dep.target))
+    if dep.engine.serves_images:  # the ID a release is matched by, known before the boot (a failed one too)
+        image = dep.engine.image(dep.image)
+        report.image.id = image.id if image else None
     if matrix.profiles[profile].auth == "none":
         report.notes.append("served WITHOUT an API key: the profile says auth: none in images.yaml")
     b = None
@@ -55,7 +58,7 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
     finally:
         if b:
             b.stop_samplers()
-            report.image.id = b.container.image.id if b.container else None
+            report.image.id = b.container.image.id if b.container else report.image.id
             deploy.down(dep, profile)  # what this run started, and nothing else
     memory = b.memory() if b else {"gpus": [], "shared_usage": None, "phases": [], "notes": [], "container": None}
     if b:
