@@ -98,10 +98,15 @@ class Session:
         else:
             image = tag or self.plan(target).tag  # a caller with the tag has planned already
         bind, port = published(self.root, self.matrix.serve.bind, self.matrix.serve.port, port)
+        # Folders of this machine served in place of the models volume's downloads: an image engine mounts them
+        # (compose.*-dir.yaml); a process engine's launcher reads them from the environment it inherits.
+        folders = {name: os.environ.get(name) or None for name in ("MODEL_DIR", "DRAFTER_DIR")}
+        mounts = folders if engine.serves_images else {}
+        stand_in = self.matrix.stand_in_at(self.root, folders["MODEL_DIR"], target) if folders["MODEL_DIR"] else None
         return Deployment(self.root, target, self.host(host, engine), image, bind, port, engine=engine,
                           overrides=tuple(self.matrix.targets[target].compose), matrix=self.matrix, pins=pins,
                           gpu_devices=self.matrix.targets[target].gpu and _by_devices(engine),
-                          model_dir=(os.environ.get("MODEL_DIR") or None) if engine.serves_images else None)
+                          model_dir=mounts.get("MODEL_DIR"), drafter_dir=mounts.get("DRAFTER_DIR"), stand_in=stand_in)
 
     def check_knobs(self, profiles: list[str], target: str, knobs: dict[str, str] | None) -> None:
         """`--knob` values the launcher would refuse with a profile (on any host) end here, before anything starts:

@@ -155,3 +155,17 @@ def test_a_model_folder_of_this_machine_is_mounted_read_only_for_prepare_and_eve
     assert _compose_config(["compose.yaml", MODEL_DIR_COMPOSE], "prepare")["command"] == ["prepare", "default"]
     monkeypatch.setenv("SERVEKIT_PROFILE", "batch")
     assert _compose_config(["compose.yaml", MODEL_DIR_COMPOSE], "prepare")["command"] == ["prepare", "batch"]
+
+
+def test_a_drafter_folder_of_this_machine_is_mounted_beside_the_model_folder(tmp_path, monkeypatch):
+    from servekit.serve.deploy import DRAFTER_DIR_COMPOSE, MODEL_DIR_COMPOSE
+    model, drafter = tmp_path / "model", tmp_path / "drafter"
+    monkeypatch.setenv("MODEL_DIR", str(model))
+    monkeypatch.setenv("DRAFTER_DIR", str(drafter))
+    for service in ("prepare", "alternative"):
+        config = _compose_config(["compose.yaml", MODEL_DIR_COMPOSE, DRAFTER_DIR_COMPOSE], service)
+        mounts = {v["source"]: v for v in config["volumes"]}
+        assert mounts[str(model)]["read_only"] and mounts[str(drafter)]["read_only"]
+        assert config["environment"]["DRAFTER_DIR"] == mounts[str(drafter)]["target"]
+        assert config["environment"]["MODEL_DIR"] == mounts[str(model)]["target"]  # both files' environment kept
+    assert _compose_config(["compose.yaml", MODEL_DIR_COMPOSE, DRAFTER_DIR_COMPOSE], "prepare")["command"][0] == "prepare"

@@ -43,6 +43,20 @@ def test_a_check_the_target_does_not_require_is_left_out_with_why_and_the_model_
     assert m.profile_checks("default", "cpu")["api"] == {"long_prompt_tokens": 1500}  # what the demo model's 2,048 fit
 
 
+def test_a_stand_in_served_through_model_dir_brings_its_check_sizes_and_its_declared_exceptions(tmp_path):
+    m = load_matrix(ROOT / "images.yaml")
+    assert m.stand_in_at(ROOT, ROOT / "bench" / "gpu" / "qwen35-mini", "cuda") == "qwen35-mini"
+    assert m.stand_in_at(ROOT, tmp_path, "cuda") is None  # any other folder: the checkpoint's sizes
+    assert m.stand_in_at(ROOT, ROOT / "bench" / "gpu" / "qwen35-mini", "cpu") is None  # not the cpu target's model
+    assert m.profile_checks("default", "cuda", model_name="qwen35-mini")["prefix_cache"]["document_chars"] == 600
+    assert m.profile_checks("default", "cuda")["prefix_cache"].get("document_chars") is None
+    # Its drafter is untrained: tokens per step are not judged where DFlash2 drafts, and still are where MTP does.
+    assert "random weights" in m.not_required("alternative", "cuda", "qwen35-mini")["spec_decode"]
+    assert "spec_decode" not in m.profile_checks("alternative", "cuda", model_name="qwen35-mini")
+    assert "spec_decode" in m.profile_checks("alternative", "cuda")
+    assert "spec_decode" in m.profile_checks("default", "cuda", model_name="qwen35-mini")
+
+
 def test_schema_file_is_in_sync_with_the_model():
     assert (ROOT / "images.schema.json").read_text() == render_json_schema(), \
         "images.schema.json is stale: run `make schema`"
@@ -119,6 +133,11 @@ BAD = [
      ["profiles.default.targets.cpu.not_required.thinking", "say why"], "thinking: ' '"),
     ("model-check-param", _sub("      api: {long_prompt_tokens: 1500}", "      api: {long_prompt_words: 1500}"),
      ["models.demo.checks.api.long_prompt_words", "takes no parameter"], "long_prompt_words"),
+    ("stand_in_for_unknown", _sub("stands_in_for: qwen38-27b", "stands_in_for: qwen9"),
+     ["models.qwen35-mini.stands_in_for", "model 'qwen9' is not defined"], "qwen9"),
+    ("not_required_unknown_profile", _sub("profiles: [alternative, dflash2, dflash2-k15]",
+                                          "profiles: [alternatve, dflash2, dflash2-k15]"),
+     ["models.qwen35-mini.not_required.spec_decode.profiles.0", "profile 'alternatve' is not defined"], "alternatve"),
     ("check-param-name", _sub("tool_required: {seeds: 4,", "tool_required: {seed: 4,"),
      ["profiles.default.targets.cpu.checks.tool_required", "takes no parameter 'seed'", "seeds"], "seed: 4"),
     ("check-param-type", _sub("params: {prompts: 64}", "params: {prompts: many}"),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The cuda target's acceptance on a GPU machine that has neither Docker nor a network (the lent H200): the
-# pinned stack installed beside what the machine has, patched as the image is, a generated model of the
-# served family, and every boot through the process engine (--engine venv:PATH). docs/gpu/README.md says
+# pinned stack installed beside what the machine has, patched as the image is, qwen35-mini (the served family's
+# stand-in, images.yaml) with its drafter, and every boot through the process engine (--engine venv:PATH). docs/gpu/README.md says
 # what was run with it and what it showed.
 #
 # From the repository root, on the GPU machine:
@@ -11,7 +11,7 @@
 set -euo pipefail
 
 ENV=${SERVEKIT_GPU_ENV:-$HOME/vllm-cuda}
-MODEL=${SERVEKIT_GPU_MODEL:-$HOME/models/qwen35-hybrid-mtp}
+MODEL=${SERVEKIT_GPU_MODEL:-$PWD/bench/gpu/qwen35-mini}
 export SERVEKIT_WITHOUT=flashinfer-cubin  # served only by FlashInfer's own index; its JIT builds what it needs
 say() { echo "acceptance: $*" >&2; }
 
@@ -35,13 +35,11 @@ print("acceptance:", {d: m.version(d) for d in ("vllm", "torch", "triton", "flas
 EOF
     command -v patch >/dev/null || { mkdir -p "$HOME/bin" && cp "$parts/patch" "$HOME/bin/" && say "patch from the parts"; }
     PATH=$HOME/bin:$PATH "$ENV/bin/python" build.py patch-env --python "$ENV/bin/python" --target cuda
-    "$ENV/bin/python" bench/gpu/make_hybrid_model.py "$MODEL"
     ;;
 run|sweep)
     command=$1
     shift
-    # No DFlash2 drafter exists for the generated model: the dflash2 profiles are not part of this acceptance.
-    MODEL_DIR=$MODEL PATH=$HOME/bin:$PATH exec "$ENV/bin/python" build.py "$command" "$@" --engine "venv:$ENV" \
+    MODEL_DIR=$MODEL DRAFTER_DIR=$MODEL-dflash2 PATH=$HOME/bin:$PATH exec "$ENV/bin/python" build.py "$command" "$@" --engine "venv:$ENV" \
         --target cuda --host native
     ;;
 *)

@@ -29,7 +29,8 @@ sys.path.insert(0, str(ROOT))
 
 from servekit.engines.bootstrap import COMPOSE_DIST, ENGINE_DEBS  # noqa: E402
 
-PART_BYTES = 55 * 2**20  # with the ~7 MB working tree, under the 64 MiB a call carries
+CALL_BYTES = 63 * 2**20  # what one device call carries, the working tree included (64 MiB, less a margin)
+MAX_PART_BYTES = 55 * 2**20
 WHEEL_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 
 
@@ -55,9 +56,24 @@ def gather_kit(folder: Path) -> None:
             shutil.copy2(line.split("=>")[1].split()[0], tools)
 
 
-def split(stream, prefix: str, out: Path, sums: list[str], start: int) -> int:
+def tree_bytes() -> int:
+    """What travels with every call: tracked files and untracked ones git does not ignore."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, check=True).stdout.split(b"\0")
+    return sum((ROOT / name.decode()).stat().st_size for name in listed if name and (ROOT / name.decode()).is_file())
+
+
+def part_bytes() -> int:
+    """The largest part that still fits one call beside the working tree (the shipped models ride along)."""
+    room = CALL_BYTES - tree_bytes()
+    if room < 8 * 2**20:
+        sys.exit(f"pack: the working tree leaves {room >> 20} MiB of a call's 64 for a part; ignore what need not travel")
+    return min(MAX_PART_BYTES, room) // 2**20 * 2**20
+
+
+def split(stream, prefix: str, out: Path, sums: list[str], start: int, size: int) -> int:
     n = start
-    while chunk := stream.read(PART_BYTES):
+    while chunk := stream.read(size):
         name = f"{prefix}-{n - start:03d}"
         folder = out / f"{n:03d}"
         folder.mkdir()
@@ -85,6 +101,7 @@ def main() -> int:
         shutil.rmtree(args.out)
     args.out.mkdir(parents=True)
     sums: list[str] = []
+    size = part_bytes()
     with tempfile.TemporaryDirectory() as tmp:
         kit = Path(tmp) / "kit"
         kit.mkdir()
@@ -93,18 +110,18 @@ def main() -> int:
         with tarfile.open(tar_path, "w") as tar:
             tar.add(kit, arcname="kit")
         with open(tar_path, "rb") as stream:
-            n = split(stream, "kit", args.out, sums, 0)
+            n = split(stream, "kit", args.out, sums, 0, size)
     print(f"pack: kit in {n} part(s); saving {tag} ({image_id[:19]})", flush=True)
     save = subprocess.Popen(["docker", "save", tag], stdout=subprocess.PIPE)
     zstd = subprocess.Popen(["zstd", "-3", "-T0", "-q", "-c"], stdin=save.stdout, stdout=subprocess.PIPE)
     assert save.stdout and zstd.stdout
     save.stdout.close()
-    total = split(zstd.stdout, "image", args.out, sums, n)
+    total = split(zstd.stdout, "image", args.out, sums, n, size)
     if zstd.wait() or save.wait():
         sys.exit("pack: docker save | zstd failed")
     (args.out / "SHA256SUMS").write_text("\n".join(sums) + "\n")
     (args.out / "IMAGE").write_text(f"{tag} {image_id}\n")
-    print(f"pack: {total} parts of at most {PART_BYTES // 2**20} MiB in {args.out} ({total - n} of the image)")
+    print(f"pack: {total} parts of at most {size >> 20} MiB in {args.out} ({total - n} of the image)")
     return 0
 
 

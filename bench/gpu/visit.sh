@@ -5,13 +5,16 @@
 #
 # From the repository root, on the GPU machine:
 #   bench/gpu/visit.sh take DIR...     # copy carried parts into ~/kit-parts, each checked against SHA256SUMS
-#   bench/gpu/visit.sh setup           # all parts checked; host tool, engine, image loaded, the test model made
+#   bench/gpu/visit.sh setup           # all parts checked; host tool, engine, image loaded
 #   bench/gpu/visit.sh run LABEL ARGS  # python build.py ARGS (run or sweep); reports tarred to $OUT/LABEL.tar
+# Runs serve qwen35-mini (images.yaml; bench/gpu/qwen35_mini.py trains it) and its DFlash2 drafter through
+# MODEL_DIR and DRAFTER_DIR: the 27B cannot be fetched there.
 set -euo pipefail
 
 PARTS=${SERVEKIT_GPU_PARTS:-$HOME/kit-parts}
 KIT=$HOME/kit
-MODEL=${SERVEKIT_GPU_MODEL:-$HOME/models/qwen35-hybrid-mtp}
+MODEL=${SERVEKIT_GPU_MODEL:-$PWD/bench/gpu/qwen35-mini}
+DRAFTER=${SERVEKIT_GPU_DRAFTER:-$MODEL-dflash2}
 export LD_LIBRARY_PATH=/usr/local/nvidia/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}  # NVML for the host tool
 say() { echo "visit: $*" >&2; }
 
@@ -44,10 +47,7 @@ setup)
     read -r tag image_id < "$PARTS/IMAGE"
     cat "$PARTS"/image-* | LD_LIBRARY_PATH=$KIT/tools "$KIT/tools/zstd" -d -c | docker load  # one stream, split
     [ "$(docker image inspect --format '{{.Id}}' "$tag")" = "$image_id" ] || { say "loaded image ID differs"; exit 1; }
-    mkdir -p "$(dirname "$MODEL")"
-    docker run --rm --user 0 --entrypoint /opt/venv/bin/python -v "$PWD:/src:ro" -v "$(dirname "$MODEL"):/out" \
-        "$tag" /src/bench/gpu/make_hybrid_model.py "/out/$(basename "$MODEL")"
-    chmod -R a+rX "$(dirname "$MODEL")"  # the image's user (10001) reads it
+    chmod -R a+rX "$MODEL" "$DRAFTER"  # the image's user (10001) reads them
     .venv/bin/python build.py doctor || true
     say "ready in $(( $(date +%s) - started )) s: $tag ($image_id)"
     ;;
@@ -57,15 +57,17 @@ run)
     mkdir -p reports
     before=$(ls reports)
     rc=0
-    MODEL_DIR=$MODEL .venv/bin/python build.py "$@" --target cuda --host native 2>&1 | tee "${OUT:-.}/$label.log" \
-        || rc=$?
+    command=$1
+    shift  # the host is native unless ARGS name another (a later --host wins)
+    MODEL_DIR=$MODEL DRAFTER_DIR=$DRAFTER .venv/bin/python build.py "$command" --target cuda --host native "$@" \
+        2>&1 | tee "${OUT:-.}/$label.log" || rc=$?
     new=$(comm -13 <(echo "$before" | sort) <(ls reports | sort) | grep -v '^latest' || true)
     [ -n "$new" ] && tar -C reports -cf "${OUT:-.}/$label.tar" $new
     say "$label: exit $rc, reports: ${new:-none}"
     exit $rc
     ;;
 *)
-    sed -n '2,9p' "$0" >&2
+    sed -n '2,11p' "$0" >&2
     exit 2
     ;;
 esac

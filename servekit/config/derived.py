@@ -45,6 +45,10 @@ def _compose_model_dir_services(matrix: Matrix) -> list[str]:
             *(f"{name}: *model-dir" for name in matrix.profiles)]
 
 
+def _compose_drafter_dir_services(matrix: Matrix) -> list[str]:
+    return [f"{name}: *drafter-dir" for name in ("prepare", *matrix.profiles)]
+
+
 def _compose_gpu_device_services(matrix: Matrix) -> list[str]:
     # Compose drops a `!reset` that arrives through a YAML alias, so each service resets the reservation itself.
     return [line for name, profile in matrix.profiles.items() if any(matrix.targets[t].gpu for t in profile.targets)
@@ -182,6 +186,7 @@ PARTS = {
     "compose/compose.wsl2.yaml": {"profiles": _compose_wsl2_services},
     "compose/compose.gpu-devices.yaml": {"profiles": _compose_gpu_device_services},
     "compose/compose.model-dir.yaml": {"profiles": _compose_model_dir_services},
+    "compose/compose.drafter-dir.yaml": {"profiles": _compose_drafter_dir_services},
     "docs/profiles.md": {"profile-table": _profile_table, "check-table": _check_table, "profile-flags": _profile_flags,
                          "knob-table": _knob_table, "source-table": _source_table},
     "docs/architecture.md": {"modules": _module_table},

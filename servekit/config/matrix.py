@@ -121,6 +121,18 @@ class Model(Strict):
     checks: dict[str, dict[str, int | float | str | bool]] = Field(
         {}, description="check parameters that fit this model only, over every profile's that serves it: the "
         "thresholds a generated model meets where the served checkpoint's (the profiles' own) cannot be met")
+    stands_in_for: str | None = Field(None, description="a model some target serves, in whose place this one's folder "
+                                      "(dir:) may be served with MODEL_DIR, where that model cannot be had (a GPU "
+                                      "without the hub); the image serves it under that model's name and the run "
+                                      "takes this model's check parameters")
+    not_required: dict[str, "ModelNotRequired"] = Field(
+        {}, description="check -> the profiles on which this model cannot pass it by design (a stand-in whose "
+        "drafter is untrained) and why; reported as not required with the reason")
+
+
+class ModelNotRequired(Strict):
+    profiles: list[str] = Field(min_length=1, description="profiles of images.yaml")
+    why: str = Field(min_length=1)
 
 
 class Target(Strict):
@@ -313,23 +325,36 @@ class Matrix(Strict):
         """The first target with a GPU where the engine can give a container one, else the first without."""
         return next((name for name, t in self.targets.items() if t.gpu == gpu), next(iter(self.targets)))
 
-    def profile_checks(self, profile: str, target: str, host: str | None = None) -> dict[str, dict[str, Any]]:
+    def profile_checks(self, profile: str, target: str, host: str | None = None,
+                       model_name: str | None = None) -> dict[str, dict[str, Any]]:
         """Each check the profile requires on the target (and on `host`, where a check names its hosts), with its
-        parameters merged in order: the check's, the profile's, the target's, the served model's."""
+        parameters merged in order: the check's, the profile's, the target's, the served model's (`model_name`
+        where a stand-in is served in the target's model's place)."""
         prof = self.profiles[profile]
         per_target = prof.targets.get(target) or ProfileTarget()
-        model = self.models[self.targets[target].model]
+        model = self.models[model_name or self.targets[target].model]
         merged = {}
+        skipped = self.not_required(profile, target, model_name)
         for name in {**prof.checks, **per_target.checks}:
-            if name in per_target.not_required or (host and self.checks[name].hosts and host not in self.checks[name].hosts):
+            if name in skipped or (host and self.checks[name].hosts and host not in self.checks[name].hosts):
                 continue
             merged[name] = {**self.checks[name].params, **(prof.checks.get(name) or {}),
                             **(per_target.checks.get(name) or {}), **model.checks.get(name, {})}
         return merged
 
-    def not_required(self, profile: str, target: str) -> dict[str, str]:
-        """The profile's checks that `target` cannot pass by design, each with why (images.yaml says so)."""
-        return dict((self.profiles[profile].targets.get(target) or ProfileTarget()).not_required)
+    def stand_in_at(self, root: Path, folder: str | Path, target: str) -> str | None:
+        """The model whose folder (under the matrix's folder `root`) `folder` is and that stands in for `target`'s
+        model, or None."""
+        wanted = Path(folder).resolve()
+        return next((name for name, m in self.models.items() if m.dir and m.stands_in_for == self.targets[target].model
+                     and (root / m.dir).resolve() == wanted), None)
+
+    def not_required(self, profile: str, target: str, model_name: str | None = None) -> dict[str, str]:
+        """The profile's checks that `target` (or the stand-in `model_name` served on it) cannot pass by design, each
+        with why (images.yaml says so)."""
+        model = self.models[model_name] if model_name else None
+        return {**(self.profiles[profile].targets.get(target) or ProfileTarget()).not_required,
+                **({check: n.why for check, n in model.not_required.items() if profile in n.profiles} if model else {})}
 
 
 # Names that become folder names, Compose services, tags and Kubernetes names (servekit-<profile>): one safe
@@ -458,6 +483,14 @@ class _References:
                          "one does not")
             if (model.source == "huggingface") != bool(model.repo):
                 self.add(("models", name), "a Hugging Face model names its repo (repo:), a generated one does not")
+            for check, n in model.not_required.items():
+                self.need(check, self.m.checks, "check", ("models", name, "not_required", check))
+                for i, profile in enumerate(n.profiles):
+                    self.need(profile, self.m.profiles, "profile", ("models", name, "not_required", check, "profiles", i))
+            if model.stands_in_for:
+                self.need(model.stands_in_for, self.m.models, "model", ("models", name, "stands_in_for"))
+                if not model.dir:
+                    self.add(("models", name, "stands_in_for"), "a stand-in is a folder of this repository (dir:)")
 
     def bases(self) -> None:
         for name, b in self.m.bases.items():

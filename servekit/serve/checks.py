@@ -9,27 +9,29 @@ from servekit.errors import UserError
 
 
 def checks_to_run(matrix, profile: str, target: str, only: list[str] | None = None,
-                  host: str | None = None) -> dict[str, dict]:
-    """The profile's checks on `host` with their parameters, or only those named (each with the profile's parameters
-    where it has the check, else the check's own); those that judge the others' traffic (spill) come last. A check
-    the target does not require is left out, unless named."""
+                  host: str | None = None, stand_in: str | None = None) -> dict[str, dict]:
+    """The profile's checks on `host` with their parameters (a `stand_in` model's where one is served), or only those
+    named (each with the profile's parameters where it has the check, else the check's own); those that judge the
+    others' traffic (spill) come last. A check the target does not require is left out, unless named."""
     from servekit.smoke import AFTER_TRAFFIC
     for name in only or []:
         if name not in matrix.checks:
             raise UserError(f"--check {name}: expected one of {', '.join(matrix.checks)}")
-    checks = matrix.profile_checks(profile, target, host)
+    checks = matrix.profile_checks(profile, target, host, stand_in)
     if only:
-        everywhere = {**matrix.profile_checks(profile, target),
-                      **{name: {} for name in matrix.not_required(profile, target)}}
+        everywhere = {**matrix.profile_checks(profile, target, model_name=stand_in),
+                      **{name: {} for name in matrix.not_required(profile, target, stand_in)}}
         checks = {name: {**matrix.checks[name].params, **everywhere.get(name, {})} for name in only}
     return dict(sorted(checks.items(), key=lambda item: AFTER_TRAFFIC.index(item[0]) + 1
                        if item[0] in AFTER_TRAFFIC else 0))
 
 
-def not_required_results(matrix, profile: str, target: str, only: list[str] | None = None) -> list:
-    """A result for each check of the profile the target does not require (images.yaml says why), unless named."""
+def not_required_results(matrix, profile: str, target: str, only: list[str] | None = None,
+                         stand_in: str | None = None) -> list:
+    """A result for each check of the profile the target (or the stand-in served) does not require (images.yaml says
+    why), unless named."""
     from servekit.smoke import Result
-    return [Result(name, "not_required", why) for name, why in matrix.not_required(profile, target).items()
+    return [Result(name, "not_required", why) for name, why in matrix.not_required(profile, target, stand_in).items()
             if not only or name not in only]
 
 

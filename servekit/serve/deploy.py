@@ -30,6 +30,7 @@ from servekit.image.launcher import MIN_KEY_CHARS
 
 IMAGE_UID = 10001  # the image's non-root user
 MODEL_DIR_COMPOSE = "compose.model-dir.yaml"  # mounts MODEL_DIR read-only; prepare then fetches nothing
+DRAFTER_DIR_COMPOSE = "compose.drafter-dir.yaml"  # mounts DRAFTER_DIR read-only, the DFlash2 drafter's folder
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,8 @@ class Deployment:
     pins: dict[str, str] = field(default_factory=dict, compare=False)  # the target's, less what --without leaves out
     gpu_devices: bool = False  # the GPU by its device nodes and driver folder (engines/gpuaccess.py), not the toolkit
     model_dir: str | None = None  # a model folder of this machine served in place of the volume's (MODEL_DIR)
+    stand_in: str | None = None  # the matrix model that folder is (stands_in_for the target's): its checks apply
+    drafter_dir: str | None = None  # a DFlash2 drafter folder of this machine served in place of the volume's
 
     @property
     def compose_dir(self) -> Path:
@@ -61,6 +64,8 @@ class Deployment:
             names.append(GPU_DEVICES_COMPOSE)
         if self.model_dir:
             names.append(MODEL_DIR_COMPOSE)
+        if self.drafter_dir:
+            names.append(DRAFTER_DIR_COMPOSE)
         if not self.engine.same_machine:  # this disk's files are not there to bind-mount
             names.append("compose.remote.yaml")
         return [self.compose_dir / n for n in names]

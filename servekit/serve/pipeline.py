@@ -23,7 +23,7 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
     `knobs` apply to this boot only; `only` limits the checks to those named."""
     import datetime as dt
     from servekit.smoke import Context, Result, all_passed
-    checks = checks_to_run(matrix, profile, dep.target, only, dep.host)
+    checks = checks_to_run(matrix, profile, dep.target, only, dep.host, dep.stand_in)
     created = dt.datetime.now(dt.timezone.utc)
     report = RunReport(run_id=f"{created:%Y%m%d-%H%M%S}-{profile}-{dep.target}",
                        created=created.isoformat(timespec="seconds"), profile=profile, target=dep.target,
@@ -32,6 +32,10 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
     if dep.engine.serves_images:  # the ID a release is matched by, known before the boot (a failed one too)
         image = dep.engine.image(dep.image)
         report.image.id = image.id if image else None
+    if dep.stand_in:
+        report.notes.append(f"served {dep.stand_in} ({matrix.models[dep.stand_in].dir}, through MODEL_DIR) in place "
+                            f"of {matrix.targets[dep.target].model}, with its check parameters (images.yaml models."
+                            f"{dep.stand_in}.checks)")
     if matrix.profiles[profile].auth == "none":
         report.notes.append("served WITHOUT an API key: the profile says auth: none in images.yaml")
     b = None
@@ -71,7 +75,7 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
     report.notes += memory["notes"]
     # what the server ran with (the shell's knobs included), else what this run asked for
     report.knobs = deploy.knobs_of(dep.engine.server_state(b.container)) if b and b.container else (knobs or {})
-    for result in not_required_results(matrix, profile, dep.target, only):
+    for result in not_required_results(matrix, profile, dep.target, only, dep.stand_in):
         say(f"  {console_line(result)}")
         results.append(result)
     report.checks = results
