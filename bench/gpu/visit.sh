@@ -17,10 +17,15 @@ MODEL=${SERVEKIT_GPU_MODEL:-$PWD/bench/gpu/qwen35-mini}
 DRAFTER=${SERVEKIT_GPU_DRAFTER:-$MODEL-dflash2}
 export LD_LIBRARY_PATH=/usr/local/nvidia/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}  # NVML for the host tool
 say() { echo "visit: $*" >&2; }
+# The stand-in's folders travel once (carried, as they are ignored while the parts travel): kept in $HOME too, in
+# case a later call's copy of the tree drops them.
+keep() { for d in "$MODEL" "$DRAFTER"; do [ -d "$d" ] && { rm -rf "$HOME/${d##*/}"; cp -r "$d" "$HOME/"; }; done; true; }
+restore() { for d in "$MODEL" "$DRAFTER"; do [ -d "$d" ] || cp -r "$HOME/${d##*/}" "$d"; done; }
 
 case "${1:-}" in
 take)
     shift
+    keep
     mkdir -p "$PARTS"
     for dir in "$@"; do
         for file in "$dir"/*; do
@@ -47,6 +52,7 @@ setup)
     read -r tag image_id < "$PARTS/IMAGE"
     cat "$PARTS"/image-* | LD_LIBRARY_PATH=$KIT/tools "$KIT/tools/zstd" -d -c | docker load  # one stream, split
     [ "$(docker image inspect --format '{{.Id}}' "$tag")" = "$image_id" ] || { say "loaded image ID differs"; exit 1; }
+    restore
     chmod -R a+rX "$MODEL" "$DRAFTER"  # the image's user (10001) reads them
     .venv/bin/python build.py doctor || true
     say "ready in $(( $(date +%s) - started )) s: $tag ($image_id)"
@@ -54,6 +60,7 @@ setup)
 run)
     label=$2
     shift 2
+    restore
     mkdir -p reports
     before=$(ls reports)
     rc=0
