@@ -374,8 +374,8 @@ def cmd_monitor(args) -> int:
 
 def cmd_run(args) -> int:
     session = _session(args)
-    if args.engines and (args.knob or args.check):
-        raise UserError("--knob and --check apply to one engine's run; leave out --engines")
+    if args.engines and (args.knob or args.check or args.timeout):
+        raise UserError("--knob, --check and --timeout apply to one engine's run; leave out --engines")
     if args.engines:
         from servekit.engines import parse_engines
         from servekit.serve import fleet
@@ -393,7 +393,7 @@ def cmd_run(args) -> int:
     from servekit.serve import commands
     from servekit.config.knobargs import parse_settings
     done = commands.run(session, args.target, args.profile, args.host, _engine(args), args.port, say=_say(),
-                        knobs=parse_settings(args.knob or []), only=args.check)
+                        knobs=parse_settings(args.knob or []), only=args.check, boot_timeout_s=args.timeout)
     for report, run_dir in done:
         failed = [f"{c.name}{' (not run)' if c.status == 'not_run' else ''}" for c in report.checks
                   if c.status not in GATE_PASSES]
@@ -703,6 +703,8 @@ def _checking_commands(c: _Commands) -> None:
                    "profile's (repeatable; recorded in the report)")
     p.add_argument("--check", action="append", metavar="NAME", help="run this check instead of the profile's own "
                    "(repeatable; its parameters from images.yaml)")
+    p.add_argument("--timeout", type=arguments.seconds, metavar="S", help="seconds each boot may take to healthy; a "
+                   "boot past it fails with its report written (default: serve.boot_timeout_s)")
     p = c.add("smoke", cmd_smoke, "run a profile's smoke checks against a running server (local or --url)")
     p.add_argument("profile", metavar="PROFILE")
     p.add_argument("--url", type=arguments.http_url, help="the server's base URL (default: the profile's container "

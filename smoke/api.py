@@ -73,12 +73,14 @@ def streaming(ctx: Context, max_tokens: int = 16) -> dict:
     return {"chunks": len(chunks), "completion_tokens": usage[-1]["completion_tokens"], "text": text}
 
 
-@check("api", bounds={"long_prompt_tokens": (1, None), "top_logprobs": (1, 20)})
-def api(ctx: Context, long_prompt_tokens: int = 12000, top_logprobs: int = 5, min_tokens: int = 30) -> dict:
+@check("api", bounds={"long_prompt_tokens": (1, None), "top_logprobs": (1, 20), "stream_tokens": (6, None)})
+def api(ctx: Context, long_prompt_tokens: int = 12000, top_logprobs: int = 5, min_tokens: int = 30,
+        stream_tokens: int = 16) -> dict:
     """The source repository's API smoke (bench/api_smoke.py) at its sizes, each part with its own verdict (a part
     the server refuses fails alone, with the server's answer): greedy and seeded determinism, logprobs, n=2, a stop
-    string that stops, json_schema, min_tokens with penalties, streaming, completions with echo and prompt logprobs,
-    and a prompt of over 12,000 tokens. Its two reasoning parts are the `thinking` check."""
+    string that stops, json_schema, min_tokens with penalties, streaming (in more than 5 chunks of `stream_tokens`
+    tokens: a drafter that lands more tokens a step sends fewer, larger chunks), completions with echo and prompt
+    logprobs, and a prompt of over 12,000 tokens. Its two reasoning parts are the `thinking` check."""
     parts: dict[str, str] = {}
     plain = {"chat_template_kwargs": {"enable_thinking": False}}
     greedy = ctx.answer(HELLO, temperature=0, max_tokens=32, **plain)
@@ -135,7 +137,7 @@ def api(ctx: Context, long_prompt_tokens: int = 12000, top_logprobs: int = 5, mi
                       ("seeded sampling", lambda: same_twice(temperature=1.0, seed=1234)),
                       ("logprobs", logprobs), ("n=2", n2), ("stop", lambda: _stop(ctx, greedy, plain)),
                       ("json_schema", json_schema), ("min_tokens", min_tokens_part),
-                      ("streaming", lambda: _streamed_chunks(ctx)), ("completions echo", echo),
+                      ("streaming", lambda: _streamed_chunks(ctx, stream_tokens)), ("completions echo", echo),
                       ("long prompt", long_prompt)):
         try:
             ok, detail = run()

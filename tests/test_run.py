@@ -47,6 +47,16 @@ def test_run_writes_the_three_files_and_compare_reads_two(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_boot_past_the_runs_timeout_fails_with_its_report_written():
+    """What a caller with a hard limit (a device call) needs: the boot ends at --timeout and the report says so."""
+    result = run_build_py("run", "--target", "cpu", "--profile", "default", "--timeout", "3", "--json", timeout=1200)
+    assert result.returncode == 1, result.stderr[-2000:]
+    report = json.loads((Path(json.loads(result.stdout)["reports"][0]) / "report.json").read_text())
+    assert report["checks"][0]["name"] == "boot" and report["checks"][0]["status"] == "failed", report["checks"][0]
+    assert all(c["status"] in ("not_run", "not_required") for c in report["checks"][1:])
+
+
+@pytest.mark.slow
 def test_two_runs_at_once_both_finish_with_their_own_reports():
     """The second waits for the first (one boot at a time in a checkout), says for whom, then runs."""
     command = [sys.executable, str(ROOT / "build.py"), "run", "--target", "cpu", "--profile", "default", "--json"]

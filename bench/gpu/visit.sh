@@ -7,6 +7,7 @@
 #   bench/gpu/visit.sh take DIR...     # copy carried parts into ~/kit-parts, each checked against SHA256SUMS
 #   bench/gpu/visit.sh setup           # all parts checked; host tool, engine, image loaded
 #   bench/gpu/visit.sh run LABEL ARGS  # python build.py ARGS (run or sweep); reports tarred to $OUT/LABEL.tar
+#                                      # (give `run` a --timeout inside the call's limit: a boot past it is reported)
 # Runs serve qwen35-mini (images.yaml; bench/gpu/qwen35_mini.py trains it) and its DFlash2 drafter through
 # MODEL_DIR and DRAFTER_DIR: the 27B cannot be fetched there.
 set -euo pipefail

@@ -116,9 +116,15 @@ def shared_usage_lines(shared: dict | None, gpu: dict | None) -> list[str]:
     return lines
 
 
+def quiet_matplotlib() -> None:
+    """Matplotlib's font cache in the temporary folder, not beside the figure (a report folder holds the report)."""
+    import tempfile
+    os.environ.setdefault("MPLCONFIGDIR", str(Path(tempfile.gettempdir()) / "servekit-matplotlib"))
+
+
 def plot_memory(path: Path, report: RunReport, series: dict) -> None:
     """GPU memory (or, without a GPU, the container's) and Shared Usage over the boot and the traffic."""
-    os.environ.setdefault("MPLCONFIGDIR", str(path.parent / ".mpl"))
+    quiet_matplotlib()
     from matplotlib.figure import Figure  # not pyplot: no global state, so runs on several engines can plot at once
 
     fig = Figure(figsize=(10, 4.8), dpi=110)

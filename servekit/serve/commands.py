@@ -63,9 +63,10 @@ def profiles_of(session, target: str, wanted: list[str] | None) -> list[str]:
 
 def run(session, target: str | None = None, profiles: list[str] | None = None, host: str | None = "auto",
         engine=None, port: int | None = None, say=print, knobs: dict[str, str] | None = None,
-        only: list[str] | None = None) -> list[tuple[RunReport, Path]]:
+        only: list[str] | None = None, boot_timeout_s: float | None = None) -> list[tuple[RunReport, Path]]:
     """image, up, smoke, down and a report for each profile on one engine: (report, its folder) per profile.
-    `knobs` are set for every boot (and recorded); `only` runs those checks instead of each profile's own."""
+    `knobs` are set for every boot (and recorded); `only` runs those checks instead of each profile's own;
+    `boot_timeout_s` bounds each boot (a failed boot still gets its report)."""
     from servekit.build.builder import ensure_built
     from servekit.records.releases import released
     from servekit.records.report import write_report
@@ -81,6 +82,7 @@ def run(session, target: str | None = None, profiles: list[str] | None = None, h
     key_file = deploy.ensure_secrets(dep)
     deploy.write_env(dep)
     return run_profiles(session.matrix, dep, profiles, key_file, say=say, knobs=knobs, only=only,
+                        boot_timeout_s=boot_timeout_s,
                         release=released(session.root, session.matrix, target, plan.digest),
                         write=lambda report, series: write_report(session.root / "reports" / report.run_id,
                                                                   report, series))

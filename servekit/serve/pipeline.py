@@ -17,10 +17,12 @@ from servekit.serve.watch import BootFailed
 
 
 def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=print, knobs: dict | None = None,
-                only: list[str] | None = None, stop: threading.Event | None = None) -> tuple[RunReport, dict]:
+                only: list[str] | None = None, stop: threading.Event | None = None,
+                boot_timeout_s: float | None = None) -> tuple[RunReport, dict]:
     """Boot, smoke, down: (the report, the series for its plot). Never raises for a failed boot or check.
 
-    `knobs` apply to this boot only; `only` limits the checks to those named."""
+    `knobs` apply to this boot only; `only` limits the checks to those named; `boot_timeout_s` bounds the boot
+    (default: serve.boot_timeout_s)."""
     import datetime as dt
     from servekit.smoke import Context, Result, all_passed
     checks = checks_to_run(matrix, profile, dep.target, only, dep.host, dep.stand_in)
@@ -43,7 +45,7 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
         if deploy.is_running(profile, dep.engine):  # somebody's server (an `up`): never restarted or stopped by a run
             raise BootFailed(f"{profile} is already running on engine {dep.engine.given}, started by someone else "
                              f"(`up`?); left alone: stop it with `python build.py down {profile}` first", "", [])
-        b = boot(dep, profile, matrix.serve.boot_timeout_s, knobs=knobs, stop=stop, say=say)
+        b = boot(dep, profile, boot_timeout_s or matrix.serve.boot_timeout_s, knobs=knobs, stop=stop, say=say)
         say(f"  healthy in {b.record.time_to_healthy_s} s (KV pool {b.record.kv_pool_tokens} tokens)")
         b.mark("traffic")
         lines = lambda: list(b.record.lines)  # noqa: E731
@@ -85,11 +87,13 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
 
 def run_profiles(matrix, dep: deploy.Deployment, profiles: list[str], key_file, write, say=print,
                  release: ReleaseRecord | None = None, stop: threading.Event | None = None,
-                 knobs: dict | None = None, only: list[str] | None = None) -> list[tuple[RunReport, Path]]:
+                 knobs: dict | None = None, only: list[str] | None = None,
+                 boot_timeout_s: float | None = None) -> list[tuple[RunReport, Path]]:
     """On dep's engine: the image put there if need be, then each profile booted, checked and written.
 
     `write(report, series)` stores one report and returns where; the list pairs each report with that.
-    `stop`, when set, ends the work at the next boot or profile with Stopped; `knobs` and `only` as run_profile."""
+    `stop`, when set, ends the work at the next boot or profile with Stopped; `knobs`, `only` and `boot_timeout_s`
+    as run_profile."""
     arrived = transfer.ensure_image(dep.engine, dep.image, release, say=say)
     if arrived != "already there":
         say(f"image {arrived}")
@@ -100,7 +104,8 @@ def run_profiles(matrix, dep: deploy.Deployment, profiles: list[str], key_file, 
             if stop and stop.is_set():
                 raise Stopped("stopped")
             say(f"run: {profile}")
-            report, series = run_profile(matrix, dep, profile, key_file, say=say, stop=stop, knobs=knobs, only=only)
+            report, series = run_profile(matrix, dep, profile, key_file, say=say, stop=stop, knobs=knobs, only=only,
+                                         boot_timeout_s=boot_timeout_s)
             report.image.arrived = arrived
             written.append((report, write(report, series)))
     return written

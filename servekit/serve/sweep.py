@@ -170,8 +170,8 @@ def render_markdown(title: str, header: list[str], rows: list[list[str]], advice
 
 
 def plot(path: Path, cells: list[Cell], knob: str) -> None:
-    import os
-    os.environ.setdefault("MPLCONFIGDIR", str(path.parent / ".mpl"))
+    from servekit.records.report import quiet_matplotlib
+    quiet_matplotlib()
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
