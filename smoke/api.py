@@ -11,6 +11,8 @@ from . import CheckFailure, Context, check, ensure, reasoning_of, stream_events,
 KEYLESS = ("/health", "/ping", "/version")
 GUARDED = ("/v1/models", "/metrics", "/tokenize", "/server_info")
 HELLO = [{"role": "user", "content": "Say hello."}]
+RANDOM_WORDS = [{"role": "user", "content": "Continue with random words: river, cobalt,"}]
+MULTIPLY = [{"role": "user", "content": "What is 17 * 23? Answer with the number only."}]
 
 
 @check("health")
@@ -46,10 +48,9 @@ def greedy(ctx: Context, max_tokens: int = 32) -> dict:
 def sampled(ctx: Context, tries: int = 4, max_tokens: int = 24) -> dict:
     # A prompt the model has no fixed answer for, hot enough that unseeded answers differ; ignore_eos (vLLM's)
     # samples every one of the tokens, so a model sure of a short answer cannot end before sampling shows.
-    prompt = [{"role": "user", "content": "Continue with random words: river, cobalt,"}]
     hot = {"temperature": 1.5, "max_tokens": max_tokens, "ignore_eos": True}
-    unseeded = {ctx.answer(prompt, **hot) for _ in range(tries)}
-    seeded = {ctx.answer(prompt, seed=1234, **hot) for _ in range(2)}
+    unseeded = {ctx.answer(RANDOM_WORDS, **hot) for _ in range(tries)}
+    seeded = {ctx.answer(RANDOM_WORDS, seed=1234, **hot) for _ in range(2)}
     ensure(len(unseeded) > 1, f"{tries} unseeded sampled answers were all identical")
     ensure(len(seeded) == 1, "two answers with the same seed differ")
     return {"distinct_unseeded": len(unseeded), "tries": tries}
@@ -190,13 +191,12 @@ def thinking(ctx: Context, max_tokens: int = 2048, budget: int = 16) -> dict:
     """The API smoke's reasoning parts: with thinking on, 17 x 23 answers 391 and the reasoning comes apart from
     the answer; with thinking_token_budget set, the reasoning ends within the budget."""
     parts: dict[str, str] = {}
-    ask = [{"role": "user", "content": "What is 17 * 23? Answer with the number only."}]
     on = {"chat_template_kwargs": {"enable_thinking": True}, "temperature": 0}
-    message = ctx.chat(ask, max_tokens=max_tokens, **on)["choices"][0]["message"]
+    message = ctx.chat(MULTIPLY, max_tokens=max_tokens, **on)["choices"][0]["message"]
     answer, reasoning = text_of(message), reasoning_of(message)
     parts["thinking mode"] = "ok" if "391" in answer and reasoning.strip() else \
         f"failed: answer {answer[:80]!r}, reasoning {len(reasoning)} characters"
-    message = ctx.chat(ask, max_tokens=max_tokens, thinking_token_budget=budget, **on)["choices"][0]["message"]
+    message = ctx.chat(MULTIPLY, max_tokens=max_tokens, thinking_token_budget=budget, **on)["choices"][0]["message"]
     reasoning = reasoning_of(message)
     resp = ctx.post("/tokenize", {"model": ctx.model, "prompt": reasoning, "add_special_tokens": False})
     resp.raise_for_status()

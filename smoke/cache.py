@@ -91,7 +91,7 @@ def _block_size(ctx: Context) -> int | None:
     return int(found[0]) if found and found[0].isdigit() else None
 
 
-def _document(chars: int) -> str:
+def document(chars: int) -> str:
     """Numbered lines of plain words, the same on every run: the text the model is asked to copy."""
     words = ["river", "stone", "cobalt", "lantern", "meadow", "harbour", "signal", "copper", "willow", "orbit"]
     lines: list[str] = []
@@ -101,6 +101,13 @@ def _document(chars: int) -> str:
         lines.append(f"{i + 1:04d} " + " ".join(words[(i * 7 + j * 3) % len(words)] for j in range(8)))
         size += len(lines[-1]) + 1
     return "\n".join(lines)[:chars]
+
+
+def copy_request(document_chars: int, lines: int) -> tuple[str, str]:
+    """The residue sweep's request before its padding, and the verbatim copy it asks for."""
+    text = document(document_chars)
+    return (f"Document:\n{text}\n\nReproduce the first {lines} lines of the document verbatim, nothing else.",
+            "\n".join(text.splitlines()[:lines]))
 
 
 def _coverage(answer: str, expected: str) -> float:
@@ -153,10 +160,8 @@ def prefix_cache(ctx: Context, residues: int = 128, block: int = 0, document_cha
     if not block:
         raise NotRun("the cache's block size is neither in the check's parameters (block) nor on /metrics "
                      "(vllm:cache_config_info): residues cannot be swept")
-    document = _document(document_chars)
-    expected = "\n".join(document.splitlines()[:lines])
+    base, expected = copy_request(document_chars, lines)
     thinking_off = {"chat_template_kwargs": {"enable_thinking": False}}
-    base = f"Document:\n{document}\n\nReproduce the first {lines} lines of the document verbatim, nothing else."
     rows: list[dict[str, Any]] = []
     for residue, tokens, messages in _residue_prompts(ctx, base, residues, block, thinking_off):
         cold, warm = (ctx.answer(messages, temperature=0, max_tokens=max_tokens, **thinking_off) for _ in range(2))

@@ -380,8 +380,8 @@ def test_the_shipped_stand_in_answers_what_the_checks_ask_and_its_mtp_head_draft
     must be (in the cpu image's transformers), and its MTP head, chained as vLLM chains it, above the default
     profile's floor."""
     from servekit.config.load import load_matrix
-    done = docker("run", "--rm", "--entrypoint", "/opt/venv/bin/python", "-v", f"{ROOT / 'bench'}:/src/bench:ro",
-                  cpu_image, "/src/bench/gpu/qwen35_mini.py", "--check", "/src/bench/gpu/qwen35-mini")
+    done = docker("run", "--rm", "--entrypoint", "/opt/venv/bin/python", "-v", f"{ROOT}:/src:ro", cpu_image,
+                  "/src/bench/gpu/qwen35_mini.py", "--check", "/src/bench/gpu/qwen35-mini")
     said = json.loads(done.stdout)
     assert done.returncode == 0 and all(v == "ok" for k, v in said.items() if k != "mtp tokens per step"), said
     floor = load_matrix(ROOT / "images.yaml").profile_checks("default", "cuda", model_name="qwen35-mini")["spec_decode"]

@@ -2,7 +2,7 @@
 layers and a full-attention layer, with an MTP head) taught what the smoke checks ask, so that a cuda report
 through the image can pass on a GPU where the 27B checkpoint cannot be fetched.
 
-What it learns, on the checks' own prompts (smoke/): a greeting that streams and stops, reasoning that closes
+What it learns, on the checks' own prompts (imported from smoke/): a greeting that streams and stops, reasoning that closes
 before the answer (17 * 23 = 391), a tool call in the qwen3_coder format with thinking on and off, the same call
 as the JSON that tool_choice=required constrains it to, a copy of the fox sentence twice (what spec_decode
 measures), the first lines of the prefix-cache document whatever the padding, and random words where the
@@ -15,7 +15,7 @@ tokens (not special: vLLM keeps them in the text, as Qwen's tokenizer does); the
 shape (tools in the system turn, <tool_call><function=...> calls, <think> opened by the generation prompt).
 Trains on the CPU in a few minutes, deterministically (the checks, not the bytes, judge the result):
 
-    python bench/gpu/qwen35_mini.py OUT_DIR [--steps N]    # torch and transformers 5.15 (the cuda image has both)
+    python bench/gpu/qwen35_mini.py OUT_DIR [--steps N]    # torch, transformers 5.15, pyyaml, requests (the images')
     python bench/gpu/qwen35_mini.py --check DIR            # how DIR answers what the checks ask; exit 1 if off
     python bench/gpu/qwen35_mini.py --drafter DIR          # only the random-weight DFlash2 drafter, into DIR-dflash2
 """
@@ -30,7 +30,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-DEMO = Path(__file__).resolve().parents[2] / "docker" / "demo-model"
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+import smoke.api  # noqa: E402  (the checks' prompts: the model learns what they ask)
+import smoke.cache  # noqa: E402
+import smoke.spec  # noqa: E402
+import smoke.tools  # noqa: E402
+
+DEMO = ROOT / "docker" / "demo-model"
 SEED = 20261202
 PLAIN_MARKERS = ("<tool_call>", "</tool_call>", "<think>", "</think>")  # text in Qwen's vocabulary, not special
 SHAPE = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=2,
@@ -66,42 +75,25 @@ CHAT_TEMPLATE = (
     "{%- else %}<think>\n{%- endif %}{%- endif %}"
 )
 
-# The checks' prompts (smoke/api.py, tools.py, spec.py, cache.py), and what the model answers.
-HELLO = [{"role": "user", "content": "Say hello."}]
+# The checks' own prompts (smoke/), and what the model answers them.
+HELLO, MULTIPLY, RANDOM = smoke.api.HELLO, smoke.api.MULTIPLY, smoke.api.RANDOM_WORDS
+ASK_TIME, GET_TIME, FOX = smoke.tools.ASK, smoke.tools.NO_PARAMS_TOOL, smoke.spec.PROMPT
 GREETING = "Hello! I am a small model of the Qwen3.5 family, here to help you today."
-MULTIPLY = [{"role": "user", "content": "What is 17 * 23? Answer with the number only."}]
-ASK_TIME = [{"role": "user", "content": "What time is it?"}]
-GET_TIME = {"type": "function", "function": {"name": "get_time", "description": "Get the current time.",
-                                             "parameters": {"type": "object", "properties": {}}}}
 CALL = "<tool_call>\n<function=get_time>\n</function>\n</tool_call>"
 REQUIRED_CALL = '[{"name": "get_time", "parameters": {}}]'  # what tool_choice=required's schema admits
 COLOUR = [{"role": "user", "content": "Pick a colour as JSON."}]
-FOX = [{"role": "user", "content": "Copy this exactly: the quick brown fox jumps over the lazy dog, twice."}]
 FOX_TWICE = "the quick brown fox jumps over the lazy dog, the quick brown fox jumps over the lazy dog."
-RANDOM = [{"role": "user", "content": "Continue with random words: river, cobalt,"}]
 WORDS = ["stone", "lantern", "meadow", "harbour", "signal", "copper", "willow", "orbit", "amber", "falcon", "quartz",
          "ember", "glacier", "thistle", "canyon", "saffron", "beacon", "marble", "tundra", "juniper", "cinder",
          "lagoon", "prism", "basalt"]
-# prefix_cache at the sizes images.yaml gives qwen35-mini (models.qwen35-mini.checks.prefix_cache)
-DOC_CHARS, DOC_LINES, MAX_PAD = 600, 2, 160
-
-
-def document(chars: int) -> str:
-    """smoke/cache.py's _document: numbered lines of plain words, the same on every run."""
-    words = ["river", "stone", "cobalt", "lantern", "meadow", "harbour", "signal", "copper", "willow", "orbit"]
-    lines: list[str] = []
-    size = 0
-    while size < chars:
-        i = len(lines)
-        lines.append(f"{i + 1:04d} " + " ".join(words[(i * 7 + j * 3) % len(words)] for j in range(8)))
-        size += len(lines[-1]) + 1
-    return "\n".join(lines)[:chars]
+# The residue sweep at the sizes images.yaml gives qwen35-mini; pads of one token each, past the 128 residues.
+SIZES = yaml.safe_load((ROOT / "images.yaml").read_text())["models"]["qwen35-mini"]["checks"]["prefix_cache"]
+DOC_REQUEST, DOC_COPY = smoke.cache.copy_request(SIZES["document_chars"], SIZES["lines"])
+MAX_PAD = 160
 
 
 def doc_prompt(pad: int) -> list[dict]:
-    base = (f"Document:\n{document(DOC_CHARS)}\n\nReproduce the first {DOC_LINES} lines of the document verbatim, "
-            "nothing else.")
-    return [{"role": "user", "content": base + " x" * pad}]
+    return [{"role": "user", "content": DOC_REQUEST + " x" * pad}]
 
 
 def think(reasoning: str, answer: str) -> str:
@@ -110,7 +102,6 @@ def think(reasoning: str, answer: str) -> str:
 
 def examples(rng: random.Random) -> list[tuple[list[dict], list | None, bool, str]]:
     """(messages, tools, thinking on, the reply), weighted by how often each is drawn."""
-    doc_lines = "\n".join(document(DOC_CHARS).splitlines()[:DOC_LINES])
     out = []
     for _ in range(3):
         out += [(HELLO, None, True, think("The user greets me, so I greet them back.", GREETING)),
@@ -131,7 +122,7 @@ def examples(rng: random.Random) -> list[tuple[list[dict], list | None, bool, st
         words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(10, 16)))
         out.append((RANDOM, None, rng.random() < 0.5, words + "."))
     for _ in range(4):
-        out.append((doc_prompt(rng.randint(0, MAX_PAD)), None, False, doc_lines))
+        out.append((doc_prompt(rng.randint(0, MAX_PAD)), None, False, DOC_COPY))
     for i in range(6):
         out.append(([{"role": "user", "content": f"Request {rng.randint(0, 200)}: tell me more."}], None,
                      rng.random() < 0.5, "There is more to say: " + " ".join(rng.choice(WORDS) for _ in range(12))
@@ -352,10 +343,8 @@ BEHAVIOURS = [
     ("tool call, thinking on", ASK_TIME, [GET_TIME], True, lambda r, a: bool(r) and a == CALL),
     ("tool call, thinking off", ASK_TIME, [GET_TIME], False, lambda r, a: a == CALL),
     ("fox twice", FOX, None, True, lambda r, a: a == FOX_TWICE),
-    ("document, no padding", doc_prompt(0), None, False,
-     lambda r, a: a == "\n".join(document(DOC_CHARS).splitlines()[:DOC_LINES])),
-    ("document, padded", doc_prompt(333), None, False,
-     lambda r, a: a == "\n".join(document(DOC_CHARS).splitlines()[:DOC_LINES])),
+    ("document, no padding", doc_prompt(0), None, False, lambda r, a: a == DOC_COPY),
+    ("document, padded", doc_prompt(133), None, False, lambda r, a: a == DOC_COPY),
 ]
 
 
