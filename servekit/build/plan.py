@@ -111,7 +111,8 @@ def build_facts(matrix: Matrix, target: str, root: Path, settings: BuildSettings
                      **({"made": definition_digest(matrix.bases[base_name])} if matrix.bases[base_name].debootstrap
                         else {})},
             # what only the host reads of a stand-in (which folder may be served in a model's place): not the image's
-            "model": matrix.models[spec.model].model_dump(exclude={"stands_in_for", "not_required"}), "gpu": spec.gpu, "cuda_archs": archs,
+            "model": matrix.models[spec.model].model_dump(exclude={"stands_in_for", "not_required"}),
+            "gpu": spec.gpu, "cuda_archs": archs,
             "boot_imports": spec.boot_imports,
             "lock": {"file": lock.relative_to(root).as_posix(),
                      "sha256": hashlib.sha256(lock.read_bytes()).hexdigest() if lock.is_file() else None},
