@@ -58,9 +58,10 @@ schema: $(STAMP)
 derived: $(STAMP)
 	$(PY) build.py derive
 
+# --durations: CI's log names the slowest tests, what to look at first when the run nears its 75 minutes.
 test: lint
 	$(PY) build.py engine --test-tools
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=25
 
 test-fast: lint
 	$(PY) -m pytest -m "not slow"
