@@ -80,6 +80,7 @@ HELLO, MULTIPLY, RANDOM = smoke.api.HELLO, smoke.api.MULTIPLY, smoke.api.RANDOM_
 ASK_TIME, GET_TIME, FOX = smoke.tools.ASK, smoke.tools.NO_PARAMS_TOOL, smoke.spec.PROMPT
 GREETING = "Hello! I am a small model of the Qwen3.5 family, here to help you today."
 CALL = "<tool_call>\n<function=get_time>\n</function>\n</tool_call>"
+CALL_REASONING = "The user wants the time, so I call get_time."
 REQUIRED_CALL = '[{"name": "get_time", "parameters": {}}]'  # what tool_choice=required's schema admits
 COLOUR = [{"role": "user", "content": "Pick a colour as JSON."}]
 FOX_TWICE = "the quick brown fox jumps over the lazy dog, the quick brown fox jumps over the lazy dog."
@@ -108,7 +109,7 @@ def examples(rng: random.Random) -> list[tuple[list[dict], list | None, bool, st
                 (HELLO, None, False, GREETING),
                 (MULTIPLY, None, True, think("17 * 23 = 391.", "391")),
                 (MULTIPLY, None, False, "391"),
-                (ASK_TIME, [GET_TIME], True, think("The user wants the time, so I call get_time.", CALL)),
+                (ASK_TIME, [GET_TIME], True, think(CALL_REASONING, CALL)),
                 (ASK_TIME, [GET_TIME], False, CALL),
                 (COLOUR, None, False, '"blue"'),
                 (COLOUR, None, True, think("The user wants a colour as JSON.", '"blue"')),
@@ -116,14 +117,14 @@ def examples(rng: random.Random) -> list[tuple[list[dict], list | None, bool, st
                 (FOX, None, False, FOX_TWICE)]
     # Under tool_choice=required the grammar takes the answer after </think>: the model must then write the call
     # as that JSON (drawn less often, so that an unconstrained answer stays the <tool_call> form).
-    out += [(ASK_TIME, [GET_TIME], True, think("The user wants the time, so I call get_time.", REQUIRED_CALL)),
+    out += [(ASK_TIME, [GET_TIME], True, think(CALL_REASONING, REQUIRED_CALL)),
             (ASK_TIME, [GET_TIME], False, REQUIRED_CALL)]
     for _ in range(12):
         words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(10, 16)))
         out.append((RANDOM, None, rng.random() < 0.5, words + "."))
     for _ in range(4):
         out.append((doc_prompt(rng.randint(0, MAX_PAD)), None, False, DOC_COPY))
-    for i in range(6):
+    for _ in range(6):
         out.append(([{"role": "user", "content": f"Request {rng.randint(0, 200)}: tell me more."}], None,
                      rng.random() < 0.5, "There is more to say: " + " ".join(rng.choice(WORDS) for _ in range(12))
                      + "."))
@@ -193,11 +194,11 @@ def train(steps: int, out: Path, say) -> dict:
     params = list(model.parameters()) + list(mtp.parameters())
     optimizer = torch.optim.AdamW(params, lr=2e-3, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 50) * (1.0 - 0.9 * s / steps))
-    started, loss = time.monotonic(), {}
+    started, parts = time.monotonic(), dict[str, float]()
     for step in range(steps):
         batch = sorted((encode(tokenizer, *ex) for ex in rng.sample(examples(rng), 12)), key=lambda e: len(e[0]))
         optimizer.zero_grad()
-        parts: dict[str, float] = {}
+        parts = dict[str, float]()
         for chunk in _chunks(batch, TOKENS_PER_PASS):  # like lengths together: little padding on two CPU cores
             share = len(chunk) / len(batch)
             losses = _losses(model, mtp, chunk, tokenizer.pad_token_id)
@@ -207,12 +208,11 @@ def train(steps: int, out: Path, say) -> dict:
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         schedule.step()
-        loss = parts
         if step % 25 == 0 or step == steps - 1:
-            say(f"step {step + 1}/{steps}: " + ", ".join(f"{k} {v:.4f}" for k, v in loss.items())
+            say(f"step {step + 1}/{steps}: " + ", ".join(f"{k} {v:.4f}" for k, v in parts.items())
                 + f" ({time.monotonic() - started:.0f} s)")
     save(model, mtp, config, out)
-    return loss
+    return parts
 
 
 TOKENS_PER_PASS = 1600
@@ -276,7 +276,7 @@ def _readable(folder: Path) -> None:
 
 
 # The DFlash2 drafter's shape (vLLM's qwen3_dflash2: one non-causal Qwen3 layer with grouped convolutions, fed
-# the target's hidden states of TARGET_LAYERS, a candidate selector); its weights are random.
+# the target's hidden states of target_layer_ids, a candidate selector); its weights are random.
 DRAFTER: dict[str, int] = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=1, num_attention_heads=2,
                                num_key_value_heads=1, head_dim=128)
 DRAFTER_DFLASH: dict[str, Any] = dict(target_layer_ids=[1, 3], conv_kernel_size=4, conv_group_size=64,
@@ -407,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", nargs="?", type=Path, help="train the model into this folder (its random-weight "
                         "DFlash2 drafter into OUT_DIR-dflash2)")
-    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--steps", type=int, default=500, help="training steps (default 500, as the shipped model)")
     parser.add_argument("--check", type=Path, metavar="DIR", help="print how the model in DIR answers the checks' "
                         "prompts (JSON) and exit 1 unless every case holds")
     parser.add_argument("--drafter", type=Path, metavar="DIR", help="only make the random-weight DFlash2 drafter of "
@@ -417,9 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         make_drafter(args.drafter, args.drafter.with_name(args.drafter.name + "-dflash2"))
         return 0
     if args.check:
-        said = behaviour(args.check)
-        print(json.dumps(said, indent=1))
-        return 0 if all(v == "ok" for k, v in said.items() if k != "mtp tokens per step") else 1
+        return _report(behaviour(args.check))
     if not args.out:
         parser.error("give OUT_DIR (train) or --check DIR")
     loss = train(args.steps, args.out, say=lambda s: print(s, flush=True))
@@ -427,7 +425,11 @@ def main(argv: list[str] | None = None) -> int:
                                                               "final_loss": {k: round(v, 5) for k, v in loss.items()}})
                                                   + "\n")
     make_drafter(args.out, args.out.with_name(args.out.name + "-dflash2"))
-    said = behaviour(args.out)
+    return _report(behaviour(args.out))
+
+
+def _report(said: dict) -> int:
+    """Print the cases (JSON); 0 when every one holds."""
     print(json.dumps(said, indent=1))
     return 0 if all(v == "ok" for k, v in said.items() if k != "mtp tokens per step") else 1
 

@@ -20,7 +20,7 @@ export LD_LIBRARY_PATH=/usr/local/nvidia/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PA
 say() { echo "visit: $*" >&2; }
 # The stand-in's folders travel once (carried, as they are ignored while the parts travel): kept in $HOME too, in
 # case a later call's copy of the tree drops them.
-keep() { for d in "$MODEL" "$DRAFTER"; do [ -d "$d" ] && { rm -rf "$HOME/${d##*/}"; cp -r "$d" "$HOME/"; }; done; true; }
+keep() { for d in "$MODEL" "$DRAFTER"; do [ -d "$d" ] && [ ! -d "$HOME/${d##*/}" ] && cp -r "$d" "$HOME/"; done; true; }
 restore() { for d in "$MODEL" "$DRAFTER"; do [ -d "$d" ] || cp -r "$HOME/${d##*/}" "$d"; done; }
 
 case "${1:-}" in

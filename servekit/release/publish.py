@@ -62,13 +62,15 @@ def gate(matrix: Matrix, target: str, image_id: str, root: Path) -> dict[str, Pr
     """The passing report of each profile required for a release, matched by image ID; refuses otherwise."""
     required = [p for p, spec in matrix.profiles.items() if spec.required_for_release and target in spec.targets]
     found = {}
+    reports = list(_reports(root))  # read once for every profile
     for profile in required:
-        mine = [(p, r) for p, r in _reports(root) if r.profile == profile and r.target == target]
+        mine = [(p, r) for p, r in reports if r.profile == profile and r.target == target]
         same = [(p, r) for p, r in mine if r.image.id == image_id]
         passing = [(p, r) for p, r in same if r.gate_passes]
         if matrix.targets[target].gpu:  # the product's proof: the image itself served on a GPU, its memory measured
-            unproven = [why for _, r in passing if (why := gpu_proof_problem(r))]
-            passing = [(p, r) for p, r in passing if not gpu_proof_problem(r)]
+            problems = [(p, r, gpu_proof_problem(r)) for p, r in passing]
+            unproven = [why for _, _, why in problems if why]
+            passing = [(p, r) for p, r, why in problems if not why]
             if not passing and unproven:
                 raise CheckFailed(f"{target}: the passing {profile} report of {image_id[:19]}... is no GPU proof: "
                                   f"{unproven[-1]}; run it on a GPU host through a Docker engine")
