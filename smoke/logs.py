@@ -14,6 +14,8 @@ from . import CheckFailure, Context, NotRun, check, ensure
 TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
 OOM = re.compile(r"out of memory|OutOfMemoryError|No available memory for the cache blocks", re.I)
 COMPILE = re.compile(r"Compiling a graph|torch\._dynamo|inductor.*compil|JIT compil|Compiling kernel", re.I)
+# vLLM's JIT monitor names the kernel: "Triton kernel JIT compilation during inference: NAME."
+JIT_KERNEL = re.compile(r"JIT compilation during inference: (\w+(?:\.\w+)*)")
 LAUNCH = re.compile(r"launcher: profile \S+: vllm serve (.+)$")
 NON_DEFAULT = re.compile(r"non-default args: (\{.*\})\s*$")
 
@@ -30,11 +32,15 @@ def logs(ctx: Context) -> dict:
     tracebacks = [line for line in lines if TRACEBACK.search(line)]
     ooms = [line for line in lines if OOM.search(line)]
     compiles = [line for line in lines[ctx.healthy_line:] if COMPILE.search(line)]
+    # Every kernel the monitor named, so one visit to a GPU says all that a warm-up must cover.
+    kernels = sorted({m[1] for m in map(JIT_KERNEL.search, compiles) if m})
     figures = {"lines": len(lines), "tracebacks": len(tracebacks), "out_of_memory": len(ooms),
-               "compiles_during_inference": len(compiles)}
-    ensure(not tracebacks and not ooms and not compiles,
-           "; ".join(f"{what}: {found[0].strip()[:160]}" for what, found in
-                     (("traceback", tracebacks), ("out of memory", ooms), ("compile", compiles)) if found), **figures)
+               "compiles_during_inference": len(compiles), "kernels_compiled_during_inference": kernels}
+    found = [f"{what}: {lines_[0].strip()[:160]}" for what, lines_ in
+             (("traceback", tracebacks), ("out of memory", ooms), ("compile", compiles)) if lines_]
+    if kernels:
+        found.append(f"kernels compiled during inference: {', '.join(kernels)}")
+    ensure(not tracebacks and not ooms and not compiles, "; ".join(found), **figures)
     return figures
 
 

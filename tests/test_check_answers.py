@@ -107,3 +107,18 @@ def test_the_knobs_check_reads_enum_reprs_in_the_engines_arguments():
     result = run_check("knobs", Context("http://127.0.0.1:9", "k", "m", logs=lambda: lines,
                                         environ=lambda: {"DO_NOT_TRACK": "1"}), {})
     assert result.status == "passed" and result.figures["reached"] == 2, result.reason
+
+
+def test_logs_names_every_kernel_the_jit_monitor_saw_compile_after_healthy():
+    monitor = ("(EngineCore pid=240) WARNING 12-02 14:57:00 [jit_monitor.py:140] Triton kernel JIT compilation during "
+               "inference: {}. This causes a latency spike; consider extending warmup to cover this shape/config.")
+    lines = [monitor.format("_warmed_at_boot_kernel"), "INFO: Application startup complete.",
+             monitor.format("_rejection_kernel"), monitor.format("_compute_local_logits_stats_kernel")]
+    result = run_check("logs", Context("http://127.0.0.1:9", "k", "m", logs=lambda: lines, healthy_line=2), {})
+    assert result.status == "failed"
+    assert result.figures["compiles_during_inference"] == 2
+    assert result.figures["kernels_compiled_during_inference"] == ["_compute_local_logits_stats_kernel",
+                                                                   "_rejection_kernel"]
+    assert "_compute_local_logits_stats_kernel, _rejection_kernel" in result.reason
+    quiet = run_check("logs", Context("http://127.0.0.1:9", "k", "m", logs=lambda: lines[:2], healthy_line=2), {})
+    assert quiet.status == "passed" and quiet.figures["kernels_compiled_during_inference"] == []
