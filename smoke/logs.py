@@ -36,8 +36,8 @@ def logs(ctx: Context) -> dict:
     kernels = sorted({m[1] for m in map(JIT_KERNEL.search, compiles) if m})
     figures = {"lines": len(lines), "tracebacks": len(tracebacks), "out_of_memory": len(ooms),
                "compiles_during_inference": len(compiles), "kernels_compiled_during_inference": kernels}
-    found = [f"{what}: {lines_[0].strip()[:160]}" for what, lines_ in
-             (("traceback", tracebacks), ("out of memory", ooms), ("compile", compiles)) if lines_]
+    found = [f"{what}: {hits[0].strip()[:160]}" for what, hits in
+             (("traceback", tracebacks), ("out of memory", ooms), ("compile", compiles)) if hits]
     if kernels:
         found.append(f"kernels compiled during inference: {', '.join(kernels)}")
     ensure(not tracebacks and not ooms and not compiles, "; ".join(found), **figures)
