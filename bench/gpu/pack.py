@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from servekit.engines.bootstrap import COMPOSE_DIST, ENGINE_DEBS  # noqa: E402
 
 CALL_BYTES = 63 * 2**20  # what one device call carries, the working tree included (64 MiB, less a margin)
-MAX_PART_BYTES = 55 * 2**20
+MAX_PART_BYTES = 59 * 2**20  # a call carries 64 MiB with the tree; the shipped models travel in calls of their own
 WHEEL_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 
 
@@ -119,8 +119,10 @@ def main() -> int:
     total = split(zstd.stdout, "image", args.out, sums, n, size)
     if zstd.wait() or save.wait():
         sys.exit("pack: docker save | zstd failed")
-    (args.out / "SHA256SUMS").write_text("\n".join(sums) + "\n")
-    (args.out / "IMAGE").write_text(f"{tag} {image_id}\n")
+    # Beside the parts and in the first part's folder, so that they travel with it.
+    for folder in (args.out, args.out / "000"):
+        (folder / "SHA256SUMS").write_text("\n".join(sums) + "\n")
+        (folder / "IMAGE").write_text(f"{tag} {image_id}\n")
     print(f"pack: {total} parts of at most {size >> 20} MiB in {args.out} ({total - n} of the image)")
     return 0
 
