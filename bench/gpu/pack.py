@@ -1,7 +1,7 @@
 """Pack what a GPU machine without a network needs to serve the built cuda image: the image, the engine, the host tool.
 
 Writes PARTS_DIR/NNN/ folders of one part each (the device tool carries one folder of at most 64 MiB a call,
-the working tree included), every part named in SHA256SUMS beside it:
+the working tree included, here without TRAVEL_ONCE), every part named in SHA256SUMS beside it and in 000/:
 
 - image-*: `docker save TAG | zstd -3`, split (the image ID survives save and load, so reports made there name
   the image built here);
@@ -30,7 +30,11 @@ sys.path.insert(0, str(ROOT))
 from servekit.engines.bootstrap import COMPOSE_DIST, ENGINE_DEBS  # noqa: E402
 
 CALL_BYTES = 63 * 2**20  # what one device call carries, the working tree included (64 MiB, less a margin)
-MAX_PART_BYTES = 59 * 2**20  # a call carries 64 MiB with the tree; the shipped models travel in calls of their own
+MAX_PART_BYTES = 59 * 2**20
+# Out of the tree while the parts travel (git sparse-checkout): the shipped models go once, in the visit's first
+# call with the whole tree (visit.sh take keeps them), and the calls that set up and run have the whole tree again.
+TRAVEL_ONCE = ("bench/gpu/qwen35-mini/", "bench/gpu/qwen35-mini-dflash2/", "docker/demo-model/")
+SPARSE = "git sparse-checkout set --no-cone '/*' " + " ".join(f"'!/{folder}'" for folder in TRAVEL_ONCE)
 WHEEL_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 
 
@@ -57,10 +61,11 @@ def gather_kit(folder: Path) -> None:
 
 
 def tree_bytes() -> int:
-    """What travels with every call: tracked files and untracked ones git does not ignore."""
+    """What travels with every part: tracked files and untracked ones git does not ignore, less TRAVEL_ONCE."""
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                            capture_output=True, check=True).stdout.split(b"\0")
-    return sum((ROOT / name.decode()).stat().st_size for name in listed if name and (ROOT / name.decode()).is_file())
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    return sum((ROOT / name).stat().st_size for name in listed
+               if name and not name.startswith(TRAVEL_ONCE) and (ROOT / name).is_file())
 
 
 def part_bytes() -> int:
@@ -123,7 +128,8 @@ def main() -> int:
     for folder in (args.out, args.out / "000"):
         (folder / "SHA256SUMS").write_text("\n".join(sums) + "\n")
         (folder / "IMAGE").write_text(f"{tag} {image_id}\n")
-    print(f"pack: {total} parts of at most {size >> 20} MiB in {args.out} ({total - n} of the image)")
+    print(f"pack: {total} parts of at most {size >> 20} MiB in {args.out} ({total - n} of the image); they fit a "
+          f"call with the tree sparse: after the first call, {SPARSE}")
     return 0
 
 

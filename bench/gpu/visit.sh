@@ -6,7 +6,8 @@
 # From the repository root, on the GPU machine:
 #   bench/gpu/visit.sh take DIR...     # copy carried parts into ~/kit-parts, each checked against SHA256SUMS
 #   bench/gpu/visit.sh setup           # all parts checked; host tool, engine, image loaded
-#   bench/gpu/visit.sh run LABEL ARGS  # python build.py ARGS (run or sweep); reports tarred to $OUT/LABEL.tar
+#   bench/gpu/visit.sh run LABEL ARGS  # python build.py ARGS (run or sweep); reports tarred to $OUT/LABEL.tar,
+#                                      # the server's log to $OUT/LABEL-server.log
 #                                      # (give `run` a --timeout inside the call's limit: a boot past it is reported)
 # Runs serve qwen35-mini (images.yaml; bench/gpu/qwen35_mini.py trains it) and its DFlash2 drafter through
 # MODEL_DIR and DRAFTER_DIR: the 27B cannot be fetched there.
@@ -67,15 +68,20 @@ run)
     rc=0
     command=$1
     shift  # the host is native unless ARGS name another (a later --host wins)
+    # The server's own log beside the reports: a check's one-line reason leaves out what a fix needs (the compile
+    # key --jit-monitor-verbose prints, a traceback's frames).
+    ( while sleep 2; do for c in $(docker ps -q); do docker logs "$c" > "${OUT:-.}/$label-server.log" 2>&1; done; done ) &
+    capture=$!
     MODEL_DIR=$MODEL DRAFTER_DIR=$DRAFTER .venv/bin/python build.py "$command" --target cuda --host native "$@" \
         2>&1 | tee "${OUT:-.}/$label.log" || rc=$?
+    kill $capture
     new=$(comm -13 <(echo "$before" | sort) <(ls reports | sort) | grep -v '^latest' || true)
     [ -n "$new" ] && tar -C reports -cf "${OUT:-.}/$label.tar" $new
     say "$label: exit $rc, reports: ${new:-none}"
     exit $rc
     ;;
 *)
-    sed -n '2,11p' "$0" >&2
+    sed -n '2,13p' "$0" >&2
     exit 2
     ;;
 esac
