@@ -50,7 +50,7 @@ def stand_ins() -> None:
         has_device_capability = staticmethod(lambda capability: False)  # no hadacore op: Triton's Hadamard
         is_device_capability_family = staticmethod(lambda family: False)
 
-    modules = {
+    modules: dict[str, dict[str, object]] = {
         "vllm.platforms": {"current_platform": Platform()},
         "vllm.envs": {"VLLM_BATCH_INVARIANT": False},
         "vllm.logger": {"init_logger": logging.getLogger},
