@@ -74,7 +74,7 @@ run)
     capture=$!
     MODEL_DIR=$MODEL DRAFTER_DIR=$DRAFTER .venv/bin/python build.py "$command" --target cuda --host native "$@" \
         2>&1 | tee "${OUT:-.}/$label.log" || rc=$?
-    kill $capture
+    kill "$capture" 2>/dev/null || true  # its loop never ends by itself; a failed kill must not lose the reports
     new=$(comm -13 <(echo "$before" | sort) <(ls reports | sort) | grep -v '^latest' || true)
     [ -n "$new" ] && tar -C reports -cf "${OUT:-.}/$label.tar" $new
     say "$label: exit $rc, reports: ${new:-none}"
