@@ -118,6 +118,7 @@ def main() -> int:
             n = split(stream, "kit", args.out, sums, 0, size)
     print(f"pack: kit in {n} part(s); saving {tag} ({image_id[:19]})", flush=True)
     save = subprocess.Popen(["docker", "save", tag], stdout=subprocess.PIPE)
+    # -3: on 600 MB of this image's stream -9 --long saved 2.6% in 3 times the time and -15 3.7% in 20 (2026-12-03)
     zstd = subprocess.Popen(["zstd", "-3", "-T0", "-q", "-c"], stdin=save.stdout, stdout=subprocess.PIPE)
     assert save.stdout and zstd.stdout
     save.stdout.close()
