@@ -1,7 +1,7 @@
 """Pack what a GPU machine without a network needs to serve the built cuda image: the image, the engine, the host tool.
 
 Writes PARTS_DIR/NNN/ folders of one part each (the device tool carries one folder of at most 64 MiB a call,
-the working tree included, here without TRAVEL_ONCE), every part named in SHA256SUMS beside it and in 000/:
+the working tree included, here without TRAVEL_ONCE), every part named in 000/SHA256SUMS:
 
 - image-*: `docker save TAG | zstd -3`, split (the image ID survives save and load, so reports made there name
   the image built here);
@@ -125,10 +125,9 @@ def main() -> int:
     total = split(zstd.stdout, "image", args.out, sums, n, size)
     if zstd.wait() or save.wait():
         sys.exit("pack: docker save | zstd failed")
-    # Beside the parts and in the first part's folder, so that they travel with it.
-    for folder in (args.out, args.out / "000"):
-        (folder / "SHA256SUMS").write_text("\n".join(sums) + "\n")
-        (folder / "IMAGE").write_text(f"{tag} {image_id}\n")
+    # In the first part's folder, so that they travel with it.
+    (args.out / "000" / "SHA256SUMS").write_text("\n".join(sums) + "\n")
+    (args.out / "000" / "IMAGE").write_text(f"{tag} {image_id}\n")
     print(f"pack: {total} parts of at most {size >> 20} MiB in {args.out} ({total - n} of the image); they fit a "
           f"call with the tree sparse: after the first call, {SPARSE}")
     return 0
