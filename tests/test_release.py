@@ -118,6 +118,14 @@ def test_no_passing_report_for_this_image_is_refused(checked_image, registry, tm
         .status_code == 404  # nothing pushed
 
 
+def test_the_reports_are_checked_before_the_registry(checked_image, tmp_path):
+    """Without a passing report, a registry that does not answer is not what is said: the reports are read here and
+    say the first thing to do."""
+    root = _copy_with_git(tmp_path)
+    done = _release("--registry", f"127.0.0.1:{_free_port()}/other", "--target", "cpu", cwd=root)
+    assert done.returncode == 1 and "no passing default report for image sha256:" in done.stderr, done.stderr
+
+
 def test_a_report_of_another_image_is_refused(checked_image, registry, tmp_path):
     root = _copy_with_git(tmp_path)
     source = (work_dir() / "reports" / "latest").resolve()

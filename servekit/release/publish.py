@@ -217,10 +217,10 @@ def release_targets(matrix: Matrix, root: Path, engine, registry_path: str, plan
                     explicit: bool, dry_run: bool, say) -> list[ReleaseRecord]:
     """Gate, check the moving tags, push and read back, per target; the records for the manifest.
 
-    Everything that can refuse is checked for a target before any of its tags is pushed."""
+    Everything that can refuse is checked for a target before any of its tags is pushed: the reports first (they are
+    here), then the registry."""
     releases = []
-    client = engine.sdk(timeout=600)
-    registry.check_access(client, f"{registry_path}/{matrix.image.name}")
+    gated = []
     for target, plan in plans.items():
         image = engine.image(plan.tag)
         if image is None:
@@ -229,8 +229,11 @@ def release_targets(matrix: Matrix, root: Path, engine, registry_path: str, plan
                                   f"{target}` first")
             say(f"release: {target}: no image {plan.tag} here; skipped")
             continue
-        smoke = gate(matrix, target, image.id, root)
-        repository = f"{registry_path}/{matrix.image.name}"
+        gated.append((target, plan, image, gate(matrix, target, image.id, root)))
+    client = engine.sdk(timeout=600)
+    repository = f"{registry_path}/{matrix.image.name}"
+    registry.check_access(client, repository)
+    for target, plan, image, smoke in gated:
         tags = release_tags(matrix, plan)
         for moving in tags[1:]:
             current = registry.vllm_version(client, repository, moving)
