@@ -69,8 +69,19 @@ run)
     command=$1
     shift  # the host is native unless ARGS name another (a later --host wins)
     # The server's own log beside the reports: a check's one-line reason leaves out what a fix needs (the compile
-    # key --jit-monitor-verbose prints, a traceback's frames).
-    ( while sleep 2; do for c in $(docker ps -q); do docker logs "$c" > "${OUT:-.}/$label-server.log" 2>&1; done; done ) &
+    # key --jit-monitor-verbose prints, a traceback's frames). Each container is followed to its end (a sweep boots
+    # several: the last one's log stays).
+    follow() {
+        local seen=" " c
+        while sleep 1; do
+            for c in $(docker ps -q); do
+                [[ $seen == *" $c "* ]] && continue
+                seen+="$c "
+                docker logs -f "$c" > "${OUT:-.}/$label-server.log" 2>&1 &
+            done
+        done
+    }
+    follow &
     capture=$!
     MODEL_DIR=$MODEL DRAFTER_DIR=$DRAFTER .venv/bin/python build.py "$command" --target cuda --host native "$@" \
         2>&1 | tee "${OUT:-.}/$label.log" || rc=$?
