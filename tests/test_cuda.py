@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from support import docker, project_containers, run_build_py, tracked_copy
+from support import ROOT, docker, project_containers, run_build_py, tracked_copy
 
 pytestmark = [pytest.mark.engine, pytest.mark.network]
 
@@ -126,6 +126,43 @@ def test_the_cuda_toolkit_sits_where_nvidias_devel_image_keeps_it(cuda_image):
                     "/usr/local/cuda/lib64/libcudart.so /usr/local/cuda/lib64/stubs/libcuda.so")
     assert probe.returncode == 0, probe.stderr
     assert probe.stdout.startswith("/usr/local/cuda/bin/nvcc") and "release 13.0" in probe.stdout
+
+
+# Each flag of the argvs vLLM's parser reads as its own default, with that default (vLLM's "non-default args" log
+# line leaves such flags out, as get_non_default_args compares against parse_args([])).
+PASSED_AT_DEFAULT = r"""
+import json, sys
+from vllm.entrypoints.launchers.cli_args import make_arg_parser
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+defaults = vars(parser.parse_args([]))
+found = {}
+for argv in json.load(sys.stdin):
+    parsed = vars(parser.parse_args(argv))
+    for token in argv:
+        action = parser._option_string_actions.get(token.split("=")[0])
+        if action and parsed[action.dest] == defaults[action.dest]:
+            found[action.dest] = defaults[action.dest]
+print(json.dumps(found, default=str))
+"""
+
+
+@pytest.mark.slow
+def test_the_knobs_check_knows_every_flag_a_profile_passes_at_vllms_default(cuda_image):
+    from servekit.config.load import load_matrix
+    from servekit.config.profiles import render_profiles
+    from servekit.image.launcher import build_command
+    from servekit.smoke.logs import AT_VLLM_DEFAULT
+    profiles = render_profiles(load_matrix(ROOT / "images.yaml"), "cuda")
+    info = json.loads(docker("run", "--rm", "--entrypoint", "cat", cuda_image, "/opt/servekit/build-info.json").stdout)
+    absent = {name for name, state in info["components"].items() if state != "present"}
+    argvs = [build_command(profiles, name, host, {})[0] for name, hosts in profiles["profiles"].items()
+             if not absent & set(profiles.get("needs", {}).get(name, [])) for host in hosts]
+    asked = subprocess.run(["docker", "run", "--rm", "-i", "-e", "VLLM_TARGET_DEVICE=cpu", "--entrypoint",
+                            "/opt/venv/bin/python", cuda_image, "-c", PASSED_AT_DEFAULT],
+                           input=json.dumps(argvs), capture_output=True, text=True, timeout=600)
+    assert asked.returncode == 0, asked.stderr[-2000:]
+    assert json.loads(asked.stdout.splitlines()[-1]) == AT_VLLM_DEFAULT
 
 
 @pytest.mark.slow

@@ -335,6 +335,20 @@ def test_the_knobs_check_compares_parsed_flags_and_the_processs_environment():
     assert result.status == "failed" and "speculative_config" in result.reason
 
 
+@pytest.mark.parametrize("retention, status", [("0", "passed"), ("5", "failed")])
+def test_a_flag_vllm_leaves_out_of_its_log_passes_only_at_vllms_default(retention, status):
+    """vLLM logs only non-default arguments: a flag absent there reached the engine only if it holds the default."""
+    argv = ["--model", "/m", "--max-num-seqs", "8", "--port", "8000", "--prefix-cache-retention-interval", retention]
+    env = {"DO_NOT_TRACK": "1"}
+    result = run_check("knobs", Context("http://127.0.0.1:9", "k", "m", logs=lambda: _knob_lines(argv, env),
+                                        environ=lambda: env), {})
+    assert result.status == status, result.reason
+    if status == "passed":
+        assert result.figures["not_echoed"] == ["port", "prefix_cache_retention_interval"]
+    else:
+        assert "'prefix_cache_retention_interval': 'absent'" in result.reason
+
+
 # --- privacy --------------------------------------------------------------------------------------------
 
 def test_no_usage_statistics_leave_any_target():
