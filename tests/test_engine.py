@@ -46,3 +46,14 @@ def test_plan_knows_whether_an_image_exists():
     result = run_build_py("plan", "--json")
     assert result.returncode == 0
     assert all(t["exists"] in (True, False) for t in json.loads(result.stdout)["targets"])
+
+
+def test_doctor_tries_the_gpu_with_an_image_built_here_before_the_bases(cpu_image):
+    from servekit.config.load import load_matrix
+    from servekit.engines.docker import local
+    from servekit.serve.doctor import images_to_try
+    from support import ROOT
+    matrix = load_matrix(ROOT / "images.yaml")
+    images = images_to_try(local(), matrix)
+    bases = [base.image for base in matrix.bases.values()]
+    assert cpu_image in images and images.index(cpu_image) < len(images) - len(bases) and images[-len(bases):] == bases

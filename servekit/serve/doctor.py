@@ -65,6 +65,13 @@ def engine_disk(info: dict) -> Finding:
         return Finding("disk", "ok", f"the engine keeps images at {root or '?'}, not on this machine: not checked")
 
 
+def images_to_try(engine, matrix) -> list[str]:
+    """The matrix's images built (or loaded) here, then its bases: a GPU host given only the product image (the
+    H200 visits, by `docker load`) holds no base."""
+    built = [tag for image in engine.client.images.list(name=matrix.image.name) for tag in image.tags]
+    return built + [base.image for base in matrix.bases.values()]
+
+
 def gpu_container(engine, images: list[str], access: GpuAccess) -> Finding:
     """Run a container with the GPU once, as `up` will (by the toolkit or by the devices route), from the first of
     `images` the engine has: the driver answers, or say why not."""
@@ -170,5 +177,5 @@ def doctor(matrix_path) -> list[Finding]:
                                 "--target overrides"))
         if gpu:
             engine = local()
-            findings.append(gpu_container(engine, [base.image for base in matrix.bases.values()], engine.gpu_access()))
+            findings.append(gpu_container(engine, images_to_try(engine, matrix), engine.gpu_access()))
     return findings

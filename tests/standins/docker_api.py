@@ -36,7 +36,9 @@ class RecordedEngine:
                     self._send(200, b"OK", "text/plain; charset=utf-8")
                 elif path.strip("/") in engine.answers:
                     self._send(200, engine.answers[path.strip("/")])
-                elif image := re.fullmatch(r"/images/(.+)/json", path):  # an engine that holds no image
+                elif path == "/images/json":  # the list of an engine that holds no image
+                    self._send(200, b"[]")
+                elif image := re.fullmatch(r"/images/(.+)/json", path):
                     self._send(404, json.dumps({"message": f"No such image: {image[1]}"}).encode())
                 else:
                     self._send(404, json.dumps({"message": "page not found"}).encode())
