@@ -391,6 +391,31 @@ def test_ctrl_c_or_sigterm_during_up_leaves_nothing_running(cpu_built, sig):
 
 @pytest.mark.slow
 @pytest.mark.engine
+def test_a_run_stopped_by_sigterm_during_the_boot_writes_what_it_got_to(cpu_built):
+    """`timeout 300 build.py run ...` on a boot that outlives it: the report says where the boot was, fails the
+    gate, and nothing is left running."""
+    before = set((work_dir() / "reports").glob("*-default-cpu"))
+    proc = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "run", "--profile", "default", "--target", "cpu"],
+                            cwd=work_dir(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not project_containers():
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert project_containers() == []
+    [folder] = set((work_dir() / "reports").glob("*-default-cpu")) - before
+    doc = json.loads((folder / "report.json").read_text())
+    boot = doc["checks"][0]
+    assert boot["name"] == "boot" and boot["status"] == "not_run" and "s into the boot" in boot["reason"]
+    assert doc["passed"] is False and {c["status"] for c in doc["checks"][1:]} <= {"not_run", "not_required"}
+    assert "default: interrupted; report in" in err
+    assert "The boot did not finish: interrupted" in (folder / "report.md").read_text()
+
+
+
+@pytest.mark.slow
+@pytest.mark.engine
 def test_up_as_another_uid_on_fresh_volumes(cpu_built):
     """Docker Desktop and a non-root host run the containers as the user's uid, not the image's 10001: prepare
     must write into fresh volumes and the server must read its key as that uid."""

@@ -79,10 +79,11 @@ def render_markdown(r: RunReport) -> str:
         mark = {"passed": "passed", "failed": "**FAILED**", "not_run": "**not run**", "not_required": "not required"}[
             c.status]
         lines.append(f"| {_cell(c.name)} | {mark} | {_cell(_figures(c.figures))} | {_cell(c.reason)} |")
-    failed_boot = next((c for c in r.checks if c.name == "boot" and c.status == "failed"), None)
-    if failed_boot:
-        lines += ["", f"The boot failed: {failed_boot.reason}", "", "```text",
-                  *[str(line)[:300] for line in failed_boot.figures.get("last_lines", [])], "```"]
+    boot_check = next((c for c in r.checks if c.name == "boot"), None)  # a boot that failed or was interrupted
+    if boot_check:
+        ended = "failed" if boot_check.status == "failed" else "did not finish"
+        lines += ["", f"The boot {ended}: {boot_check.reason}", "", "```text",
+                  *[str(line)[:300] for line in boot_check.figures.get("last_lines", [])], "```"]
     for note in r.notes:
         lines.append(f"\nNote: {note}")
     return "\n".join(lines) + "\n"
@@ -184,7 +185,8 @@ def plot_memory(path: Path, report: RunReport, series: dict) -> None:
     if not plotted:
         ax.text(0.5, 0.5, "no memory samples", transform=ax.transAxes, ha="center")
     ax.set_title(f"{report.profile} on {report.target} ({report.host}): healthy in {report.boot.time_to_healthy_s} s")
-    ax.legend(loc="lower right", fontsize=8)
+    if ax.get_legend_handles_labels()[0]:  # a boot that never got a sample has no series to name
+        ax.legend(loc="lower right", fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)

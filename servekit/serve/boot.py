@@ -42,6 +42,14 @@ class ContainerMemory(threading.Thread):
             return
 
 
+class BootInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM (a `timeout`) while a profile booted, with how far it got: a run's report says it."""
+
+    def __init__(self, elapsed_s: float, last_lines: list[str]):
+        super().__init__(f"interrupted {elapsed_s:.0f} s into the boot")
+        self.last_lines = last_lines
+
+
 class Stopped(Exception):
     """The run was told to stop (Ctrl-C on a fleet run): the boot in this thread takes its profile down."""
 
@@ -162,7 +170,10 @@ def boot(dep: deploy.Deployment, profile: str, timeout_s: float, say=None, knobs
                    progress=progress)
         b.mark("healthy")
         return b
-    except BaseException:
+    except BaseException as exc:
+        elapsed, last_lines = time.time() - (b.record.started or time.time()), list(b.record.lines)[-12:]
         b.stop_samplers()
         deploy.down(dep, profile)  # a failed boot, Ctrl-C included, leaves nothing of its own running
+        if type(exc) is KeyboardInterrupt:
+            raise BootInterrupted(elapsed, last_lines) from None
         raise

@@ -11,15 +11,24 @@ from servekit.engines import transfer
 from servekit.image.boundary import read_secret
 from servekit.records.models import BootFigures, ImageUsed, Memory, ReleaseRecord, RunReport
 from servekit.serve import deploy
-from servekit.serve.boot import Stopped, boot
+from servekit.serve.boot import BootInterrupted, Stopped, boot
 from servekit.serve.checks import checks_to_run, console_line, not_required_results, smoke
 from servekit.serve.watch import BootFailed
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM during a run, carrying the report of what it got to (written before the run stops)."""
+
+    def __init__(self, report: RunReport, series: dict):
+        super().__init__(report.run_id)
+        self.report, self.series = report, series
 
 
 def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=print, knobs: dict | None = None,
                 only: list[str] | None = None, stop: threading.Event | None = None,
                 boot_timeout_s: float | None = None) -> tuple[RunReport, dict]:
-    """Boot, smoke, down: (the report, the series for its plot). Never raises for a failed boot or check.
+    """Boot, smoke, down: (the report, the series for its plot). Never raises for a failed boot or check; raises
+    RunInterrupted, with the report of what was measured, on Ctrl-C or SIGTERM.
 
     `knobs` apply to this boot only; `only` limits the checks to those named; `boot_timeout_s` bounds the boot
     (default: serve.boot_timeout_s)."""
@@ -41,6 +50,12 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
     if matrix.profiles[profile].auth == "none":
         report.notes.append("served WITHOUT an API key: the profile says auth: none in images.yaml")
     b = None
+    interrupted = None
+    done: list[Result] = []
+
+    def heard(result: Result) -> None:
+        done.append(result)
+        say(f"  {console_line(result)}")
     try:
         if deploy.is_running(profile, dep.engine):  # somebody's server (an `up`): never restarted or stopped by a run
             raise BootFailed(f"{profile} is already running on engine {dep.engine.given}, started by someone else "
@@ -55,12 +70,20 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
                       gpu=matrix.targets[dep.target].gpu, logs=lines, healthy_line=len(b.record.lines),
                       environ=lambda: dep.engine.server_environ(container),
                       shared_usage=b.end_traffic if dep.host == "wsl2" else None)
-        results = smoke(ctx, checks, on_result=lambda r: say(f"  {console_line(r)}"))
+        results = smoke(ctx, checks, on_result=heard)
         b.mark("end")
     except BootFailed as exc:
         say(f"  boot failed: {exc}")
         results = [Result("boot", "failed", str(exc), {"last_lines": exc.last_lines[-12:]})]
         results += [Result(name, "not_run", "the server did not boot") for name in checks]
+    except KeyboardInterrupt as exc:  # a `timeout` or Ctrl-C: the report keeps what was measured before it
+        interrupted = str(exc) if isinstance(exc, BootInterrupted) else "interrupted " + (
+            "during the checks" if b else "before the boot")
+        say(f"  {interrupted}")
+        results = done if b else [Result("boot", "not_run", interrupted, {
+            "last_lines": exc.last_lines if isinstance(exc, BootInterrupted) else []})]
+        results += [Result(name, "not_run", f"not run: {interrupted}") for name in checks
+                    if name not in {r.name for r in results}]
     finally:
         if b:
             b.stop_samplers()
@@ -82,6 +105,8 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
         results.append(result)
     report.checks = results
     report.passed = all_passed(r.status for r in results)
+    if interrupted:
+        raise RunInterrupted(report, series)
     return report, series
 
 
@@ -104,8 +129,13 @@ def run_profiles(matrix, dep: deploy.Deployment, profiles: list[str], key_file, 
             if stop and stop.is_set():
                 raise Stopped("stopped")
             say(f"run: {profile}")
-            report, series = run_profile(matrix, dep, profile, key_file, say=say, stop=stop, knobs=knobs, only=only,
-                                         boot_timeout_s=boot_timeout_s)
+            try:
+                report, series = run_profile(matrix, dep, profile, key_file, say=say, stop=stop, knobs=knobs,
+                                             only=only, boot_timeout_s=boot_timeout_s)
+            except RunInterrupted as exc:
+                exc.report.image.arrived = arrived
+                say(f"run: {profile}: interrupted; report in {write(exc.report, exc.series)}")
+                raise
             report.image.arrived = arrived
             written.append((report, write(report, series)))
     return written
