@@ -5,19 +5,34 @@
 # what was run with it and what it showed.
 #
 # From the repository root, on the GPU machine:
-#   bench/gpu/acceptance.sh install PARTS_DIR   # parts from `python bench/gpu/wheels.py PARTS_DIR` (here)
-#   bench/gpu/acceptance.sh run ARGS...         # python build.py run ARGS on it (reports under reports/)
+#   bench/gpu/acceptance.sh take DIR...         # copy carried folders of `python bench/gpu/wheels.py PARTS_DIR`
+#                                               # (here) into ~/wheel-parts, each part checked against SHA256SUMS
+#   bench/gpu/acceptance.sh install [PARTS]     # check them all, make the venv, patch-env (default ~/wheel-parts)
+#   bench/gpu/acceptance.sh run ARGS...         # python build.py run ARGS on it (reports under reports/; a cold
+#                                               # boot of the process engine passes 150 s: leave `run` room)
 #   bench/gpu/acceptance.sh sweep ARGS...       # python build.py sweep ARGS on it
 set -euo pipefail
 
 ENV=${SERVEKIT_GPU_ENV:-$HOME/vllm-cuda}
+PARTS=${SERVEKIT_GPU_WHEEL_PARTS:-$HOME/wheel-parts}
 MODEL=${SERVEKIT_GPU_MODEL:-$PWD/bench/gpu/qwen35-mini}
 export SERVEKIT_WITHOUT=flashinfer-cubin  # served only by FlashInfer's own index; its JIT builds what it needs
 say() { echo "acceptance: $*" >&2; }
 
 case "${1:-}" in
+take)
+    shift
+    mkdir -p "$PARTS"
+    for dir in "$@"; do
+        cp "$dir"/* "$PARTS/"
+        for file in "$dir"/part-*; do
+            name=$(basename "$file")
+            (cd "$PARTS" && grep "  $name\$" SHA256SUMS | sha256sum --check --quiet) && say "$name ok"
+        done
+    done
+    ;;
 install)
-    parts=$(cd "$2" && pwd)
+    parts=$(cd "${2:-$PARTS}" && pwd)
     say "checking $(ls "$parts" | grep -c '^part-') parts"
     (cd "$parts" && sha256sum --check --quiet <(grep -v ' wheels/' SHA256SUMS))
     rm -rf "$parts/wheels" && (cd "$parts" && cat part-* | tar -x && sha256sum --check --quiet \
@@ -39,11 +54,19 @@ EOF
 run|sweep)
     command=$1
     shift
-    MODEL_DIR=$MODEL DRAFTER_DIR=$MODEL-dflash2 PATH=$HOME/bin:$PATH exec "$ENV/bin/python" build.py "$command" "$@" --engine "venv:$ENV" \
-        --target cuda --host native
+    mkdir -p reports
+    before=$(ls reports)
+    rc=0  # the host is native unless ARGS name another (a later --host wins)
+    MODEL_DIR=$MODEL DRAFTER_DIR=$MODEL-dflash2 PATH=$HOME/bin:$PATH "$ENV/bin/python" build.py "$command" \
+        --engine "venv:$ENV" --target cuda --host native "$@" || rc=$?
+    # the new reports, an interrupted run's too, into $OUT where the device tool brings them back
+    new=$(comm -13 <(echo "$before" | sort) <(ls reports | sort) | grep -v '^latest' || true)
+    [ -n "$new" ] && [ -n "${OUT:-}" ] && tar -C reports -cf "$OUT/$command-$(date +%H%M%S).tar" $new
+    say "$command: exit $rc, reports: ${new:-none}"
+    exit $rc
     ;;
 *)
-    sed -n '2,10p' "$0" >&2
+    sed -n '2,14p' "$0" >&2
     exit 2
     ;;
 esac

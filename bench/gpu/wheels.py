@@ -3,13 +3,14 @@
 Resolves the cuda target's pins (images.yaml) for Python 3.12 on manylinux x86_64 with pip's resolver, leaves
 out what the lent GPU machine already has at a version torch accepts (its CUDA libraries but NCCL, OpenCV) and
 what no boot imports (the video codec, a second Triton, CUTLASS's DSL, TileLang), adds the host tool's own
-few, downloads each wheel once into a cache, and writes PARTS_DIR/part-NN (a tar split in parts of
---part-mib) with SHA256SUMS over the parts and the wheels.
+few, downloads each wheel once into a cache, and writes PARTS_DIR/NNN/part-NNN as pack.py lays out the image's
+parts (one folder a call, beside the tree without pack.TRAVEL_ONCE), with 000/SHA256SUMS over the parts and the
+wheels.
 
-    python bench/gpu/wheels.py OUT_DIR [--part-mib 56]
+    python bench/gpu/wheels.py PARTS_DIR
 
-On the GPU machine: cat part-* | tar -x; sha256sum -c; pip install --no-index --no-deps *.whl into a venv
-made with --system-site-packages (bench/gpu/acceptance.sh does all of it).
+On the GPU machine: `bench/gpu/acceptance.sh take PARTS_DIR/NNN` per carried folder, then `install` (cat part-* |
+tar -x; sha256sum -c; pip install --no-index --no-deps *.whl into a venv beside the machine's site-packages).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import argparse
 import concurrent.futures
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -27,6 +29,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from pack import part_bytes, split  # noqa: E402
 
 # What the lent machine has (torch 2.11's CUDA 13 wheels, OpenCV, numba) or no boot of ours imports.
 LEAVE_OUT = ("nvidia-cublas", "nvidia-cufft", "nvidia-cusolver", "nvidia-cusparse", "nvidia-cusparselt-cu13",
@@ -65,7 +70,6 @@ def fetch(wheel: dict, cache: Path) -> Path:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
-    parser.add_argument("--part-mib", type=int, default=56)
     parser.add_argument("--cache", type=Path, default=ROOT / ".cache" / "gpu-wheels")
     args = parser.parse_args()
     from servekit.session import Session
@@ -80,21 +84,19 @@ def main() -> int:
         paths = list(pool.map(lambda w: fetch(w, args.cache), wheels))
     total = sum(p.stat().st_size for p in paths)
     print(f"{len(paths)} wheels, {total / 1e6:.0f} MB", file=sys.stderr)
-    args.out.mkdir(parents=True, exist_ok=True)
-    bundle = args.out / "wheels.tar"
-    with tarfile.open(bundle, "w") as tar:
-        for path in paths:
-            tar.add(path, arcname=f"wheels/{path.name}")
+    if args.out.exists():
+        shutil.rmtree(args.out)
+    args.out.mkdir(parents=True)
     sums = [f"{w['sha256']}  wheels/{p.name}" for w, p in zip(wheels, paths)]
-    size = args.part_mib << 20
-    with open(bundle, "rb") as whole:
-        for n, chunk in enumerate(iter(lambda: whole.read(size), b"")):
-            part = args.out / f"part-{n:02d}"
-            part.write_bytes(chunk)
-            sums.append(f"{hashlib.sha256(chunk).hexdigest()}  {part.name}")
-    bundle.unlink()
-    (args.out / "SHA256SUMS").write_text("\n".join(sums) + "\n")
-    print(f"{args.out}: {n + 1} parts of at most {args.part_mib} MiB", file=sys.stderr)
+    with tempfile.TemporaryDirectory() as tmp:
+        bundle = Path(tmp) / "wheels.tar"
+        with tarfile.open(bundle, "w") as tar:
+            for path in paths:
+                tar.add(path, arcname=f"wheels/{path.name}")
+        with open(bundle, "rb") as stream:
+            n = split(stream, "part", args.out, sums, 0, part_bytes())
+    (args.out / "000" / "SHA256SUMS").write_text("\n".join(sums) + "\n")
+    print(f"{args.out}: {n} parts, one folder each", file=sys.stderr)
     return 0
 
 
