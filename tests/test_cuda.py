@@ -149,15 +149,17 @@ print(json.dumps(found, default=str))
 
 @pytest.mark.slow
 def test_the_knobs_check_knows_every_flag_a_profile_passes_at_vllms_default(cuda_image):
+    from servekit.build.plan import unavailable_profiles
     from servekit.config.load import load_matrix
     from servekit.config.profiles import render_profiles
     from servekit.image.launcher import build_command
     from servekit.smoke.logs import AT_VLLM_DEFAULT
-    profiles = render_profiles(load_matrix(ROOT / "images.yaml"), "cuda")
+    matrix = load_matrix(ROOT / "images.yaml")
+    profiles = render_profiles(matrix, "cuda")
     info = json.loads(docker("run", "--rm", "--entrypoint", "cat", cuda_image, "/opt/servekit/build-info.json").stdout)
-    absent = {name for name, state in info["components"].items() if state != "present"}
+    unavailable = unavailable_profiles(matrix, "cuda", info["components"])
     argvs = [build_command(profiles, name, host, {})[0] for name, hosts in profiles["profiles"].items()
-             if not absent & set(profiles.get("needs", {}).get(name, [])) for host in hosts]
+             if name not in unavailable for host in hosts]
     asked = subprocess.run(["docker", "run", "--rm", "-i", "-e", "VLLM_TARGET_DEVICE=cpu", "--entrypoint",
                             "/opt/venv/bin/python", cuda_image, "-c", PASSED_AT_DEFAULT],
                            input=json.dumps(argvs), capture_output=True, text=True, timeout=600)

@@ -18,18 +18,12 @@ PARTS=${SERVEKIT_GPU_WHEEL_PARTS:-$HOME/wheel-parts}
 MODEL=${SERVEKIT_GPU_MODEL:-$PWD/bench/gpu/qwen35-mini}
 export SERVEKIT_WITHOUT=flashinfer-cubin  # served only by FlashInfer's own index; its JIT builds what it needs
 say() { echo "acceptance: $*" >&2; }
+. "$(dirname "$0")/carried.sh"
 
 case "${1:-}" in
 take)
     shift
-    mkdir -p "$PARTS"
-    for dir in "$@"; do
-        cp "$dir"/* "$PARTS/"
-        for file in "$dir"/part-*; do
-            name=$(basename "$file")
-            (cd "$PARTS" && grep "  $name\$" SHA256SUMS | sha256sum --check --quiet) && say "$name ok"
-        done
-    done
+    take_parts "$PARTS" "$@"
     ;;
 install)
     parts=$(cd "${2:-$PARTS}" && pwd)
@@ -59,10 +53,7 @@ run|sweep)
     rc=0  # the host is native unless ARGS name another (a later --host wins)
     MODEL_DIR=$MODEL DRAFTER_DIR=$MODEL-dflash2 PATH=$HOME/bin:$PATH "$ENV/bin/python" build.py "$command" \
         --engine "venv:$ENV" --target cuda --host native "$@" || rc=$?
-    # the new reports, an interrupted run's too, into $OUT where the device tool brings them back
-    new=$(comm -13 <(echo "$before" | sort) <(ls reports | sort) | grep -v '^latest' || true)
-    [ -n "$new" ] && [ -n "${OUT:-}" ] && tar -C reports -cf "$OUT/$command-$(date +%H%M%S).tar" $new
-    say "$command: exit $rc, reports: ${new:-none}"
+    send_reports "$before" "$command-$(date +%H%M%S)" "$rc"
     exit $rc
     ;;
 *)

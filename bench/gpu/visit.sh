@@ -19,6 +19,7 @@ MODEL=${SERVEKIT_GPU_MODEL:-$PWD/bench/gpu/qwen35-mini}
 DRAFTER=${SERVEKIT_GPU_DRAFTER:-$MODEL-dflash2}
 export LD_LIBRARY_PATH=/usr/local/nvidia/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}  # NVML for the host tool
 say() { echo "visit: $*" >&2; }
+. "$(dirname "$0")/carried.sh"
 # The stand-in's folders travel once (carried, as they are ignored while the parts travel): kept in $HOME too, in
 # case a later call's copy of the tree drops them.
 keep() { for d in "$MODEL" "$DRAFTER"; do [ -d "$d" ] && [ ! -d "$HOME/${d##*/}" ] && cp -r "$d" "$HOME/"; done; true; }
@@ -28,16 +29,7 @@ case "${1:-}" in
 take)
     shift
     keep
-    mkdir -p "$PARTS"
-    for dir in "$@"; do
-        for file in "$dir"/*; do
-            cp "$file" "$PARTS/"
-            name=$(basename "$file")
-            if [ -f "$PARTS/SHA256SUMS" ] && grep -q "  $name\$" "$PARTS/SHA256SUMS"; then
-                (cd "$PARTS" && grep "  $name\$" SHA256SUMS | sha256sum --check --quiet) && say "$name ok"
-            fi
-        done
-    done
+    take_parts "$PARTS" "$@"
     ;;
 setup)
     started=$(date +%s)
@@ -86,9 +78,7 @@ run)
     MODEL_DIR=$MODEL DRAFTER_DIR=$DRAFTER .venv/bin/python build.py "$command" --target cuda --host native "$@" \
         2>&1 | tee "${OUT:-.}/$label.log" || rc=$?
     kill "$capture" 2>/dev/null || true  # its loop never ends by itself; a failed kill must not lose the reports
-    new=$(comm -13 <(echo "$before" | sort) <(ls reports | sort) | grep -v '^latest' || true)
-    [ -n "$new" ] && tar -C reports -cf "${OUT:-.}/$label.tar" $new
-    say "$label: exit $rc, reports: ${new:-none}"
+    send_reports "$before" "$label" "$rc"
     exit $rc
     ;;
 *)

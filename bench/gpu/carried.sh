@@ -1,0 +1,27 @@
+# Sourced by visit.sh and acceptance.sh (each defines say): parts carried in one folder a call, and the reports a
+# run adds sent back through $OUT, the folder the device tool returns.
+
+# take_parts DEST DIR...: each carried folder's files into DEST, every one SHA256SUMS names checked as it lands.
+take_parts() {
+    local dest=$1 dir file name
+    shift
+    mkdir -p "$dest"
+    for dir in "$@"; do
+        for file in "$dir"/*; do
+            cp "$file" "$dest/"
+            name=$(basename "$file")
+            if [ -f "$dest/SHA256SUMS" ] && grep -q "  $name\$" "$dest/SHA256SUMS"; then
+                (cd "$dest" && grep "  $name\$" SHA256SUMS | sha256sum --check --quiet) && say "$name ok"
+            fi
+        done
+    done
+}
+
+# send_reports BEFORE NAME RC: the reports added since the listing BEFORE (an interrupted run's too), tarred to
+# ${OUT:-.}/NAME.tar.
+send_reports() {
+    local new
+    new=$(comm -13 <(echo "$1" | sort) <(ls reports | sort) | grep -v '^latest' || true)
+    [ -n "$new" ] && tar -C reports -cf "${OUT:-.}/$2.tar" $new
+    say "$2: exit $3, reports: ${new:-none}"
+}
