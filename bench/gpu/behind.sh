@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Work left running on the GPU machine between calls, so the GPU serves while later calls carry parts: the device
+# tool ends what a call leaves running unless it began a session of its own (setsid), and gives the machine back
+# after 30 s without a call, so each later call carries, sets up or waits here.
+#
+# From the repository root, on the GPU machine:
+#   bench/gpu/behind.sh start NAME LINE   # the shell LINE run detached in this folder, with OUT=~/behind/NAME (where
+#                                         # visit.sh and acceptance.sh leave their logs and report tars)
+#   bench/gpu/behind.sh wait NAME SECS    # wait up to SECS for NAME to end (show its last lines), then send
+#                                         # ~/behind/NAME back as $OUT/NAME.tgz; ends 0 once NAME has ended
+# A LINE that must follow another waits for it first: `until [ -f ~/behind/OTHER/rc ]; do sleep 5; done; ...`.
+set -euo pipefail
+
+BEHIND=$HOME/behind
+say() { echo "behind: $*" >&2; }
+
+case "${1:-}" in
+start)
+    name=$2 line=$3
+    folder=$BEHIND/$name
+    rm -rf "$folder" && mkdir -p "$folder"
+    printf '%s\n' "$line" > "$folder/line"
+    setsid nohup bash -c 'cd "$1" && OUT=$2 bash "$2/line" > "$2/out.log" 2>&1; echo $? > "$2/rc"' _ "$PWD" "$folder" \
+        < /dev/null > /dev/null 2>&1 &
+    say "$name started"
+    ;;
+wait)
+    name=$2 secs=$3
+    folder=$BEHIND/$name
+    deadline=$(( $(date +%s) + secs ))
+    while [ ! -f "$folder/rc" ] && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done
+    grep -v booting "$folder/out.log" | tail -n 25 || true
+    tar -czf "${OUT:-.}/$name.tgz" -C "$BEHIND" "$name"
+    if [ -f "$folder/rc" ]; then say "$name ended: exit $(cat "$folder/rc")"; else say "$name still running"; exit 3; fi
+    ;;
+*)
+    sed -n '2,11p' "$0" >&2
+    exit 2
+    ;;
+esac
