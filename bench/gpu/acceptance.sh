@@ -16,6 +16,7 @@ set -euo pipefail
 ENV=${SERVEKIT_GPU_ENV:-$HOME/vllm-cuda}
 PARTS=${SERVEKIT_GPU_WHEEL_PARTS:-$HOME/wheel-parts}
 MODEL=${SERVEKIT_GPU_MODEL:-$PWD/bench/gpu/qwen35-mini}
+DRAFTER=${SERVEKIT_GPU_DRAFTER:-$MODEL-dflash2}
 export SERVEKIT_WITHOUT=flashinfer-cubin  # served only by FlashInfer's own index; its JIT builds what it needs
 say() { echo "acceptance: $*" >&2; }
 . "$(dirname "$0")/carried.sh"
@@ -23,6 +24,7 @@ say() { echo "acceptance: $*" >&2; }
 case "${1:-}" in
 take)
     shift
+    keep
     take_parts "$PARTS" "$@"
     ;;
 install)
@@ -48,10 +50,11 @@ EOF
 run|sweep)
     command=$1
     shift
+    restore
     mkdir -p reports
     before=$(ls reports)
     rc=0  # the host is native unless ARGS name another (a later --host wins)
-    MODEL_DIR=$MODEL DRAFTER_DIR=$MODEL-dflash2 PATH=$HOME/bin:$PATH "$ENV/bin/python" build.py "$command" \
+    MODEL_DIR=$MODEL DRAFTER_DIR=$DRAFTER PATH=$HOME/bin:$PATH "$ENV/bin/python" build.py "$command" \
         --engine "venv:$ENV" --target cuda --host native "$@" || rc=$?
     send_reports "$before" "$command-$(date +%H%M%S)" "$rc"
     exit $rc

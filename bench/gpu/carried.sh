@@ -1,5 +1,5 @@
-# Sourced by visit.sh and acceptance.sh (each defines say): parts carried in one folder a call, and the reports a
-# run adds sent back through $OUT, the folder the device tool returns.
+# Sourced by visit.sh and acceptance.sh (each defines say, MODEL and DRAFTER): parts carried in one folder a call, the
+# stand-in's folders kept, and the reports a run adds sent back through $OUT, the folder the device tool returns.
 
 # take_parts DEST DIR...: each carried folder's files into DEST, every one SHA256SUMS names checked as it lands.
 take_parts() {
@@ -25,3 +25,10 @@ send_reports() {
     [ -n "$new" ] && tar -C reports -cf "${OUT:-.}/$2.tar" $new
     say "$2: exit $3, reports: ${new:-none}"
 }
+
+# The stand-in's folders travel once, with the whole tree (the tree travels without them beside the parts): keep
+# copies them to $HOME, restore puts them back in the tree before a run. They are served from the tree, where the
+# matrix names them: a copy elsewhere is not recognised as the stand-in (its checks' parameters and the checks it
+# cannot pass are then not applied).
+keep() { for d in "$MODEL" "$DRAFTER"; do [ -d "$d" ] && [ ! -d "$HOME/${d##*/}" ] && cp -r "$d" "$HOME/"; done; true; }
+restore() { for d in "$MODEL" "$DRAFTER"; do [ -d "$d" ] || cp -r "$HOME/${d##*/}" "$d"; done; }

@@ -20,10 +20,6 @@ DRAFTER=${SERVEKIT_GPU_DRAFTER:-$MODEL-dflash2}
 export LD_LIBRARY_PATH=/usr/local/nvidia/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}  # NVML for the host tool
 say() { echo "visit: $*" >&2; }
 . "$(dirname "$0")/carried.sh"
-# The stand-in's folders travel once (carried, as they are ignored while the parts travel): kept in $HOME too, in
-# case a later call's copy of the tree drops them.
-keep() { for d in "$MODEL" "$DRAFTER"; do [ -d "$d" ] && [ ! -d "$HOME/${d##*/}" ] && cp -r "$d" "$HOME/"; done; true; }
-restore() { for d in "$MODEL" "$DRAFTER"; do [ -d "$d" ] || cp -r "$HOME/${d##*/}" "$d"; done; }
 
 case "${1:-}" in
 take)
