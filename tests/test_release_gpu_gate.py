@@ -66,3 +66,15 @@ def test_a_passing_report_that_is_no_gpu_proof_is_refused(matrix, tmp_path, engi
 def test_without_reports_the_gpu_target_is_refused(matrix, tmp_path):
     with pytest.raises(CheckFailed, match="no passing default report"):
         gate(matrix, "cuda", IMAGE_ID, tmp_path)
+
+
+def test_the_release_summary_counts_a_check_not_required_apart(matrix):
+    """alternative on the stand-in: spec_decode is not required (a random drafter), so 8 of 8 passed, not 8 of 9."""
+    from servekit.records.models import ProfileGate, ReleaseRecord
+    from servekit.release.publish import summary_text
+    checks = {"health": "passed", "logs": "passed", "spec_decode": "not_required"}
+    gate_of_alternative = ProfileGate(report="docs/gpu/x/report.json", passed=True, run_id="x", checks=checks)
+    record = ReleaseRecord(target="cuda", repository="127.0.0.1:5000/serve/vllm-serve", tags=["v0.31.0-cuda"],
+                           registry_digest="sha256:" + "ef" * 32, image_id=IMAGE_ID, content_digest="6ef256cc6fea",
+                           pins={"vllm": "0.31.0"}, smoke={"alternative": gate_of_alternative})
+    assert "alternative: 2/2 checks passed, 1 not required (docs/gpu/x/report.json)" in summary_text(matrix, [record])

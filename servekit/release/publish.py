@@ -209,7 +209,9 @@ def summary_text(matrix: Matrix, releases: list[ReleaseRecord]) -> str:
         lines.append(f"  tags: {', '.join(r.tags)}")
         for profile, g in r.smoke.items():
             passed = sum(1 for v in g.checks.values() if v == "passed")
-            lines.append(f"  {profile}: {passed}/{len(g.checks)} checks passed ({g.report})")
+            waived = sum(1 for v in g.checks.values() if v == "not_required")
+            of = f"{passed}/{len(g.checks) - waived} checks passed" + (f", {waived} not required" if waived else "")
+            lines.append(f"  {profile}: {of} ({g.report})")
     return "\n".join(lines)
 
 
