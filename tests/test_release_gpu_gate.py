@@ -10,7 +10,8 @@ import pytest
 
 from servekit.config.load import load_matrix
 from servekit.errors import CheckFailed
-from servekit.release.publish import gate
+from servekit.records.models import ProfileGate, ReleaseRecord
+from servekit.release.publish import gate, summary_text
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGE_ID = "sha256:" + "ab" * 32
@@ -69,9 +70,8 @@ def test_without_reports_the_gpu_target_is_refused(matrix, tmp_path):
 
 
 def test_the_release_summary_counts_a_check_not_required_apart(matrix):
-    """alternative on the stand-in: spec_decode is not required (a random drafter), so 8 of 8 passed, not 8 of 9."""
-    from servekit.records.models import ProfileGate, ReleaseRecord
-    from servekit.release.publish import summary_text
+    """As alternative on the stand-in, whose spec_decode is not required (a random drafter): 2 of 2 passed and 1 not
+    required, where it read 2/3 passed."""
     checks = {"health": "passed", "logs": "passed", "spec_decode": "not_required"}
     gate_of_alternative = ProfileGate(report="docs/gpu/x/report.json", passed=True, run_id="x", checks=checks)
     record = ReleaseRecord(target="cuda", repository="127.0.0.1:5000/serve/vllm-serve", tags=["v0.31.0-cuda"],
