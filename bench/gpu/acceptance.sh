@@ -15,8 +15,6 @@ set -euo pipefail
 
 ENV=${SERVEKIT_GPU_ENV:-$HOME/vllm-cuda}
 PARTS=${SERVEKIT_GPU_WHEEL_PARTS:-$HOME/wheel-parts}
-MODEL=${SERVEKIT_GPU_MODEL:-$PWD/bench/gpu/qwen35-mini}
-DRAFTER=${SERVEKIT_GPU_DRAFTER:-$MODEL-dflash2}
 export SERVEKIT_WITHOUT=flashinfer-cubin  # served only by FlashInfer's own index; its JIT builds what it needs
 say() { echo "acceptance: $*" >&2; }
 . "$(dirname "$0")/carried.sh"

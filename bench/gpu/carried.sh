@@ -1,5 +1,9 @@
-# Sourced by visit.sh and acceptance.sh (each defines say, MODEL and DRAFTER): parts carried in one folder a call, the
-# stand-in's folders kept, and the reports a run adds sent back through $OUT, the folder the device tool returns.
+# Sourced by visit.sh and acceptance.sh (each defines say): parts carried in one folder a call, the stand-in's folders
+# kept, and the reports a run adds sent back through $OUT, the folder the device tool returns.
+
+# The stand-in both serve (images.yaml models.qwen35-mini) and its DFlash2 drafter, through MODEL_DIR and DRAFTER_DIR.
+MODEL=${SERVEKIT_GPU_MODEL:-$PWD/bench/gpu/qwen35-mini}
+DRAFTER=${SERVEKIT_GPU_DRAFTER:-$MODEL-dflash2}
 
 # take_parts DEST DIR...: each carried folder's files into DEST, every one SHA256SUMS names checked as it lands.
 take_parts() {

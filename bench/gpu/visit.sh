@@ -15,8 +15,6 @@ set -euo pipefail
 
 PARTS=${SERVEKIT_GPU_PARTS:-$HOME/kit-parts}
 KIT=$HOME/kit
-MODEL=${SERVEKIT_GPU_MODEL:-$PWD/bench/gpu/qwen35-mini}
-DRAFTER=${SERVEKIT_GPU_DRAFTER:-$MODEL-dflash2}
 export LD_LIBRARY_PATH=/usr/local/nvidia/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}  # NVML for the host tool
 say() { echo "visit: $*" >&2; }
 . "$(dirname "$0")/carried.sh"

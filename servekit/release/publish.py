@@ -12,6 +12,7 @@ import hashlib
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 from packaging.version import Version
@@ -208,10 +209,10 @@ def summary_text(matrix: Matrix, releases: list[ReleaseRecord]) -> str:
         lines.append(f"{r.target}: {r.repository}@{r.registry_digest}")
         lines.append(f"  tags: {', '.join(r.tags)}")
         for profile, g in r.smoke.items():
-            passed = sum(1 for v in g.checks.values() if v == "passed")
-            waived = sum(1 for v in g.checks.values() if v == "not_required")
-            of = f"{passed}/{len(g.checks) - waived} checks passed" + (f", {waived} not required" if waived else "")
-            lines.append(f"  {profile}: {of} ({g.report})")
+            counts = Counter(g.checks.values())
+            waived = f", {counts['not_required']} not required" if counts["not_required"] else ""
+            lines.append(f"  {profile}: {counts['passed']}/{len(g.checks) - counts['not_required']} checks passed"
+                         f"{waived} ({g.report})")
     return "\n".join(lines)
 
 
