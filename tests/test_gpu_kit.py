@@ -20,7 +20,7 @@ def test_what_travels_once_is_tracked_and_what_the_visit_serves():
                              check=True).stdout.split()
     for folder in pack.TRAVEL_ONCE:  # a renamed folder would travel with every part again, or not at all
         assert any(name.startswith(folder) for name in tracked), folder
-    visit = (ROOT / "bench" / "gpu" / "visit.sh").read_text()
-    assert "MODEL=${SERVEKIT_GPU_MODEL:-$PWD/bench/gpu/qwen35-mini}" in visit
+    served = (ROOT / "bench" / "gpu" / "carried.sh").read_text()  # the folders visit.sh and acceptance.sh serve
+    assert "MODEL=${SERVEKIT_GPU_MODEL:-$PWD/bench/gpu/qwen35-mini}" in served
     assert "bench/gpu/qwen35-mini/" in pack.TRAVEL_ONCE and "bench/gpu/qwen35-mini-dflash2/" in pack.TRAVEL_ONCE
     assert pack.SPARSE.startswith("git sparse-checkout set --no-cone '/*' ")
