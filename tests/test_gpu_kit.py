@@ -24,3 +24,49 @@ def test_what_travels_once_is_tracked_and_what_the_visit_serves():
     assert "MODEL=${SERVEKIT_GPU_MODEL:-$PWD/bench/gpu/qwen35-mini}" in served
     assert "bench/gpu/qwen35-mini/" in pack.TRAVEL_ONCE and "bench/gpu/qwen35-mini-dflash2/" in pack.TRAVEL_ONCE
     assert pack.SPARSE.startswith("git sparse-checkout set --no-cone '/*' ")
+
+
+def _bash(script: str, cwd, home) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", script], cwd=cwd, env={"HOME": str(home), "PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True, timeout=60)
+
+
+def _tree(root, with_model: bool):
+    model = root / "bench" / "gpu" / "qwen35-mini"
+    (root / "bench" / "gpu" / "qwen35-mini-dflash2").mkdir(parents=True)
+    model.mkdir(parents=True)
+    if with_model:
+        for folder in (model, model.with_name("qwen35-mini-dflash2")):
+            (folder / "config.json").write_text("{}")
+    return model
+
+
+def test_the_stand_in_is_kept_whole_and_put_back_over_the_empty_folders_a_sparse_carry_leaves(tmp_path):
+    carried = ROOT / "bench" / "gpu" / "carried.sh"
+    home, sparse, whole = tmp_path / "home", tmp_path / "sparse", tmp_path / "whole"
+    home.mkdir()
+    model = _tree(sparse, with_model=False)
+    _tree(whole, with_model=True)
+    for tree in (sparse, whole):  # a sparse call first must not stand in for the whole tree's copy
+        assert _bash(f"say() {{ :; }}; . {carried}; keep", tree, home).returncode == 0
+    assert (home / "qwen35-mini" / "config.json").is_file()
+    assert _bash(f"say() {{ :; }}; . {carried}; restore", sparse, home).returncode == 0
+    assert (model / "config.json").is_file() and (model.with_name("qwen35-mini-dflash2") / "config.json").is_file()
+
+
+def test_work_left_behind_runs_in_its_own_copy_of_the_tree(tmp_path):
+    behind = ROOT / "bench" / "gpu" / "behind.sh"
+    home, tree, out = tmp_path / "home", tmp_path / "tree", tmp_path / "out"
+    for folder in (home, tree, out):
+        folder.mkdir()
+    (tree / "served").write_text("weights")
+    started = _bash(f"{behind} start job 'cat served > \"$OUT/seen\" && pwd > \"$OUT/where\"'", tree, home)
+    assert started.returncode == 0, started.stderr
+    (tree / "served").unlink()  # what the next call's carry does to a folder restored into the checkout
+    waited = _bash(f"OUT={out} {behind} wait job 30", tree, home)
+    assert waited.returncode == 0, waited.stderr
+    job = home / "behind" / "job"
+    assert (job / "seen").read_text() == "weights"
+    assert (job / "where").read_text().strip() == str(job / "tree")
+    names = subprocess.run(["tar", "-tzf", str(out / "job.tgz")], capture_output=True, text=True, check=True).stdout
+    assert "job/seen" in names and "job/tree" not in names  # the copy stays there: only what the job wrote comes back

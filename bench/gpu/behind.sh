@@ -4,11 +4,13 @@
 # after 30 s without a call, so each later call carries, sets up or waits here.
 #
 # From the repository root, on the GPU machine:
-#   bench/gpu/behind.sh start NAME LINE   # the shell LINE run detached in this folder, with OUT=~/behind/NAME (where
+#   bench/gpu/behind.sh start NAME LINE   # the shell LINE run detached in a copy of this folder, OUT=~/behind/NAME (where
 #                                         # visit.sh and acceptance.sh leave their logs and report tars)
 #   bench/gpu/behind.sh wait NAME SECS    # wait up to SECS for NAME to end (show its last lines), then send
 #                                         # ~/behind/NAME back as $OUT/NAME.tgz; ends 0 once NAME has ended
 # A LINE that must follow another waits for it first: `until [ -f ~/behind/OTHER/rc ]; do sleep 5; done; ...`.
+# LINE runs in a copy of the tree (~/behind/NAME/tree): each call lays the carried tree over the checkout again, which
+# empties what a run put back there (the stand-in's folders, served from the tree) while it boots.
 set -euo pipefail
 
 BEHIND=$HOME/behind
@@ -20,7 +22,8 @@ start)
     folder=$BEHIND/$name
     rm -rf "$folder" && mkdir -p "$folder"
     printf '%s\n' "$line" > "$folder/line"
-    setsid nohup bash -c 'cd "$1" && OUT=$2 bash "$2/line" > "$2/out.log" 2>&1; echo $? > "$2/rc"' _ "$PWD" "$folder" \
+    cp -a . "$folder/tree"
+    setsid nohup bash -c 'cd "$1/tree" && OUT=$1 bash "$1/line" > "$1/out.log" 2>&1; echo $? > "$1/rc"' _ "$folder" \
         < /dev/null > /dev/null 2>&1 &
     say "$name started"
     ;;
@@ -30,11 +33,11 @@ wait)
     deadline=$(( $(date +%s) + secs ))
     while [ ! -f "$folder/rc" ] && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done
     grep -v booting "$folder/out.log" | tail -n 25 || true
-    tar -czf "${OUT:-.}/$name.tgz" -C "$BEHIND" "$name"
+    tar -czf "${OUT:-.}/$name.tgz" -C "$BEHIND" --exclude "$name/tree" "$name"
     if [ -f "$folder/rc" ]; then say "$name ended: exit $(cat "$folder/rc")"; else say "$name still running"; exit 3; fi
     ;;
 *)
-    sed -n '2,11p' "$0" >&2
+    sed -n '2,13p' "$0" >&2
     exit 2
     ;;
 esac

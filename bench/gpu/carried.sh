@@ -34,5 +34,6 @@ send_reports() {
 # copies them to $HOME, restore puts them back in the tree before a run. They are served from the tree, where the
 # matrix names them: a copy elsewhere is not recognised as the stand-in (its checks' parameters and the checks it
 # cannot pass are then not applied).
-keep() { for d in "$MODEL" "$DRAFTER"; do [ -d "$d" ] && [ ! -d "$HOME/${d##*/}" ] && cp -r "$d" "$HOME/"; done; true; }
-restore() { for d in "$MODEL" "$DRAFTER"; do [ -d "$d" ] || cp -r "$HOME/${d##*/}" "$d"; done; }
+# A folder counts by its config.json: the sparse tree arrives with the folders left empty.
+keep() { for d in "$MODEL" "$DRAFTER"; do [ -f "$d/config.json" ] && [ ! -d "$HOME/${d##*/}" ] && cp -r "$d" "$HOME/"; done; true; }
+restore() { for d in "$MODEL" "$DRAFTER"; do [ -f "$d/config.json" ] || { rm -rf "$d" && cp -r "$HOME/${d##*/}" "$d"; }; done; }
