@@ -4,13 +4,13 @@
 # after 30 s without a call, so each later call carries, sets up or waits here.
 #
 # From the repository root, on the GPU machine:
-#   bench/gpu/behind.sh start NAME LINE   # the shell LINE run detached in a copy of this folder, OUT=~/behind/NAME (where
-#                                         # visit.sh and acceptance.sh leave their logs and report tars)
+#   bench/gpu/behind.sh start NAME LINE   # the shell LINE run detached in ~/behind/NAME/tree, a copy of this folder,
+#                                         # with OUT=~/behind/NAME (visit.sh's and acceptance.sh's logs and tars)
 #   bench/gpu/behind.sh wait NAME SECS    # wait up to SECS for NAME to end (show its last lines), then send
 #                                         # ~/behind/NAME back as $OUT/NAME.tgz; ends 0 once NAME has ended
 # A LINE that must follow another waits for it first: `until [ -f ~/behind/OTHER/rc ]; do sleep 5; done; ...`.
-# LINE runs in a copy of the tree (~/behind/NAME/tree): each call lays the carried tree over the checkout again, which
-# empties what a run put back there (the stand-in's folders, served from the tree) while it boots.
+# The copy because each call lays the carried tree over the checkout again, which empties what a run put back there
+# (the stand-in's folders, served from the tree) while it boots.
 set -euo pipefail
 
 BEHIND=$HOME/behind

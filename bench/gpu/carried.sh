@@ -35,5 +35,7 @@ send_reports() {
 # matrix names them: a copy elsewhere is not recognised as the stand-in (its checks' parameters and the checks it
 # cannot pass are then not applied).
 # A folder counts by its config.json: the sparse tree arrives with the folders left empty.
-keep() { for d in "$MODEL" "$DRAFTER"; do [ -f "$d/config.json" ] && [ ! -d "$HOME/${d##*/}" ] && cp -r "$d" "$HOME/"; done; true; }
-restore() { for d in "$MODEL" "$DRAFTER"; do [ -f "$d/config.json" ] || { rm -rf "$d" && cp -r "$HOME/${d##*/}" "$d"; }; done; }
+whole() { [ -f "$1/config.json" ]; }
+keep() { for d in "$MODEL" "$DRAFTER"; do whole "$d" && ! whole "$HOME/${d##*/}" && copy "$d" "$HOME/${d##*/}"; done; true; }
+restore() { for d in "$MODEL" "$DRAFTER"; do whole "$d" || copy "$HOME/${d##*/}" "$d"; done; }
+copy() { rm -rf "$2" && cp -r "$1" "$2"; }
