@@ -1,14 +1,18 @@
-"""The GPU kit's carry (bench/gpu/pack.py): a part fits one device call beside the tree it travels with."""
+"""The GPU kit (bench/gpu/): a part fits one device call beside the tree it travels with, what a visit keeps, and
+the process engine's environment holds the host tool's own dependencies."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+import tomllib
 
 from support import ROOT
 
 sys.path.insert(0, str(ROOT / "bench" / "gpu"))
 import pack  # noqa: E402
+import wheels  # noqa: E402
 
 
 def test_a_part_and_the_sparse_tree_fit_one_call():
@@ -69,3 +73,21 @@ def test_work_left_behind_runs_in_its_own_copy_of_the_tree(tmp_path):
     assert (job / "where").read_text().strip() == str(job / "tree")
     names = subprocess.run(["tar", "-tzf", str(out / "job.tgz")], capture_output=True, text=True, check=True).stdout
     assert "job/seen" in names and "job/tree" not in names  # the copy stays there: only what the job wrote comes back
+
+
+def test_the_process_engines_wheels_carry_every_dependency_of_the_host_tool():
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    pinned = {re.split("==", r)[0] for r in wheels.host_tool()}
+    assert len(pinned) == len(declared) and "sseclient-py" in pinned  # the one a hand-kept list once left out
+    assert all(re.fullmatch(r"[a-z0-9.-]+==[0-9][0-9a-z.]*", r) for r in wheels.host_tool()), wheels.host_tool()
+
+
+def test_the_process_engines_environment_is_refused_short_of_the_host_tools_dependencies(tmp_path):
+    script = (ROOT / "bench" / "gpu" / "acceptance.sh").read_text()
+    guard = script.split("<<'EOF'\n")[1].split("import torch")[0]  # install's check, before it imports the GPU stack
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    for python, refused in ((sys.executable, False), (bare / "bin" / "python", True)):
+        result = subprocess.run([str(python), "-c", guard], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert (result.returncode != 0) == refused, result.stderr
+        assert ("sseclient-py" in result.stderr) == refused, result.stderr

@@ -37,8 +37,20 @@ install)
     # The machine's own packages (its CUDA libraries, matplotlib) after the environment's, which win.
     python3 -c 'import site; print("\n".join(site.getsitepackages()))' > "$site/zz-machine.pth"
     python3 -m pip install --quiet --no-index --no-deps --no-compile --target "$site" "$parts"/wheels/*.whl
+    # build.py and its checks run in this environment too: it is refused short of the host tool's dependencies.
     "$ENV/bin/python" - <<'EOF'
-import importlib.metadata as m, torch
+import importlib.metadata as m, re, sys, tomllib
+declared = tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]
+missing = []
+for name in (re.match(r"[A-Za-z0-9._-]+", d)[0] for d in declared):
+    try:
+        m.version(name)
+    except m.PackageNotFoundError:
+        missing.append(name)
+if missing:
+    sys.exit(f"acceptance: the host tool needs {', '.join(missing)}, not in the parts: pack them again here "
+             "(python bench/gpu/wheels.py PARTS_DIR)")
+import torch
 print("acceptance:", {d: m.version(d) for d in ("vllm", "torch", "triton", "flashinfer-python", "transformers")},
       torch.cuda.get_device_name(0))
 EOF

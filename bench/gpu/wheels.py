@@ -3,9 +3,9 @@
 Resolves the cuda target's pins (images.yaml) for Python 3.12 on manylinux x86_64 with pip's resolver, leaves
 out what the lent GPU machine already has at a version torch accepts (its CUDA libraries but NCCL, OpenCV) and
 what no boot imports (the video codec, a second Triton, CUTLASS's DSL, TileLang), adds the host tool's own
-few, downloads each wheel once into a cache, and writes PARTS_DIR/NNN/part-NNN as pack.py lays out the image's
-parts (one folder a call, beside the tree without pack.TRAVEL_ONCE), with 000/SHA256SUMS over the parts and the
-wheels.
+dependencies (pyproject.toml: build.py and its checks run in that environment too), downloads each wheel once into
+a cache, and writes PARTS_DIR/NNN/part-NNN as pack.py lays out the image's parts (one folder a call, beside the
+tree without pack.TRAVEL_ONCE), with 000/SHA256SUMS over the parts and the wheels.
 
     python bench/gpu/wheels.py PARTS_DIR
 
@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import tomllib
 import urllib.request
 from pathlib import Path
 
@@ -40,7 +41,7 @@ LEAVE_OUT = ("nvidia-cublas", "nvidia-cufft", "nvidia-cusolver", "nvidia-cuspars
              "nvidia-cuda-cccl", "nvidia-cuda-crt", "nvidia-cuda-nvdisasm", "nvidia-cudnn-cu13", "cuda-toolkit",
              "opencv-python-headless", "pynvvideocodec", "tokenspeed-triton", "nvidia-cutlass-dsl-libs-cu12",
              "llvmlite", "numba", "tilelang", "z3-solver", "torchcodec")  # the cu13 CUTLASS DSL stays: GDN prefill
-HOST_TOOL = ("tenacity", "docker", "python-on-whales")  # the rest of requirements.lock is in vLLM's set or there
+PYTHON = "3.12"  # the lent GPU machine's
 # pip matches a platform tag exactly: every glibc a manylinux wheel may name, up to Ubuntu 24.04's 2.39.
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in range(5, 40)] + ["manylinux2014_x86_64", "linux_x86_64"]
 
@@ -50,12 +51,24 @@ def resolve(requirements: list[str]) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--dry-run", "--ignore-installed",
-                        "--report", str(report), "--target", tmp, "--python-version", "3.12", "--implementation",
+                        "--report", str(report), "--target", tmp, "--python-version", PYTHON, "--implementation",
                         "cp", "--only-binary=:all:", *(f"--platform={p}" for p in PLATFORMS), *requirements],
                        check=True)
         return [{"name": i["metadata"]["name"], "version": i["metadata"]["version"],
                  "url": i["download_info"]["url"], "sha256": i["download_info"]["archive_info"]["hashes"]["sha256"]}
                 for i in json.loads(report.read_text())["install"]]
+
+
+def host_tool() -> list[str]:
+    """The host tool's own dependencies (pyproject.toml): the checks import them in the process engine's
+    environment (one missing broke `streaming` and `api` there). Each at the image's version where the image has
+    it, else at requirements.lock's."""
+    from packaging.requirements import Requirement
+    from servekit.build.locks import HOST_LOCK, lock_file, normalize, read
+    image, host = (read(ROOT / path).packages for path in (lock_file("cuda", PYTHON), HOST_LOCK))
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = [normalize(Requirement(d).name) for d in declared]
+    return [f"{name}=={image.get(name) or host[name]}" for name in names]
 
 
 def fetch(wheel: dict, cache: Path) -> Path:
@@ -75,9 +88,7 @@ def main() -> int:
     from servekit.session import Session
     session = Session.open(ROOT / "images.yaml", without=["flashinfer-cubin"])  # FlashInfer's index: not here
     pins = session.plan("cuda").pins
-    from servekit.build.locks import HOST_LOCK, read
-    lock = read(ROOT / HOST_LOCK).packages
-    wanted = [f"{n}=={v}" for n, v in pins.items()] + [f"{n}=={lock[n]}" for n in HOST_TOOL]
+    wanted = [f"{n}=={v}" for n, v in pins.items()] + host_tool()
     wheels = [w for w in resolve(wanted) if w["name"].lower().replace("_", "-") not in LEAVE_OUT]
     args.cache.mkdir(parents=True, exist_ok=True)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
