@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from pack import part_bytes, split  # noqa: E402
+from servekit.build.locks import HOST_LOCK, lock_file, normalize, read  # noqa: E402
 
 # What the lent machine has (torch 2.11's CUDA 13 wheels, OpenCV, numba) or no boot of ours imports.
 LEAVE_OUT = ("nvidia-cublas", "nvidia-cufft", "nvidia-cusolver", "nvidia-cusparse", "nvidia-cusparselt-cu13",
@@ -64,7 +65,6 @@ def host_tool() -> list[str]:
     environment (one missing broke `streaming` and `api` there). Each at the image's version where the image has
     it, else at requirements.lock's."""
     from packaging.requirements import Requirement
-    from servekit.build.locks import HOST_LOCK, lock_file, normalize, read
     image, host = (read(ROOT / path).packages for path in (lock_file("cuda", PYTHON), HOST_LOCK))
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     names = [normalize(Requirement(d).name) for d in declared]
@@ -89,7 +89,7 @@ def main() -> int:
     session = Session.open(ROOT / "images.yaml", without=["flashinfer-cubin"])  # FlashInfer's index: not here
     pins = session.plan("cuda").pins
     wanted = [f"{n}=={v}" for n, v in pins.items()] + host_tool()
-    wheels = [w for w in resolve(wanted) if w["name"].lower().replace("_", "-") not in LEAVE_OUT]
+    wheels = [w for w in resolve(wanted) if normalize(w["name"]) not in LEAVE_OUT]
     args.cache.mkdir(parents=True, exist_ok=True)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         paths = list(pool.map(lambda w: fetch(w, args.cache), wheels))
