@@ -276,9 +276,14 @@ def _kvarn_folder(root: Path, dtype: str = "kvarn_k4v2_g128") -> None:
 def test_kvarn_in_the_sources_layout_is_installed_after_the_series_and_checked(tmp_path, cpu_image):
     root = tracked_copy(tmp_path)
     _kvarn_folder(root)
+    offered = _offered_wheel_stats(root)
     result = run_build_py("image", "--target", "cpu", "--json", cwd=root, timeout=3000)
     assert result.returncode == 0, result.stderr[-3000:]
     tag = json.loads(result.stdout)["images"][0]["tag"]
+    # The user's wheels untouched (a hard link would change their ctime: uv then unpacks them again, 700 MB a
+    # lock), and their copies gone with the build.
+    assert offered and _offered_wheel_stats(root) == offered
+    assert not (root / ".cache/wheelhouse").exists()
     try:
         probe = docker("run", "--rm", "--entrypoint", "/opt/venv/bin/python", tag, "-c",
                         "import typing; from vllm.config.cache import CacheDType; "
@@ -294,6 +299,18 @@ def test_kvarn_in_the_sources_layout_is_installed_after_the_series_and_checked(t
         assert "v1/attention/backends/kvarn_attn.py" in manifest[0]["files"]
     finally:
         docker("image", "rm", "-f", tag)
+
+
+def _offered_wheel_stats(root: Path) -> dict[str, tuple[int, int]]:
+    """(ctime, link count) of each wheel the cpu build takes from this machine's folders of wheels."""
+    from servekit.build.builder import offered_wheels
+    from servekit.build.plan import plan_targets
+    from servekit.config.load import load_matrix
+    from servekit.config.settings import BuildSettings
+    settings = BuildSettings()
+    plan = plan_targets(load_matrix(root / "images.yaml"), root, ["cpu"], settings=settings)[0]
+    return {str(wheel): (wheel.stat().st_ctime_ns, wheel.stat().st_nlink)
+            for wheel in offered_wheels(plan, settings).values()}
 
 
 @pytest.mark.slow

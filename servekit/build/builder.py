@@ -34,7 +34,7 @@ from servekit.output import as_output
 from servekit.build.index import IndexUnreachable, normalize, release_exists
 from servekit.config.matrix import Matrix, substitute
 from servekit.build.locks import for_build, layers
-from servekit.build.plan import STAGE_DIR, STAGED_FILES, TargetPlan
+from servekit.build.plan import STAGE_DIR, STAGED_FILES, WHEELHOUSE, TargetPlan
 from servekit.config.settings import ENV_BASE, ENV_WHEELS, ENV_WITHOUT, BuildSettings
 from servekit.trust import ca_bundle, requests_verify
 
@@ -163,15 +163,14 @@ def _write(path: Path, text: str) -> None:
 
 def _prepare_context(matrix: Matrix, plan: TargetPlan, root: Path, wheels: dict[str, Path], lock: str) -> Path:
     """The generated inputs the Dockerfile copies: wheelhouse, the lock, profiles, build-info, series."""
-    wheelhouse = root / ".cache" / "wheelhouse"
+    wheelhouse = root / WHEELHOUSE
     if wheelhouse.exists():
         shutil.rmtree(wheelhouse)
     wheelhouse.mkdir(parents=True)
     for wheel in wheels.values():
-        try:
-            os.link(wheel, wheelhouse / wheel.name)  # same file system: no copy of hundreds of MB
-        except OSError:
-            shutil.copy2(wheel, wheelhouse / wheel.name)
+        # A copy, not a hard link: a link changes the user's file's ctime, which uv takes for a new file, so every
+        # lock after a build unpacked torch into uv's cache once more (700 MB a time). It lives for the build only.
+        shutil.copy2(wheel, wheelhouse / wheel.name)
     out = root / STAGE_DIR / plan.target
     model_dir = plan.build_info["model"]["dir"]
     writers: dict[str, Callable[[Path], None]] = {  # one per entry of STAGED_FILES
@@ -335,7 +334,15 @@ def build_image(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSet
     if not force and local().image_exists(plan.tag):
         return BuildResult(plan.target, plan.tag, False, 0.0, None)
     extra_indexes, wheels, lock = preflight(matrix, plan, root, settings, say)
-    workdir = _prepare_context(matrix, plan, root, wheels, lock)
+    try:
+        return _build(matrix, plan, root, _prepare_context(matrix, plan, root, wheels, lock), extra_indexes, no_cache,
+                      say)
+    finally:
+        shutil.rmtree(root / WHEELHOUSE, ignore_errors=True)
+
+
+def _build(matrix: Matrix, plan: TargetPlan, root: Path, workdir: Path, extra_indexes: list[str], no_cache: bool,
+           say) -> BuildResult:
     logs = root / "logs"
     logs.mkdir(exist_ok=True)
     log_path = logs / f"build-{plan.target}-{time.strftime('%Y%m%d-%H%M%S')}.log"

@@ -30,7 +30,8 @@ IMAGE_CODE = "servekit/image"
 STAGE_DIR = ".cache/build"
 STAGED_FILES = (*(f"requirements-{layer}.txt" for layer in LAYERS), "patches", "components", "model", "profiles.json",
                 "build-info.json")
-STAGED = (STAGE_DIR, ".cache/wheelhouse")
+WHEELHOUSE = ".cache/wheelhouse"  # the pinned wheels offered from folders of wheels, during a build only
+STAGED = (STAGE_DIR, WHEELHOUSE)
 # Files of this repository that shape every image besides that folder and what the build stages.
 COMMON_INPUTS = ("docker/Dockerfile", ".dockerignore")
 
