@@ -343,6 +343,7 @@ def build_image(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSet
 
 def _build(matrix: Matrix, plan: TargetPlan, root: Path, workdir: Path, extra_indexes: list[str], no_cache: bool,
            say) -> BuildResult:
+    """The build itself, from a prepared context: streamed to a log, and nothing tagged when it fails."""
     logs = root / "logs"
     logs.mkdir(exist_ok=True)
     log_path = logs / f"build-{plan.target}-{time.strftime('%Y%m%d-%H%M%S')}.log"
