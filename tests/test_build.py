@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from support import ROOT, cpu_tag, docker, run_build_py, tracked_copy, work_dir
+from servekit.build.plan import WHEELHOUSE, plan_targets
 
 pytestmark = [pytest.mark.engine, pytest.mark.network]
 
@@ -283,7 +284,7 @@ def test_kvarn_in_the_sources_layout_is_installed_after_the_series_and_checked(t
     # The user's wheels untouched (a hard link would change their ctime: uv then unpacks them again, 700 MB a
     # lock), and their copies gone with the build.
     assert offered and _offered_wheel_stats(root) == offered
-    assert not (root / ".cache/wheelhouse").exists()
+    assert not (root / WHEELHOUSE).exists()
     try:
         probe = docker("run", "--rm", "--entrypoint", "/opt/venv/bin/python", tag, "-c",
                         "import typing; from vllm.config.cache import CacheDType; "
@@ -304,7 +305,6 @@ def test_kvarn_in_the_sources_layout_is_installed_after_the_series_and_checked(t
 def _offered_wheel_stats(root: Path) -> dict[str, tuple[int, int]]:
     """(ctime, link count) of each wheel the cpu build takes from this machine's folders of wheels."""
     from servekit.build.builder import offered_wheels
-    from servekit.build.plan import plan_targets
     from servekit.config.load import load_matrix
     from servekit.config.settings import BuildSettings
     settings = BuildSettings()

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from support import run_build_py
-from servekit.serve.doctor import DISK_FAIL_GB, DISK_WARN_GB
+from servekit.serve.doctor import disk_finding
 
 pytestmark = pytest.mark.engine
 
@@ -43,10 +43,8 @@ def test_doctor_reports_engine_compose_builder_and_no_gpu():
     disk = findings["disk"]
     shown = re.match(r"(\d+) GB free for images at /", disk["detail"])
     assert shown, disk
-    def judged(gb: float) -> str:
-        return "fail" if gb < DISK_FAIL_GB else "warn" if gb < DISK_WARN_GB else "ok"
     shown_gb = int(shown[1])  # rounded: the figure was within half a GB of it
-    assert disk["status"] in {judged(shown_gb - 0.5), judged(shown_gb + 0.49)}, disk
+    assert disk["status"] in {disk_finding(int((shown_gb + d) * 1e9), "/").status for d in (-0.5, 0.49)}, disk
     assert ("gpu container" in findings) == (findings["gpu access"]["status"] == "ok")  # tried where it can be
     gpus = findings["gpus"]  # a GPU host lists its cards; elsewhere a warning says why none is seen
     assert (gpus["status"] == "ok" and "GiB" in gpus["detail"]) or (gpus["status"] == "warn" and gpus["fix"])
