@@ -1,0 +1,285 @@
+"""An image's bytes as a function of its inputs alone: every layer rewritten with file times clamped to the
+matrix's epoch and its metadata fixed, the config's times set to that epoch; and two images compared layer by
+layer, naming the first files that differ.
+
+Why here and not in BuildKit: the engines users have (Debian's 20.10 among them) embed a BuildKit older than
+`SOURCE_DATE_EPOCH` and `rewrite-timestamp`, and a layer's bytes carry every file's time of the build. So a build
+is exported (`docker save`), each layer re-written as one canonical tar (same entries in the same order, each
+time min(mtime, epoch), no atime/ctime, owner names dropped, extended attributes kept), the config given the
+epoch as every time it holds, and the result loaded under the tag. The image ID is the digest of that config,
+which names each layer by the digest of its canonical tar: the same contents give the same ID on any engine.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import hashlib
+import io
+import json
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Iterator
+
+from servekit.errors import EnvironmentProblem
+
+CHUNK = 4 << 20
+# The metadata a canonical entry keeps from its PAX header: extended attributes (file capabilities) change what
+# a file does; atime, ctime and sub-second times are when the build ran.
+KEPT_PAX = "SCHILY.xattr."
+
+
+def epoch_seconds(epoch: str | dt.datetime) -> int:
+    when = epoch if isinstance(epoch, dt.datetime) else dt.datetime.fromisoformat(epoch.replace("Z", "+00:00"))
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.timezone.utc)
+    return int(when.timestamp())
+
+
+def epoch_iso(seconds: int) -> str:
+    return dt.datetime.fromtimestamp(seconds, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class _Hashing:
+    """A write-only file that hashes and counts what passes through it on its way to `out`."""
+
+    def __init__(self, out: IO[bytes]):
+        self.out, self.sha, self.size = out, hashlib.sha256(), 0
+
+    def write(self, data: bytes) -> int:
+        self.out.write(data)
+        self.sha.update(data)
+        self.size += len(data)
+        return len(data)
+
+
+def canonical_entry(info: tarfile.TarInfo, epoch: int) -> tarfile.TarInfo:
+    out = copy.copy(info)
+    out.mtime = min(int(info.mtime), epoch)
+    out.uname = out.gname = ""
+    out.pax_headers = {k: v for k, v in sorted(info.pax_headers.items()) if k.startswith(KEPT_PAX)}
+    return out
+
+
+def canonical_layer(layer: IO[bytes], out: IO[bytes], epoch: int) -> tuple[str, int]:
+    """Write `layer` (a tar stream) to `out` as its canonical tar; (sha256 hex, size) of what was written."""
+    sink = _Hashing(out)
+    with tarfile.open(fileobj=layer, mode="r|") as src, \
+            tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as dst:  # type: ignore[call-overload]
+        dst.copybufsize = CHUNK
+        for info in src:
+            dst.addfile(canonical_entry(info, epoch), src.extractfile(info) if info.isreg() else None)
+    return sink.sha.hexdigest(), sink.size
+
+
+def canonical_config(config: dict, diff_ids: list[str], epoch: int, labels: dict[str, str]) -> bytes:
+    """The config with the epoch as every time it records, `labels` set, and the canonical layers' digests."""
+    config = copy.deepcopy(config)
+    when = epoch_iso(epoch)
+    config["created"] = when
+    for step in config.get("history", []):
+        step["created"] = when
+    for key in ("container", "container_config", "docker_version"):  # the builder's, not the image's
+        config.pop(key, None)
+    inner = config.setdefault("config", {})
+    inner["Labels"] = {**(inner.get("Labels") or {}), **labels}
+    config["rootfs"] = {"type": "layers", "diff_ids": [f"sha256:{d}" for d in diff_ids]}
+    return json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _open(tar: tarfile.TarFile, member: tarfile.TarInfo) -> IO[bytes]:
+    """A regular member's contents (extractfile answers None only for other kinds)."""
+    fh = tar.extractfile(member)
+    assert fh is not None, member.name
+    return fh
+
+
+def _member(name: str, size: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = size, 0o644, 0
+    return info
+
+
+def _write_placeholder(out: IO[bytes]) -> int:
+    at = out.tell()
+    out.write(b"\0" * tarfile.BLOCKSIZE)
+    return at
+
+
+def _close_member(out: IO[bytes], header_at: int, name: str, size: int) -> None:
+    """Pad the member just written and put its header (now that its name and size are known) before it."""
+    out.write(b"\0" * (-size % tarfile.BLOCKSIZE))
+    end = out.tell()
+    out.seek(header_at)
+    out.write(_member(name, size).tobuf(format=tarfile.USTAR_FORMAT))
+    out.seek(end)
+
+
+def _add_bytes(out: IO[bytes], name: str, data: bytes) -> None:
+    out.write(_member(name, len(data)).tobuf(format=tarfile.USTAR_FORMAT))
+    out.write(data + b"\0" * (-len(data) % tarfile.BLOCKSIZE))
+
+
+@dataclass
+class Canonical:
+    image_id: str
+    seconds: float
+    layers: int
+
+
+def canonical_archive(saved: Iterator[bytes], tag: str, epoch: int, labels: dict[str, str], out: IO[bytes],
+                      say=print) -> str:
+    """`saved` (the chunks of `docker save` of one image) written to `out` as a `docker load` archive of the
+    canonical image, tagged `tag`; returns its image ID. One pass, each layer re-written as it streams by."""
+    stream = _ChunkReader(saved)
+    layers: dict[str, tuple[str, int]] = {}  # the archive's layer path -> (canonical digest, size)
+    config: dict | None = None
+    manifest: list | None = None
+    with tarfile.open(fileobj=stream, mode="r|") as saved_tar:
+        for member in saved_tar:
+            if member.name.endswith("layer.tar") and member.isreg():
+                started = time.monotonic()
+                header_at = _write_placeholder(out)
+                digest, size = canonical_layer(_open(saved_tar, member), out, epoch)
+                _close_member(out, header_at, f"{digest}/layer.tar", size)
+                layers[member.name] = (digest, size)
+                say(f"layer {len(layers)}: {size / 1e6:,.0f} MB made canonical in {time.monotonic() - started:.0f} s")
+            elif member.name == "manifest.json":
+                manifest = json.load(_open(saved_tar, member))
+            elif member.name.endswith(".json") and "/" not in member.name:
+                config = json.load(_open(saved_tar, member))
+    if not manifest or config is None or len(manifest) != 1:
+        raise EnvironmentProblem("docker save gave no single image's manifest and config; nothing was tagged")
+    order = [layers[path][0] for path in manifest[0]["Layers"]]
+    config_bytes = canonical_config(config, order, epoch, labels)
+    image_id = hashlib.sha256(config_bytes).hexdigest()
+    _add_bytes(out, f"{image_id}.json", config_bytes)
+    _add_bytes(out, "manifest.json", json.dumps([{"Config": f"{image_id}.json", "RepoTags": [tag],
+                                                   "Layers": [f"{d}/layer.tar" for d in order]}]).encode())
+    out.write(b"\0" * (2 * tarfile.BLOCKSIZE))
+    return f"sha256:{image_id}"
+
+
+class _ChunkReader(io.RawIOBase):
+    """A readable file over an iterator of byte chunks (the SDK's `docker save` stream)."""
+
+    def __init__(self, chunks: Iterator[bytes]):
+        self._chunks, self._rest = iter(chunks), b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self._rest:
+            try:
+                self._rest = next(self._chunks)
+            except StopIteration:
+                return 0
+        n = min(len(buffer), len(self._rest))
+        buffer[:n], self._rest = self._rest[:n], self._rest[n:]
+        return n
+
+
+def make_canonical(engine, built: str, tag: str, epoch: int, labels: dict[str, str], workdir: Path,
+                   say=print) -> Canonical:
+    """The image `built` re-made canonical on `engine` under `tag`; `built`'s own tag is removed."""
+    started = time.monotonic()
+    client = engine.sdk(timeout=3600)
+    with tempfile.TemporaryFile(dir=workdir, prefix="canonical-") as archive:
+        image_id = canonical_archive(client.api.get_image(built, chunk_size=CHUNK), tag, epoch, labels, archive, say)
+        archive.seek(0)
+        for message in client.api.load_image(iter(lambda: archive.read(CHUNK), b"")):
+            if "error" in message:
+                raise EnvironmentProblem(f"loading the canonical {tag} failed: {message['error']}")
+    loaded = engine.image(tag)
+    if loaded is None or loaded.id != image_id:
+        raise EnvironmentProblem(f"after loading, {tag} is {loaded.id[:19] if loaded else 'missing'}, not the "
+                                 f"canonical {image_id[:19]}")
+    if built != tag:
+        client.images.remove(built, noprune=False)
+    return Canonical(image_id, time.monotonic() - started, len(loaded.attrs["RootFS"]["Layers"]))
+
+
+# --- comparing two images ------------------------------------------------------------------------------------
+
+@dataclass
+class Difference:
+    """Where two images part: the config keys that differ, and per differing layer the first files."""
+    config: list[str] = field(default_factory=list)
+    layers: list[tuple[int, str, list[str]]] = field(default_factory=list)  # (index, step, first differing paths)
+
+    def lines(self) -> list[str]:
+        out = [f"config: {', '.join(self.config)} differ" if self.config else ""]
+        for index, step, paths in self.layers:
+            out.append(f"layer {index + 1} ({step}): {', '.join(paths) or 'the same files, in another order'}")
+        return [line for line in out if line]
+
+
+def _entries(layer: IO[bytes]) -> dict[str, tuple]:
+    """path -> what the path is in a layer: kind, mode, owner, size, time, link, contents' digest."""
+    out: dict[str, tuple] = {}
+    with tarfile.open(fileobj=layer, mode="r|") as tar:
+        for info in tar:
+            digest = ""
+            if info.isreg():
+                sha = hashlib.sha256()
+                fh = _open(tar, info)
+                for block in iter(lambda: fh.read(CHUNK), b""):
+                    sha.update(block)
+                digest = sha.hexdigest()[:16]
+            out[info.name] = (info.type, info.mode, info.uid, info.gid, info.size, int(info.mtime), info.linkname,
+                              digest, tuple(sorted(info.pax_headers.items())))
+    return out
+
+
+def _saved_layers(engine, ref: str, wanted: set[int]) -> tuple[dict, dict[int, dict[str, tuple]]]:
+    """An image's config, and the entries of its layers numbered in `wanted` (0 = the base)."""
+    stream = _ChunkReader(engine.sdk(timeout=3600).api.get_image(ref, chunk_size=CHUNK))
+    by_path: dict[str, dict[str, tuple]] = {}
+    config, manifest = {}, []
+    with tarfile.open(fileobj=stream, mode="r|") as saved:
+        for member in saved:
+            if member.name.endswith("layer.tar") and member.isreg():
+                by_path[member.name] = _entries(_open(saved, member))
+            elif member.name == "manifest.json":
+                manifest = json.load(_open(saved, member))
+            elif member.name.endswith(".json") and "/" not in member.name:
+                config = json.load(_open(saved, member))
+    paths = manifest[0]["Layers"] if manifest else []
+    return config, {i: by_path[p] for i, p in enumerate(paths) if i in wanted and p in by_path}
+
+
+def compare(engine, ref_a: str, ref_b: str, first: int = 5) -> Difference:
+    """What differs between images `ref_a` and `ref_b` on `engine` (empty when they are the same image)."""
+    a, b = engine.image(ref_a), engine.image(ref_b)
+    if a is None or b is None:
+        raise EnvironmentProblem(f"cannot compare: {ref_a if a is None else ref_b} is not on {engine.given}")
+    diff = Difference()
+    if a.id == b.id:
+        return diff
+    la, lb = a.attrs["RootFS"]["Layers"], b.attrs["RootFS"]["Layers"]
+    wanted = {i for i in range(max(len(la), len(lb))) if i >= len(la) or i >= len(lb) or la[i] != lb[i]}
+    config_a, layers_a = _saved_layers(engine, ref_a, wanted)
+    config_b, layers_b = _saved_layers(engine, ref_b, wanted)
+    ca = {k: v for k, v in config_a.items() if k != "rootfs"}
+    cb = {k: v for k, v in config_b.items() if k != "rootfs"}
+    diff.config = sorted(k for k in set(ca) | set(cb) if ca.get(k) != cb.get(k))
+    history = [h for h in config_a.get("history", []) if not h.get("empty_layer")]
+    for index in sorted(wanted):
+        ea, eb = layers_a.get(index, {}), layers_b.get(index, {})
+        differing = sorted(p for p in set(ea) | set(eb) if ea.get(p) != eb.get(p))
+        step = (history[index].get("created_by", "") if index < len(history) else "")[-80:] or "a step"
+        diff.layers.append((index, step, [f"{p} ({_why(ea.get(p), eb.get(p))})" for p in differing[:first]]))
+    return diff
+
+
+_FIELDS = ("kind", "mode", "uid", "gid", "size", "mtime", "link", "contents", "xattrs")
+
+
+def _why(a: tuple | None, b: tuple | None) -> str:
+    if a is None or b is None:
+        return "only in the " + ("second" if a is None else "first")
+    return ", ".join(name for name, x, y in zip(_FIELDS, a, b) if x != y)

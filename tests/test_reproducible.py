@@ -1,0 +1,89 @@
+"""The canonical image: the same contents give the same bytes and image ID, whenever the build ran."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+
+from servekit.build import reproducible
+
+EPOCH = reproducible.epoch_seconds("2026-12-01T00:00:00Z")
+
+
+def _layer(mtime: float, atime: str) -> bytes:
+    """A layer as a build writes it: files stamped with the build's time, atime in PAX headers."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data, when in (("usr/old.txt", b"from a package", 1_600_000_000), ("opt/new.py", b"print(1)", mtime)):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.uname = len(data), when, "builder"
+            info.pax_headers = {"atime": atime, "SCHILY.xattr.security.capability": "cap"}
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _saved(layer: bytes, created: str) -> list[bytes]:
+    """`docker save` of a one-layer image, as chunks."""
+    config = {"architecture": "amd64", "os": "linux", "created": created, "config": {"Labels": {"a": "b"}},
+              "history": [{"created": created, "created_by": "RUN x"}],
+              "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer).hexdigest()]}}
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in (("abc/layer.tar", layer), ("cfg.json", json.dumps(config).encode()),
+                           ("manifest.json", json.dumps([{"Config": "cfg.json", "Layers": ["abc/layer.tar"]}]).encode())):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    data = buf.getvalue()
+    return [data[i:i + 1000] for i in range(0, len(data), 1000)]
+
+
+def _canonical(mtime: float, atime: str, created: str) -> tuple[str, bytes]:
+    out = io.BytesIO()
+    image_id = reproducible.canonical_archive(iter(_saved(_layer(mtime, atime), created)), "x:y", EPOCH, {},
+                                              out, say=lambda line: None)
+    return image_id, out.getvalue()
+
+
+def test_two_builds_at_different_times_give_one_image_id_and_the_same_bytes():
+    first = _canonical(EPOCH + 10_000.25, "1764800000.1", "2026-12-04T09:00:00Z")
+    second = _canonical(EPOCH + 99_999.5, "1764900000.7", "2026-12-05T10:00:00Z")
+    assert first[0] == second[0]
+    assert first[1] == second[1]
+    # and the raw layers did differ, so the sameness is the canonical form's doing
+    assert _layer(EPOCH + 10_000.25, "1") != _layer(EPOCH + 99_999.5, "2")
+
+
+def test_the_canonical_layer_clamps_times_drops_atime_and_keeps_extended_attributes():
+    out = io.BytesIO()
+    digest, size = reproducible.canonical_layer(io.BytesIO(_layer(EPOCH + 500, "1764800000.1")), out, EPOCH)
+    assert hashlib.sha256(out.getvalue()).hexdigest() == digest and size == len(out.getvalue())
+    with tarfile.open(fileobj=io.BytesIO(out.getvalue())) as tar:
+        entries = {m.name: m for m in tar.getmembers()}
+    assert entries["opt/new.py"].mtime == EPOCH  # built after the epoch: clamped
+    assert entries["usr/old.txt"].mtime == 1_600_000_000  # older than the epoch: kept
+    assert all("atime" not in m.pax_headers and m.uname == "" for m in entries.values())
+    assert entries["opt/new.py"].pax_headers["SCHILY.xattr.security.capability"] == "cap"
+
+
+def test_the_canonical_config_records_the_epoch_and_names_the_canonical_layers():
+    out = io.BytesIO()
+    image_id = reproducible.canonical_archive(iter(_saved(_layer(EPOCH + 1, "1"), "2026-12-04T09:00:00Z")), "x:y",
+                                              EPOCH, {"org.opencontainers.image.created": "2026-12-01T00:00:00Z"},
+                                              out, say=lambda line: None)
+    with tarfile.open(fileobj=io.BytesIO(out.getvalue())) as tar:
+        def read(name: str) -> bytes:
+            fh = tar.extractfile(name)
+            assert fh is not None
+            return fh.read()
+        manifest = json.loads(read("manifest.json"))
+        config_bytes = read(manifest[0]["Config"])
+        layer = read(manifest[0]["Layers"][0])
+    assert image_id == "sha256:" + hashlib.sha256(config_bytes).hexdigest()
+    config = json.loads(config_bytes)
+    assert config["created"] == "2026-12-01T00:00:00Z" and config["history"][0]["created"] == config["created"]
+    assert config["rootfs"]["diff_ids"] == ["sha256:" + hashlib.sha256(layer).hexdigest()]
+    assert config["config"]["Labels"] == {"a": "b", "org.opencontainers.image.created": "2026-12-01T00:00:00Z"}
+    assert manifest[0]["RepoTags"] == ["x:y"]
