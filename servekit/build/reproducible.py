@@ -22,7 +22,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Callable, Iterator
 
 from servekit.errors import EnvironmentProblem
 
@@ -130,28 +130,37 @@ class Canonical:
     layers: int
 
 
+def _read_saved(saved: Iterator[bytes], on_layer: Callable[[str, IO[bytes]], None]) -> tuple[dict, list]:
+    """Walk a `docker save` stream once: each layer handed to `on_layer` as it passes; (config, manifest)."""
+    config: dict = {}
+    manifest: list = []
+    with tarfile.open(fileobj=_ChunkReader(saved), mode="r|") as tar:
+        for member in tar:
+            if member.name.endswith("layer.tar") and member.isreg():
+                on_layer(member.name, _open(tar, member))
+            elif member.name == "manifest.json":
+                manifest = json.load(_open(tar, member))
+            elif member.name.endswith(".json") and "/" not in member.name:
+                config = json.load(_open(tar, member))
+    return config, manifest
+
+
 def canonical_archive(saved: Iterator[bytes], tag: str, epoch: int, labels: dict[str, str], out: IO[bytes],
                       say=print) -> str:
     """`saved` (the chunks of `docker save` of one image) written to `out` as a `docker load` archive of the
     canonical image, tagged `tag`; returns its image ID. One pass, each layer re-written as it streams by."""
-    stream = _ChunkReader(saved)
     layers: dict[str, tuple[str, int]] = {}  # the archive's layer path -> (canonical digest, size)
-    config: dict | None = None
-    manifest: list | None = None
-    with tarfile.open(fileobj=stream, mode="r|") as saved_tar:
-        for member in saved_tar:
-            if member.name.endswith("layer.tar") and member.isreg():
-                started = time.monotonic()
-                header_at = _write_placeholder(out)
-                digest, size = canonical_layer(_open(saved_tar, member), out, epoch)
-                _close_member(out, header_at, f"{digest}/layer.tar", size)
-                layers[member.name] = (digest, size)
-                say(f"layer {len(layers)}: {size / 1e6:,.0f} MB made canonical in {time.monotonic() - started:.0f} s")
-            elif member.name == "manifest.json":
-                manifest = json.load(_open(saved_tar, member))
-            elif member.name.endswith(".json") and "/" not in member.name:
-                config = json.load(_open(saved_tar, member))
-    if not manifest or config is None or len(manifest) != 1:
+
+    def rewrite(path: str, layer: IO[bytes]) -> None:
+        started = time.monotonic()
+        header_at = _write_placeholder(out)
+        digest, size = canonical_layer(layer, out, epoch)
+        _close_member(out, header_at, f"{digest}/layer.tar", size)
+        layers[path] = (digest, size)
+        say(f"layer {len(layers)}: {size / 1e6:,.0f} MB made canonical in {time.monotonic() - started:.0f} s")
+
+    config, manifest = _read_saved(saved, rewrite)
+    if not manifest or not config or len(manifest) != 1:
         raise EnvironmentProblem("docker save gave no single image's manifest and config; nothing was tagged")
     order = [layers[path][0] for path in manifest[0]["Layers"]]
     config_bytes = canonical_config(config, order, epoch, labels)
@@ -237,17 +246,12 @@ def _entries(layer: IO[bytes]) -> dict[str, tuple]:
 
 def _saved_layers(engine, ref: str, wanted: set[int]) -> tuple[dict, dict[int, dict[str, tuple]]]:
     """An image's config, and the entries of its layers numbered in `wanted` (0 = the base)."""
-    stream = _ChunkReader(engine.sdk(timeout=3600).api.get_image(ref, chunk_size=CHUNK))
     by_path: dict[str, dict[str, tuple]] = {}
-    config, manifest = {}, []
-    with tarfile.open(fileobj=stream, mode="r|") as saved:
-        for member in saved:
-            if member.name.endswith("layer.tar") and member.isreg():
-                by_path[member.name] = _entries(_open(saved, member))
-            elif member.name == "manifest.json":
-                manifest = json.load(_open(saved, member))
-            elif member.name.endswith(".json") and "/" not in member.name:
-                config = json.load(_open(saved, member))
+
+    def read(path: str, layer: IO[bytes]) -> None:
+        by_path[path] = _entries(layer)
+
+    config, manifest = _read_saved(engine.sdk(timeout=3600).api.get_image(ref, chunk_size=CHUNK), read)
     paths = manifest[0]["Layers"] if manifest else []
     return config, {i: by_path[p] for i, p in enumerate(paths) if i in wanted and p in by_path}
 
