@@ -1,4 +1,4 @@
-"""The GPU without the NVIDIA toolkit (the devices route) and the engine from carried Debian packages: what the lent
+"""The GPU without the NVIDIA toolkit (the devices route) and the engine from carried Debian packages: what an air-gapped
 GPU machine, a VM without a toolkit or a package index, needs of the project's own commands."""
 
 from __future__ import annotations

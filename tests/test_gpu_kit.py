@@ -1,4 +1,4 @@
-"""The GPU kit (bench/gpu/): a part fits one device call beside the tree it travels with, what a visit keeps, and
+"""The GPU kit (bench/gpu/): a part fits one command sent to the host beside the tree it travels with, what a visit keeps, and
 the process engine's environment holds the host tool's own dependencies."""
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ def test_run_writes_the_three_files_and_compare_reads_two(tmp_path):
 
 @pytest.mark.slow
 def test_a_boot_past_the_runs_timeout_fails_with_its_report_written():
-    """What a caller with a hard limit (a device call) needs: the boot ends at --timeout and the report says so."""
+    """What a caller with a hard limit (a command sent to a remote host) needs: the boot ends at --timeout and the report says so."""
     result = run_build_py("run", "--target", "cpu", "--profile", "default", "--timeout", "3", "--json", timeout=1200)
     assert result.returncode == 1, result.stderr[-2000:]
     report = json.loads((Path(json.loads(result.stdout)["reports"][0]) / "report.json").read_text())

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The cuda target's acceptance on a GPU machine that has neither Docker nor a network (the lent H200): the
+# The cuda target's acceptance on a GPU machine that has neither Docker nor a network: the
 # pinned stack installed beside what the machine has, patched as the image is, qwen35-mini (the served family's
 # stand-in, images.yaml) with its drafter, and every boot through the process engine (--engine venv:PATH). docs/gpu/README.md says
 # what was run with it and what it showed.

@@ -1,5 +1,5 @@
 # Sourced by visit.sh and acceptance.sh (each defines say): parts carried in one folder a call, the stand-in's folders
-# kept, and the reports a run adds sent back through $OUT, the folder the device tool returns.
+# kept, and the reports a run adds sent back through $OUT, the folder the host hands back after each command.
 
 # The stand-in both serve (images.yaml models.qwen35-mini) and its DFlash2 drafter, through MODEL_DIR and DRAFTER_DIR.
 MODEL=${SERVEKIT_GPU_MODEL:-$PWD/bench/gpu/qwen35-mini}

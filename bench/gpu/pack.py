@@ -1,6 +1,6 @@
 """Pack what a GPU machine without a network needs to serve the built cuda image: the image, the engine, the host tool.
 
-Writes PARTS_DIR/NNN/ folders of one part each (the device tool carries one folder of at most 64 MiB a call,
+Writes PARTS_DIR/NNN/ folders of one part each (one command to the host carries at most 64 MiB,
 the working tree included, here without TRAVEL_ONCE), every part named in 000/SHA256SUMS:
 
 - image-*: `docker save TAG | zstd -3`, split (the image ID survives save and load, so reports made there name
@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from servekit.engines.bootstrap import COMPOSE_DIST, ENGINE_DEBS  # noqa: E402
 
-CALL_BYTES = 63 * 2**20  # what one device call carries, the working tree included (64 MiB, less a margin)
+CALL_BYTES = 63 * 2**20  # what one command to the host carries, the working tree included (64 MiB, less a margin)
 MAX_PART_BYTES = 59 * 2**20
 # Out of the tree while the parts travel (git sparse-checkout): the shipped models go once, in the visit's first
 # call with the whole tree (visit.sh take keeps them), and the calls that set up and run have the whole tree again.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The cuda image on a GPU machine that has no Docker and no network (the lent H200), through the project's own
+# The cuda image on a GPU machine that has no Docker and no network, through the project's own
 # commands: `make engine` from carried Debian packages, the GPU by its device nodes (compose.gpu-devices.yaml),
 # `python build.py run --target cuda` per profile. Parts come from `python bench/gpu/pack.py PARTS` here.
 #

@@ -1,7 +1,7 @@
 """The wheels a GPU machine without network needs for the cuda target, packed in parts small enough to carry.
 
 Resolves the cuda target's pins (images.yaml) for Python 3.12 on manylinux x86_64 with pip's resolver, leaves
-out what the lent GPU machine already has at a version torch accepts (its CUDA libraries but NCCL, OpenCV) and
+out what the GPU host already has at a version torch accepts (its CUDA libraries but NCCL, OpenCV) and
 what no boot imports (the video codec, a second Triton, CUTLASS's DSL, TileLang), adds the host tool's own
 dependencies (pyproject.toml: build.py and its checks run in that environment too), downloads each wheel once into
 a cache, and writes PARTS_DIR/NNN/part-NNN as pack.py lays out the image's parts (one folder a call, beside the
@@ -35,14 +35,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pack import part_bytes, split  # noqa: E402
 from servekit.build.locks import HOST_LOCK, lock_file, normalize, read  # noqa: E402
 
-# What the lent machine has (torch 2.11's CUDA 13 wheels, OpenCV, numba) or no boot of ours imports.
+# What the GPU host has (torch 2.11's CUDA 13 wheels, OpenCV, numba) or no boot of ours imports.
 LEAVE_OUT = ("nvidia-cublas", "nvidia-cufft", "nvidia-cusolver", "nvidia-cusparse", "nvidia-cusparselt-cu13",
              "nvidia-cuda-nvrtc", "nvidia-nvvm", "nvidia-nvshmem-cu13", "nvidia-curand", "nvidia-cuda-nvcc",
              "nvidia-nvjitlink", "nvidia-cuda-cupti", "nvidia-cuda-runtime", "nvidia-cufile", "nvidia-nvtx",
              "nvidia-cuda-cccl", "nvidia-cuda-crt", "nvidia-cuda-nvdisasm", "nvidia-cudnn-cu13", "cuda-toolkit",
              "opencv-python-headless", "pynvvideocodec", "tokenspeed-triton", "nvidia-cutlass-dsl-libs-cu12",
              "llvmlite", "numba", "tilelang", "z3-solver", "torchcodec")  # the cu13 CUTLASS DSL stays: GDN prefill
-PYTHON = "3.12"  # the lent GPU machine's
+PYTHON = "3.12"  # the GPU host's
 # pip matches a platform tag exactly: every glibc a manylinux wheel may name, up to Ubuntu 24.04's 2.39.
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in range(5, 40)] + ["manylinux2014_x86_64", "linux_x86_64"]
 

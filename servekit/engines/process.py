@@ -1,5 +1,5 @@
 """The process engine (`--engine venv:PATH`): each profile served as a process of a Python environment
-instead of a container, for a host without Docker (the lent GPU machine, a box where the stack was
+instead of a container, for a host without Docker (an air-gapped GPU host, a box where the stack was
 installed by hand from docs/install.md).
 
 It runs what the image runs: the launcher from servekit/image/ with profiles.json rendered from
