@@ -263,6 +263,21 @@ def cmd_image(args) -> int:
     return 0
 
 
+def cmd_reproduce(args) -> int:
+    from servekit.build.reproduce import reproduce
+    session = _session(args)
+    result = reproduce(session, session.check_target(args.target or session.default_target()), say=_say("reproduce: "))
+    if args.json:
+        _emit_json(result.as_json())
+    else:
+        first = f"{result.first_seconds:.0f} s" if result.first_seconds is not None else "already built"
+        print(f"{result.target}: {result.tag}\n  first build: {result.first_id} ({first})\n  rebuild:     "
+              f"{result.second_id} ({result.second_seconds:.0f} s, the builder's cache unused)")
+        print("  the same image: the inputs decide it" if result.same else
+              "  different images; the first keeps the tag:\n" + "\n".join(f"    {d}" for d in result.differences))
+    return 0 if result.same else 1
+
+
 def cmd_demo_model(args) -> int:
     from servekit.build.retrain import regenerate_shipped
     dest = regenerate_shipped(_session(args), say=_say())
@@ -635,13 +650,16 @@ def _matrix_commands(c: _Commands) -> None:
 
 
 def _image_commands(c: _Commands) -> None:
-    """The commands of images: image, demo-model, patch-env."""
+    """The commands of images: image, reproduce, demo-model, patch-env."""
     p = c.add("image", cmd_image, "build the image of a target (content-addressed: an image already built for "
             "its digest is not rebuilt)", locked=True)
     c.target(p, many=True)
     p.add_argument("--force", action="store_true", help="rebuild even if the image exists")
     p.add_argument("--no-cache", action="store_true", help="with --force: run every step again, BuildKit's cache "
                    "unused (slow: every wheel is installed again)")
+    p = c.add("reproduce", cmd_reproduce, "build a target's image again with the builder's cache unused and check "
+              "it is the same image ID (exit 1 naming the layers and first files that differ)", locked=True)
+    c.target(p)
     c.add("demo-model", cmd_demo_model, "train the shipped demo model again (a few CPU minutes, in the image of the "
         "target that serves it) and replace its folder (images.yaml models.<name>.dir)", json_out=False, locked=True)
     p = c.add("patch-env", cmd_patch_env, "apply the patch series and components to the vLLM of a Python environment "

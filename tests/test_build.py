@@ -403,3 +403,17 @@ def test_the_shipped_stand_in_answers_what_the_checks_ask_and_its_mtp_head_draft
     assert done.returncode == 0 and all(v == "ok" for k, v in said.items() if k != "mtp tokens per step"), said
     floor = load_matrix(ROOT / "images.yaml").profile_checks("default", "cuda", model_name="qwen35-mini")["spec_decode"]
     assert said["mtp tokens per step"] >= floor["min_greedy"], said
+
+
+@pytest.mark.slow
+def test_the_cpu_image_rebuilt_with_the_builders_cache_unused_is_the_same_image(cpu_image):
+    """Buys the promise the tag makes: the inputs alone decide the image, so a report proved on one build of the
+    tag holds for every build of it (the whole image built again, cache unused: about 3 minutes)."""
+    before = json.loads(docker("image", "inspect", cpu_image).stdout)[0]["Id"]
+    result = run_build_py("reproduce", "--target", "cpu", "--json", timeout=3000)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    said = json.loads(result.stdout)
+    assert said["tag"] == cpu_image and said["same"] and said["differences"] == []
+    assert said["first_id"] == said["second_id"] == before
+    assert json.loads(docker("image", "inspect", cpu_image).stdout)[0]["Id"] == before
+    assert docker("image", "inspect", f"{cpu_image}-first").returncode != 0  # the first build's own tag is gone

@@ -5,7 +5,11 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
+import subprocess
 import tarfile
+
+import pytest
 
 from servekit.build import reproducible
 
@@ -24,18 +28,24 @@ def _layer(mtime: float, atime: str) -> bytes:
     return buf.getvalue()
 
 
-def _saved(layer: bytes, created: str) -> list[bytes]:
-    """`docker save` of a one-layer image, as chunks."""
+def _saved(layer: bytes, created: str, repeated: bool = False) -> list[bytes]:
+    """`docker save` of a one-layer image, as chunks; `repeated`: the layer twice, the second a link to the first
+    (as Docker saves a layer an image repeats, such as an empty one)."""
+    paths = ["abc/layer.tar", "def/layer.tar"] if repeated else ["abc/layer.tar"]
     config = {"architecture": "amd64", "os": "linux", "created": created, "config": {"Labels": {"a": "b"}},
-              "history": [{"created": created, "created_by": "RUN x"}],
-              "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer).hexdigest()]}}
+              "history": [{"created": created, "created_by": "RUN x"}] * len(paths),
+              "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer).hexdigest()] * len(paths)}}
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for name, data in (("abc/layer.tar", layer), ("cfg.json", json.dumps(config).encode()),
-                           ("manifest.json", json.dumps([{"Config": "cfg.json", "Layers": ["abc/layer.tar"]}]).encode())):
+                           ("manifest.json", json.dumps([{"Config": "cfg.json", "Layers": paths}]).encode())):
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
+        if repeated:
+            link = tarfile.TarInfo("def/layer.tar")
+            link.type, link.linkname = tarfile.SYMTYPE, "../abc/layer.tar"
+            tar.addfile(link)
     data = buf.getvalue()
     return [data[i:i + 1000] for i in range(0, len(data), 1000)]
 
@@ -87,3 +97,45 @@ def test_the_canonical_config_records_the_epoch_and_names_the_canonical_layers()
     assert config["rootfs"]["diff_ids"] == ["sha256:" + hashlib.sha256(layer).hexdigest()]
     assert config["config"]["Labels"] == {"a": "b", "org.opencontainers.image.created": "2026-12-01T00:00:00Z"}
     assert manifest[0]["RepoTags"] == ["x:y"]
+
+
+def test_a_layer_saved_once_and_linked_to_is_both_of_the_images_layers():
+    out = io.BytesIO()
+    image_id = reproducible.canonical_archive(iter(_saved(_layer(EPOCH + 1, "1"), "2026-12-04T09:00:00Z", True)),
+                                              "x:y", EPOCH, {}, out, say=lambda line: None)
+    with tarfile.open(fileobj=io.BytesIO(out.getvalue())) as tar:
+        manifest = json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
+        config = json.load(tar.extractfile(manifest[0]["Config"]))  # type: ignore[arg-type]
+        layer_files = [m.name for m in tar.getmembers() if m.name.endswith("layer.tar")]
+    first, second = manifest[0]["Layers"]
+    assert first == second and layer_files == [first]  # written once, named twice
+    assert len(set(config["rootfs"]["diff_ids"])) == 1 and len(config["rootfs"]["diff_ids"]) == 2
+    assert image_id.startswith("sha256:")
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_two_real_builds_made_canonical_are_compared_to_the_file_that_differs(cpu_base, tmp_path):
+    """On a real engine: a step whose output is the same each build gives the same canonical image; a step that
+    writes the time does not, and the comparison names that layer and that file."""
+    from servekit.engines.docker import local
+    engine = local()
+    made = []
+    for n in (1, 2):
+        (tmp_path / "Dockerfile").write_text(f"FROM {cpu_base}\nRUN echo same > /same && date +%s%N > /stamp\n")
+        tag = f"servekit-test-canonical:{n}"
+        built = subprocess.run(["docker", "build", "-q", "--no-cache", "-t", f"{tag}-raw", str(tmp_path)], capture_output=True,
+                               text=True, timeout=300, env={**os.environ, "DOCKER_BUILDKIT": "0"})  # any builder will do
+        assert built.returncode == 0, built.stderr[-2000:]
+        made.append(reproducible.make_canonical(engine, f"{tag}-raw", tag, EPOCH, {}, tmp_path,
+                                                say=lambda line: None))
+    try:
+        assert made[0].image_id != made[1].image_id
+        difference = reproducible.compare(engine, "servekit-test-canonical:1", "servekit-test-canonical:2")
+        assert difference.config == []  # the times were the build's: made canonical, the configs agree
+        [(index, step, paths)] = difference.layers
+        assert "date +%s%N > /stamp" in step and paths == ["stamp (contents)"]  # /same is the same file
+        assert engine.image("servekit-test-canonical:1-raw") is None  # the builder's tag went with the rewrite
+    finally:
+        for n in (1, 2):
+            subprocess.run(["docker", "image", "rm", "-f", f"servekit-test-canonical:{n}"], capture_output=True)

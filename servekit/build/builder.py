@@ -7,7 +7,6 @@ the in-image verify step included, has succeeded, so a failed build leaves no ta
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import re
@@ -34,6 +33,7 @@ from servekit.output import as_output
 from servekit.build.index import IndexUnreachable, normalize, release_exists
 from servekit.config.matrix import Matrix, substitute
 from servekit.build.locks import for_build, layers
+from servekit.build.reproducible import epoch_seconds, make_canonical
 from servekit.build.plan import STAGE_DIR, STAGED_FILES, WHEELHOUSE, TargetPlan
 from servekit.config.settings import ENV_BASE, ENV_WHEELS, ENV_WITHOUT, BuildSettings
 from servekit.trust import ca_bundle, requests_verify
@@ -231,14 +231,13 @@ def stage_components(matrix: Matrix, plan: TargetPlan, root: Path, dest: Path) -
     (dest / "components.json").write_text(json.dumps(spec, indent=2) + "\n")
 
 
-def labels(matrix: Matrix, plan: TargetPlan, root: Path) -> dict[str, str]:
-    revision = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+def labels(matrix: Matrix, plan: TargetPlan) -> dict[str, str]:
+    """The image's labels: facts of its inputs only (no build time, no commit), so a rebuild is the same image."""
     out = {
         "org.opencontainers.image.title": matrix.image.title,
         "org.opencontainers.image.description": matrix.image.description,
         "org.opencontainers.image.version": f"{matrix.vllm}-{plan.target}",
-        "org.opencontainers.image.created": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "org.opencontainers.image.revision": revision or "unknown",
+        "org.opencontainers.image.created": matrix.image.source_date_epoch,
         "org.opencontainers.image.base.name": plan.base,
         f"{LABEL_PREFIX}.target": plan.target,
         f"{LABEL_PREFIX}.digest": plan.digest,
@@ -258,18 +257,26 @@ def build_args(plan: TargetPlan) -> dict[str, str]:
     the digest covers (build-info.json), so the tag and the build cannot disagree."""
     info = plan.build_info
     return {"TARGET": plan.target, "BASE": info["base"]["image"], "BASE_APT_PACKAGES": " ".join(info["base"]["apt"]),
-            "MODEL_SOURCE": info["model"]["source"], "GPU": "1" if info["gpu"] else "0"}
+            "MODEL_SOURCE": info["model"]["source"], "GPU": "1" if info["gpu"] else "0",
+            # pip compiles bytecode that checks its source by hash, not by the install's time (py_compile)
+            "SOURCE_DATE_EPOCH": str(epoch_seconds(info["epoch"]))}
+
+
+def provisional_tag(plan: TargetPlan) -> str:
+    """What the builder tags; the image becomes `plan.tag` only once it is made canonical (reproducible.py)."""
+    return f"{plan.tag}-build"
 
 
 def _command(matrix: Matrix, plan: TargetPlan, root: Path, workdir: Path, secret_files: dict[str, Path],
              no_cache: bool = False) -> list[str]:
-    """The build command; `secret_files` (id -> file) reach the Dockerfile's secret mounts, nothing else does."""
-    args, labs = build_args(plan), labels(matrix, plan, root)
+    """The build command, tagging provisional_tag; `secret_files` (id -> file) reach the Dockerfile's secret
+    mounts, nothing else does."""
+    args, labs = build_args(plan), labels(matrix, plan)
     bundle = ca_bundle()
     secret_files = {**secret_files, **({"cacert": bundle} if bundle else {})}
     if has_buildx():
         cmd = ["docker", "buildx", "build", "--load", "--progress", "plain", "-f", DOCKERFILE, "--target", "runtime",
-               "-t", plan.tag, *(["--no-cache"] if no_cache else [])]
+               "-t", provisional_tag(plan), *(["--no-cache"] if no_cache else [])]
         cmd += [x for k, v in args.items() for x in ("--build-arg", f"{k}={v}")]
         cmd += [x for k, v in labs.items() for x in ("--label", f"{k}={v}")]
         cmd += [x for name, path in secret_files.items() for x in ("--secret", f"id={name},src={path}")]
@@ -277,7 +284,7 @@ def _command(matrix: Matrix, plan: TargetPlan, root: Path, workdir: Path, secret
     # Compose v2 embeds a BuildKit client: the build is described in a compose file of its own.
     build = {"context": str(root), "dockerfile": DOCKERFILE, "target": "runtime", "args": args, "labels": labs,
              "no_cache": no_cache, "secrets": list(secret_files)}
-    doc: dict = {"name": "servekit-build", "services": {"image": {"image": plan.tag, "build": build}},
+    doc: dict = {"name": "servekit-build", "services": {"image": {"image": provisional_tag(plan), "build": build}},
                  "secrets": {name: {"file": str(path)} for name, path in secret_files.items()}}
     compose_file = workdir / "compose.build.yaml"
     compose_file.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -356,11 +363,21 @@ def _build(matrix: Matrix, plan: TargetPlan, root: Path, workdir: Path, extra_in
             [credentials.with_auth(matrix.indexes[key].url, key) for key in extra_indexes]), mode=0o600)
         code = _stream(_command(matrix, plan, root, workdir, {"pip_conf": pip_conf}, no_cache), log_path, root,
                        say.step)
-    seconds = time.monotonic() - started
     if code != 0:
-        raise EnvironmentProblem(f"build of {plan.target} failed after {seconds:.0f} s, nothing tagged: "
-                                 f"{_failure_summary(log_path)} (full log: {log_path.relative_to(root)})")
-    return BuildResult(plan.target, plan.tag, True, seconds, log_path)
+        raise EnvironmentProblem(f"build of {plan.target} failed after {time.monotonic() - started:.0f} s, nothing "
+                                 f"tagged: {_failure_summary(log_path)} (full log: {log_path.relative_to(root)})")
+    engine = local()
+    say(f"{plan.target}: built in {time.monotonic() - started:.0f} s; making it canonical (times at "
+        f"{plan.build_info['epoch']}) so that every build of {plan.tag} is one image ID")
+    try:
+        canonical = make_canonical(engine, provisional_tag(plan), plan.tag, epoch_seconds(plan.build_info["epoch"]),
+                                   {}, root / ".cache", say=say.step)
+    finally:  # made canonical or not, the builder's own image is not left tagged
+        if engine.image_exists(provisional_tag(plan)):
+            engine.sdk().images.remove(provisional_tag(plan))
+    say(f"{plan.tag} is {canonical.image_id[:19]} ({canonical.layers} layers, canonical in "
+        f"{canonical.seconds:.0f} s)")
+    return BuildResult(plan.target, plan.tag, True, time.monotonic() - started, log_path)
 
 
 def ensure_built(session, target: str, say=None, engine=None) -> TargetPlan:

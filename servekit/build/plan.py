@@ -16,6 +16,7 @@ from pathlib import Path
 
 from servekit.config.matrix import Matrix
 from servekit.build.bases import definition_digest
+from servekit.build.reproducible import CANONICAL_FORMAT
 from servekit.build.locks import LAYERS, lock_file
 from servekit.config.profiles import render_profiles
 from servekit.image.series import SeriesError, read_series
@@ -107,6 +108,7 @@ def build_facts(matrix: Matrix, target: str, root: Path, settings: BuildSettings
     archs = sorted({h.cuda_arch for h in matrix.hosts.values() if h.cuda_arch}) if spec.gpu else []
     lock = root / lock_file(target, matrix.bases[base_name].python)
     return {"target": target, "vllm": matrix.vllm, "image": matrix.image.name, "pins": pins,
+            "epoch": matrix.image.source_date_epoch, "canonical_format": CANONICAL_FORMAT,
             "omitted": {name: matrix.may_omit[name] for name in omitted},
             "base": {"name": base_name, **matrix.bases[base_name].model_dump(),
                      **({"made": definition_digest(matrix.bases[base_name])} if matrix.bases[base_name].debootstrap

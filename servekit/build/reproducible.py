@@ -17,6 +17,7 @@ import datetime as dt
 import hashlib
 import io
 import json
+import posixpath
 import tarfile
 import tempfile
 import time
@@ -27,6 +28,8 @@ from typing import IO, Callable, Iterator
 from servekit.errors import EnvironmentProblem
 
 CHUNK = 4 << 20
+# Which canonical form an image is in: part of every image's digest, so a change of the form is a new tag.
+CANONICAL_FORMAT = 1
 # The metadata a canonical entry keeps from its PAX header: extended attributes (file capabilities) change what
 # a file does; atime, ctime and sub-second times are when the build ran.
 KEPT_PAX = "SCHILY.xattr."
@@ -131,17 +134,25 @@ class Canonical:
 
 
 def _read_saved(saved: Iterator[bytes], on_layer: Callable[[str, IO[bytes]], None]) -> tuple[dict, list]:
-    """Walk a `docker save` stream once: each layer handed to `on_layer` as it passes; (config, manifest)."""
+    """Walk a `docker save` stream once: each layer handed to `on_layer` as it passes; (config, manifest), the
+    manifest naming each layer by the file that holds it (a layer the image repeats, an empty one, is saved once
+    and linked to)."""
     config: dict = {}
     manifest: list = []
+    links: dict[str, str] = {}
     with tarfile.open(fileobj=_ChunkReader(saved), mode="r|") as tar:
         for member in tar:
-            if member.name.endswith("layer.tar") and member.isreg():
+            if member.name.endswith("layer.tar") and member.issym():
+                links[member.name] = posixpath.normpath(posixpath.join(posixpath.dirname(member.name),
+                                                                       member.linkname))
+            elif member.name.endswith("layer.tar") and member.isreg():
                 on_layer(member.name, _open(tar, member))
             elif member.name == "manifest.json":
                 manifest = json.load(_open(tar, member))
             elif member.name.endswith(".json") and "/" not in member.name:
                 config = json.load(_open(tar, member))
+    for image in manifest:
+        image["Layers"] = [links.get(path, path) for path in image["Layers"]]
     return config, manifest
 
 

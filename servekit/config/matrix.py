@@ -249,6 +249,10 @@ class ImageInfo(Strict):
     description: str
     source: str | None = None
     licenses: str | None = None
+    source_date_epoch: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$",
+                                   description="every file time in the image is at most this (UTC, "
+                                   "YYYY-MM-DDTHH:MM:SSZ), and every time its config records is this: the same "
+                                   "inputs give the same image ID on any machine")
 
 
 class Matrix(Strict):

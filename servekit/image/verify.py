@@ -157,7 +157,7 @@ def serve_flags() -> set[str]:
 # parsers it names, loaded through vLLM's own registries as the API server loads them at boot (they import lazily:
 # the qwen3 parsers need mistral_common, which no package import reaches). No model is loaded.
 PARSE_ARGV = r"""
-import contextlib, io, json, os, re, sys, tempfile
+import atexit, contextlib, io, json, os, re, shutil, sys, tempfile
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.launchers.cli_args import make_arg_parser
 from vllm.reasoning import ReasoningParserManager
@@ -165,6 +165,7 @@ from vllm.tool_parsers import ToolParserManager
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
 stub = tempfile.mkdtemp()  # the models are not in a build: a local folder stands in for each path under /app/models
+atexit.register(shutil.rmtree, stub, True)  # gone before the layer is taken: a random name would differ each build
 for label, argv in json.load(sys.stdin):
     argv = [t.replace("/app/models/", stub + "/") for t in argv]
     for t in argv:
