@@ -198,7 +198,7 @@ def test_an_unreachable_index_is_named(tmp_path):
 
 def test_no_engine_is_one_clear_line():
     env = dict(os.environ, DOCKER_HOST="unix:///nonexistent/docker.sock")
-    result = subprocess.run(["python", str(ROOT / "build.py"), "image", "--target", "cpu", "--force"], cwd=work_dir(),
+    result = subprocess.run([sys.executable, str(ROOT / "build.py"), "image", "--target", "cpu", "--force"], cwd=work_dir(),
                             env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1
     assert "no Docker engine answers at unix:///nonexistent/docker.sock" in result.stderr

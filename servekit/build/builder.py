@@ -33,6 +33,7 @@ from servekit.output import as_output
 from servekit.build.index import IndexUnreachable, normalize, release_exists
 from servekit.config.matrix import Matrix, substitute
 from servekit.build.locks import for_build, layers
+from servekit.build import sbom
 from servekit.build.reproducible import epoch_seconds, make_canonical
 from servekit.build.plan import STAGE_DIR, STAGED_FILES, WHEELHOUSE, TargetPlan
 from servekit.config.settings import ENV_BASE, ENV_WHEELS, ENV_WITHOUT, BuildSettings
@@ -180,6 +181,11 @@ def _prepare_context(matrix: Matrix, plan: TargetPlan, root: Path, wheels: dict[
         "model": lambda path: replace_tree(path, root / model_dir if model_dir else None),
         "profiles.json": lambda path: _write(path, json.dumps(plan.profiles, indent=2) + "\n"),
         "build-info.json": lambda path: _write(path, json.dumps(plan.build_info, indent=2) + "\n"),
+        "sbom.cdx.json": lambda path: _write(path, sbom.document(
+            plan, lock, sbom.debian_packages(local(), plan.base),
+            sbom.series_files(root / matrix.series.dir, plan.build_info["series"]),
+            {name: component_digest(matrix, name, root) for name, state in plan.components.items()
+             if state != "absent"}, matrix.image.source_date_epoch)),
     }
     for name in STAGED_FILES:
         writers[name](out / name)

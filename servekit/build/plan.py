@@ -30,7 +30,7 @@ IMAGE_CODE = "servekit/image"
 # test reads the Dockerfile against this list), and the wheelhouse.
 STAGE_DIR = ".cache/build"
 STAGED_FILES = (*(f"requirements-{layer}.txt" for layer in LAYERS), "patches", "components", "model", "profiles.json",
-                "build-info.json")
+                "build-info.json", "sbom.cdx.json")
 WHEELHOUSE = ".cache/wheelhouse"  # the pinned wheels offered from folders of wheels, during a build only
 STAGED = (STAGE_DIR, WHEELHOUSE)
 # Files of this repository that shape every image besides that folder and what the build stages.
