@@ -471,6 +471,25 @@ def cmd_release(args) -> int:
     return 0
 
 
+REGISTRY_HELP = "default: SERVEKIT_REGISTRY, else release.registry in images.yaml"
+
+
+def cmd_pull(args) -> int:
+    from servekit.release.fetch import pull_release
+    from servekit.serve.deploy import ready_for_compose
+    session = _session(args)
+    pulled = pull_release(session, session.check_target(args.target or session.default_target()), args.registry,
+                          say=_say("pull: "))
+    ready_for_compose(session, pulled.target, pulled.tag)  # for `docker compose up PROFILE` in compose/
+    if args.json:
+        _emit_json({"target": pulled.target, "reference": pulled.reference, "tag": pulled.tag,
+                    "image_id": pulled.image_id, "seconds": round(pulled.seconds, 1)})
+    else:
+        print(f"{pulled.target}: {pulled.reference} pulled in {pulled.seconds:.0f} s as {pulled.tag} "
+              f"({pulled.image_id[:19]})")
+    return 0
+
+
 def cmd_render(args) -> int:
     from servekit.serve.k8s import render_profile
     paths, how = render_profile(_session(args), args.profile, Path(args.out), args.target,
@@ -751,15 +770,20 @@ def _checking_commands(c: _Commands) -> None:
 
 
 def _release_commands(c: _Commands) -> None:
-    """The commands of releasing and deploying elsewhere: release, render."""
+    """The commands of releasing and deploying elsewhere: release, pull, render."""
     p = c.add("release", cmd_release, "push each target's checked image: immutable and moving tags, digests read "
             "back, then releases/v<vllm>.json", locked=True)
-    p.add_argument("--registry", type=arguments.registry, metavar="HOST[:PORT]/NAMESPACE", help="default: release.registry in images.yaml")
+    p.add_argument("--registry", type=arguments.registry, metavar="HOST[:PORT]/NAMESPACE", help=REGISTRY_HELP)
     c.target(p, many=True, help="only this target (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="check and report; push nothing")
     p.add_argument("--git-tag", action="store_true", help="also create an annotated git tag v<vllm> with the summary")
     p.add_argument("--verify", action="store_true", help="push nothing: read releases/v<vllm>.json back and check "
-                   "that the registry still serves each tag's digest")
+                   "that the registry still serves each tag's digest, and the SBOM the release names")
+    p = c.add("pull", cmd_pull, "fetch the target's released image instead of building it (the immutable tag "
+              "`release` pushed for this checkout's content digest), with its progress; `up`, `run` and a plain "
+              "`docker compose up PROFILE` then use it", locked=True)
+    p.add_argument("--registry", type=arguments.registry, metavar="HOST[:PORT]/NAMESPACE", help=REGISTRY_HELP)
+    c.target(p)
     p = c.add("render", cmd_render, "render deployment manifests for one profile (Kubernetes), validated offline "
             "against the Kubernetes schemas", json_out=False)
     p.add_argument("kind", choices=["k8s"], help="what to render")

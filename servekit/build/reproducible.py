@@ -183,6 +183,29 @@ def canonical_archive(saved: Iterator[bytes], tag: str, epoch: int, labels: dict
     return f"sha256:{image_id}"
 
 
+def files_image_archive(files: dict[str, bytes], tag: str, epoch: int, labels: dict[str, str],
+                        out: IO[bytes]) -> str:
+    """A `docker load` archive of an image of one layer holding `files` (path -> contents, mode 0644, time the
+    epoch) and nothing else, tagged `tag`; returns its image ID. The same files give the same ID."""
+    layer = io.BytesIO()
+    with tarfile.open(fileobj=layer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path, data in sorted(files.items()):
+            info = _member(path, len(data))
+            info.mtime = epoch
+            tar.addfile(info, io.BytesIO(data))
+    data = layer.getvalue()
+    digest = hashlib.sha256(data).hexdigest()
+    config = {"architecture": "amd64", "os": "linux", "config": {}, "history": [{"created_by": "servekit"}]}
+    config_bytes = canonical_config(config, [digest], epoch, labels)
+    image_id = hashlib.sha256(config_bytes).hexdigest()
+    _add_bytes(out, f"{digest}/layer.tar", data)
+    _add_bytes(out, f"{image_id}.json", config_bytes)
+    _add_bytes(out, "manifest.json", json.dumps([{"Config": f"{image_id}.json", "RepoTags": [tag],
+                                                   "Layers": [f"{digest}/layer.tar"]}]).encode())
+    out.write(b"\0" * (2 * tarfile.BLOCKSIZE))
+    return f"sha256:{image_id}"
+
+
 class _ChunkReader(io.RawIOBase):
     """A readable file over an iterator of byte chunks (the SDK's `docker save` stream)."""
 

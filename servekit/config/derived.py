@@ -27,6 +27,23 @@ def _compose_knobs(matrix: Matrix) -> list[str]:
     return [f"- {name}" for name, knob in KNOBS.items() if knob.passthrough] + [f"- {name}" for name in RENAMED]
 
 
+def _released(matrix: Matrix, target: str) -> str:
+    """The image a plain `docker compose up` runs where servekit wrote no compose/.env: the release's moving tag,
+    at SERVEKIT_REGISTRY when set, else images.yaml's release.registry (compose/.env's SERVEKIT_IMAGE wins)."""
+    return (f"${{SERVEKIT_IMAGE:-${{SERVEKIT_REGISTRY:-{matrix.release.registry}}}/{matrix.image.name}:"
+            f"v{matrix.vllm}-{target}}}")
+
+
+def _compose_image(matrix: Matrix) -> list[str]:
+    gpu = next((name for name, t in matrix.targets.items() if t.gpu), next(iter(matrix.targets)))
+    return [f"x-image: &image {_released(matrix, gpu)}"]
+
+
+def _compose_cpu_image(matrix: Matrix) -> list[str]:
+    cpu = next((name for name, t in matrix.targets.items() if not t.gpu), next(iter(matrix.targets)))
+    return [f"x-image-{cpu}: &image {_released(matrix, cpu)}"]
+
+
 def _compose_services(matrix: Matrix) -> list[str]:
     out = []
     for name in matrix.profiles:
@@ -182,7 +199,8 @@ def _context(matrix: Matrix) -> list[str]:
 # file -> block name -> lines of the block (indented as its markers)
 PARTS = {
     ".dockerignore": {"context": _context},
-    "compose/compose.yaml": {"knobs": _compose_knobs, "profiles": _compose_services},
+    "compose/compose.yaml": {"image": _compose_image, "knobs": _compose_knobs, "profiles": _compose_services},
+    "compose/compose.cpu.yaml": {"image": _compose_cpu_image},
     "compose/compose.wsl2.yaml": {"profiles": _compose_wsl2_services},
     "compose/compose.gpu-devices.yaml": {"profiles": _compose_gpu_device_services},
     "compose/compose.model-dir.yaml": {"profiles": _compose_model_dir_services},

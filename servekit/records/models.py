@@ -133,6 +133,14 @@ class ProfileGate(Record):
     checks: dict[str, str]
 
 
+class SbomRecord(Record):
+    """Where a release's SBOM lives: a tag of the same repository, the digest it serves, the document's hash."""
+    tag: str
+    registry_digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    media_type: str
+
+
 class ReleaseRecord(Record):
     target: str
     repository: str
@@ -147,6 +155,8 @@ class ReleaseRecord(Record):
     smoke: dict[str, ProfileGate]
     # profile -> what it serves: {"model": "repo@revision", "drafter": "repo@revision"} (revision "main" = unpinned)
     models: dict[str, dict[str, str]] = {}
+    revision: str | None = None  # the commit it was released from (not a label: a label would make builds differ)
+    sbom: SbomRecord | None = None  # its SBOM, pushed beside it
 
     @field_validator("series", mode="before")
     @classmethod

@@ -23,14 +23,28 @@ from servekit.errors import CheckFailed, EnvironmentProblem, UserError
 from servekit.config.matrix import Matrix
 from servekit.build.plan import TargetPlan
 from servekit.records.releases import manifest_path, write_manifest
-from servekit.release import registry
+from servekit.release import attach, registry
+from servekit.build.reproducible import epoch_seconds
 from servekit.release.registry import TransientRegistryError
 from servekit.records.models import ProfileGate, ReleaseManifest, ReleaseRecord, RunReport, load
 from servekit.records.report import load_report
 
+ENV_REGISTRY = "SERVEKIT_REGISTRY"
+
+
 def release_tags(matrix: Matrix, plan: TargetPlan) -> list[str]:
     base = f"v{matrix.vllm}-{plan.target}"
     return [f"{base}-{plan.digest[:12]}", base, f"latest-{plan.target}"]
+
+
+def registry_path(matrix: Matrix, given: str | None = None) -> str:
+    """Where releases go and come from: --registry, else SERVEKIT_REGISTRY, else images.yaml's release.registry."""
+    return (given or os.environ.get(ENV_REGISTRY) or matrix.release.registry).rstrip("/")
+
+
+def released_reference(matrix: Matrix, plan: TargetPlan, given: str | None = None) -> str:
+    """The immutable reference `release` pushes this build as (its content digest is in the tag)."""
+    return f"{registry_path(matrix, given)}/{matrix.image.name}:{release_tags(matrix, plan)[0]}"
 
 
 # Where run reports are read from: this machine's runs, and the GPU runs brought back and committed (docs/gpu/).
@@ -122,6 +136,11 @@ def _show(say, text: str, live: bool) -> None:
         say(f"  {text}")
 
 
+def _revision(root: Path) -> str | None:
+    said = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True)
+    return said.stdout.strip() if said.returncode == 0 else None
+
+
 def commit_manifest(root: Path, manifest: Path, message: str) -> None:
     """The release manifest committed on its own, so that the tag names the commit that records what was released."""
     rel = str(manifest.relative_to(root))
@@ -199,7 +218,8 @@ def verify_release(session, say=print) -> list[str]:
             if served != record.registry_digest:
                 problems.append(f"{target}: {record.repository}:{tag} serves {served or 'nothing'}, the release "
                                 f"names {record.registry_digest}")
-        say(f"release: {target}: {len(record.tags)} tags checked against {record.repository}")
+        problems += attach.verify_sbom(client, record)
+        say(f"release: {target}: {len(record.tags)} tags and the SBOM checked against {record.repository}")
     return problems
 
 
@@ -253,13 +273,21 @@ def release_targets(matrix: Matrix, root: Path, engine, registry_path: str, plan
                                      "written: run release again to complete it") from None
         if len(set(digests.values())) != 1:
             raise CheckFailed(f"{target}: the tags read back different digests: {digests}")
+        released = next(iter(digests.values()))
+        try:
+            sbom = attach.attach_sbom(client, image, repository, released, epoch_seconds(matrix.image.source_date_epoch),
+                               push, say)
+        except TransientRegistryError as exc:
+            raise EnvironmentProblem(f"{target}: pushing its SBOM failed after {_attempts()} attempts ({exc}); no "
+                                     "manifest written: run release again to complete it") from None
         releases.append(ReleaseRecord(target=target, repository=repository, tags=tags,
-                                      registry_digest=next(iter(digests.values())), image_id=image.id,
+                                      registry_digest=released, image_id=image.id, sbom=sbom,
+                                      revision=_revision(root),
                                       content_digest=plan.digest, pins=plan.pins, lock=plan.build_info["lock"],
                                       series=series_hashes(matrix, root, plan.build_info["series"]),
                                       components=component_digests(matrix, root, plan), smoke=smoke,
                                       models=served_models(matrix, root, target)))
-        say(f"release: {target}: pushed {len(tags)} tags, {repository}@{releases[-1].registry_digest}")
+        say(f"release: {target}: pushed {len(tags)} tags, {repository}@{released}, its SBOM as {sbom.tag}")
     return releases
 
 
@@ -277,7 +305,7 @@ def release(session, registry: str | None = None, targets: list[str] | None = No
     engine.check()
     names = [session.check_target(t) for t in (targets or list(matrix.targets))]
     plans = {p.target: p for p in session.plans(names)}
-    releases = release_targets(matrix, root, engine, (registry or matrix.release.registry).rstrip("/"), plans,
+    releases = release_targets(matrix, root, engine, registry_path(matrix, registry), plans,
                                explicit=bool(targets), dry_run=dry_run, say=say)
     if dry_run:
         return None, releases

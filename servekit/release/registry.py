@@ -104,12 +104,14 @@ def vllm_version(client, repository: str, tag: str) -> Version | None:
 
 
 class PushProgress:
-    """The engine's per-layer push events as one figure: bytes sent of the layers being sent, the rate, layers
-    done. On a terminal one line rewritten in place; otherwise a plain line every `every_s`."""
+    """The engine's per-layer push (or pull) events as one figure: bytes moved of the layers being moved, the
+    rate, layers done. On a terminal one line rewritten in place; otherwise a plain line every `every_s`."""
 
-    def __init__(self, label: str, say, terminal: bool, every_s: float = 5.0):
+    DONE = ("Pushed", "Layer already exists", "Mounted from", "Pull complete", "Already exists")
+
+    def __init__(self, label: str, say, terminal: bool, every_s: float = 5.0, verb: str = "push"):
         import time
-        self.label, self.say, self.terminal, self.every_s = label, say, terminal, every_s
+        self.label, self.say, self.terminal, self.every_s, self.verb = label, say, terminal, every_s, verb
         self.clock = time.monotonic
         self.started = self.last = self.clock()
         self.layers: dict[str, tuple[int, int]] = {}  # layer id -> (bytes sent, size)
@@ -120,7 +122,7 @@ class PushProgress:
         detail = event.get("progressDetail") or {}
         if layer and detail.get("total"):
             self.layers[layer] = (int(detail.get("current") or 0), int(detail["total"]))
-        if layer and status in ("Pushed", "Layer already exists", "Mounted from"):
+        if layer and status.startswith(self.DONE):
             self.done.add(layer)
             if layer in self.layers:
                 self.layers[layer] = (self.layers[layer][1], self.layers[layer][1])
@@ -132,7 +134,7 @@ class PushProgress:
         sent = sum(current for current, _ in self.layers.values())
         total = sum(size for _, size in self.layers.values())
         rate = sent / max(self.clock() - self.started, 1e-3)
-        return (f"push {self.label}: {sent / 1e6:.0f} of {total / 1e6:.0f} MB, {rate / 1e6:.1f} MB/s, "
+        return (f"{self.verb} {self.label}: {sent / 1e6:.0f} of {total / 1e6:.0f} MB, {rate / 1e6:.1f} MB/s, "
                 f"{len(self.done)} layers done")
 
 
@@ -153,3 +155,18 @@ def push(client, repository: str, tag: str, progress=None) -> str | None:
     except requests.RequestException as exc:
         raise TransientRegistryError(f"the engine lost the push: {type(exc).__name__}") from None
     return pushed
+
+
+def pull(client, repository: str, tag: str, progress=None) -> None:
+    """Pull one tag through the engine, signed as `docker pull` would be; errors as push raises them."""
+    try:
+        for event in client.api.pull(repository, tag=tag, stream=True, decode=True):
+            if "error" in event:
+                reason = str(event["error"])[:300]
+                if DENIED.search(reason):
+                    raise refused(repository, f"the pull of {repository}:{tag}", reason)
+                raise TransientRegistryError(reason)
+            if progress:
+                progress(event)
+    except requests.RequestException as exc:
+        raise TransientRegistryError(f"the engine lost the pull: {type(exc).__name__}") from None

@@ -173,6 +173,9 @@ def write_env(dep: Deployment) -> Path | None:
         # Compose on Windows splits COMPOSE_FILE at ';' unless told otherwise: PowerShell reads this file too.
         "COMPOSE_PATH_SEPARATOR": ":",
         "COMPOSE_FILE": ":".join(p.name for p in dep.compose_files),
+        # Every profile active for the commands that name none: a plain `docker compose down` (or ps, logs, stop)
+        # then acts on the profile `docker compose up -d alternative` started, not only on services without one.
+        "COMPOSE_PROFILES": "*",
     }
     uid, gid = run_as()
     if (uid, gid) != (IMAGE_UID, IMAGE_UID) and dep.engine.same_machine:  # another machine's engine: the image's user
@@ -184,7 +187,7 @@ def write_env(dep: Deployment) -> Path | None:
     return dep.env_file
 
 
-OWN_KEYS = re.compile(r"^\s*(SERVEKIT_[A-Z_]+|COMPOSE_PROJECT_NAME|COMPOSE_PATH_SEPARATOR|COMPOSE_FILE)\s*=")
+OWN_KEYS = re.compile(r"^\s*(SERVEKIT_[A-Z_]+|COMPOSE_PROJECT_NAME|COMPOSE_PATH_SEPARATOR|COMPOSE_FILE|COMPOSE_PROFILES)\s*=")
 
 
 def users_lines(env_file: Path) -> list[str]:

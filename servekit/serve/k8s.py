@@ -16,6 +16,7 @@ from servekit.config.matrix import Matrix
 from servekit.build.plan import TargetPlan
 from servekit.config.profiles import resolve_knobs
 from servekit.image.launcher import CONTAINER_PORT, HOST_KIND_ENV
+from servekit.release.publish import registry_path, released_reference
 from servekit.records.releases import released
 
 PORT = CONTAINER_PORT
@@ -28,9 +29,8 @@ def image_reference(matrix: Matrix, plan: TargetPlan, root: Path) -> tuple[str, 
     record = released(root, matrix, plan.target, plan.digest)
     if record:
         return f"{record.repository}@{record.registry_digest}", f"by digest, from releases/v{matrix.vllm}.json"
-    name, _, tag = plan.tag.rpartition(":")
-    return f"{matrix.release.registry}/{name}:{tag}", (
-        f"by tag at {matrix.release.registry}: this build is not released yet, so a node cannot pull it until "
+    return released_reference(matrix, plan), (
+        f"by tag at {registry_path(matrix)}: this build is not released yet, so a node cannot pull it until "
         "`python build.py release` pushes it (then render again for the digest)")
 
 

@@ -1,0 +1,93 @@
+"""A released image's SBOM beside it in the registry, and read back from there.
+
+The SBOM the image carries (build/sbom.py) is pushed as an image of one layer holding only that file, tagged
+`sha256-<hex of the image's registry digest>.sbom` in the same repository (the tag scheme cosign and the OCI
+1.1 referrers fallback use to attach an artifact to a digest) and labelled with the digest it describes. It
+goes through the engine, as every push does (registry.py): no registry API of ours, and any registry that
+takes an image takes it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+import tempfile
+
+from servekit.build.reproducible import files_image_archive
+from servekit.build.sbom import MEDIA_TYPE, SBOM_PATH
+from servekit.errors import EnvironmentProblem
+from servekit.records.models import ReleaseRecord, SbomRecord
+from servekit.release import registry
+
+SUBJECT_LABEL = "io.servekit.sbom.subject"
+FILE = "sbom.cdx.json"
+
+
+def sbom_tag(registry_digest: str) -> str:
+    return registry_digest.replace(":", "-") + ".sbom"
+
+
+def read_file(client, image: str, path: str) -> bytes:
+    """One file of an image, read from a container created (never started) from it."""
+    container = client.containers.create(image, command=["none"], entrypoint=[])
+    try:
+        chunks, _ = container.get_archive(path)
+        with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
+            member = tar.extractfile(tar.getmembers()[0])
+            assert member is not None, path
+            return member.read()
+    finally:
+        container.remove(force=True)
+
+
+def attach_sbom(client, image, repository: str, registry_digest: str, epoch: int, push, say) -> SbomRecord:
+    """Push the SBOM `image` carries beside it; `push(client, image, repository, tag, say)` is the release's own
+    push (retried, read back)."""
+    import docker
+    try:
+        document = read_file(client, image.id, SBOM_PATH)
+    except docker.errors.NotFound:
+        raise EnvironmentProblem(f"{image.id[:19]} carries no SBOM at {SBOM_PATH}: build it again with this "
+                                 "version of servekit") from None
+    tag = sbom_tag(registry_digest)
+    local_tag = f"{repository}:{tag}"
+    with tempfile.TemporaryFile() as archive:
+        carrier_id = files_image_archive({FILE: document}, local_tag, epoch, {SUBJECT_LABEL: registry_digest},
+                                         archive)
+        archive.seek(0)
+        client.images.load(archive.read())
+    try:
+        pushed = push(client, client.images.get(carrier_id), repository, tag, say)
+    finally:
+        client.images.remove(local_tag, noprune=False)
+    return SbomRecord(tag=tag, registry_digest=pushed, sha256=hashlib.sha256(document).hexdigest(),
+                      media_type=MEDIA_TYPE)
+
+
+def verify_sbom(client, record: ReleaseRecord) -> list[str]:
+    """The registry's SBOM of a release against what the manifest names; the problems (none: it is the one)."""
+    if record.sbom is None:
+        return [f"{record.target}: the release names no SBOM"]
+    ref = f"{record.repository}:{record.sbom.tag}"
+    served = registry.digest(client, record.repository, record.sbom.tag)
+    if served != record.sbom.registry_digest:
+        return [f"{record.target}: {ref} serves {served or 'nothing'}, the release names {record.sbom.registry_digest}"]
+    pulled = client.images.pull(record.repository, tag=record.sbom.tag)
+    try:
+        document = read_file(client, pulled.id, f"/{FILE}")
+    finally:
+        client.images.remove(pulled.id, force=True)
+    problems = []
+    if hashlib.sha256(document).hexdigest() != record.sbom.sha256:
+        problems.append(f"{record.target}: {ref} holds an SBOM whose sha256 is not the release's {record.sbom.sha256}")
+    subject = (pulled.labels or {}).get(SUBJECT_LABEL)
+    if subject != record.registry_digest:
+        problems.append(f"{record.target}: {ref} describes {subject}, not the released {record.registry_digest}")
+    described = {p["name"]: p["value"] for p in json.loads(document)["metadata"]["component"].get("properties", [])}
+    if described.get("servekit:digest") != record.content_digest:
+        problems.append(f"{record.target}: {ref} is the SBOM of content digest {described.get('servekit:digest')}, "
+                        f"not the released {record.content_digest}")
+    return problems
+
