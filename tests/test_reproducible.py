@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
@@ -53,7 +54,7 @@ def _saved(layer: bytes, created: str, repeated: bool = False) -> list[bytes]:
 def _canonical(mtime: float, atime: str, created: str) -> tuple[str, bytes]:
     out = io.BytesIO()
     image_id = reproducible.canonical_archive(iter(_saved(_layer(mtime, atime), created)), "x:y", EPOCH, {},
-                                              out, say=lambda line: None)
+                                              out, say=lambda line: None).image_id
     return image_id, out.getvalue()
 
 
@@ -82,7 +83,7 @@ def test_the_canonical_config_records_the_epoch_and_names_the_canonical_layers()
     out = io.BytesIO()
     image_id = reproducible.canonical_archive(iter(_saved(_layer(EPOCH + 1, "1"), "2026-12-04T09:00:00Z")), "x:y",
                                               EPOCH, {"org.opencontainers.image.created": "2026-12-01T00:00:00Z"},
-                                              out, say=lambda line: None)
+                                              out, say=lambda line: None).image_id
     with tarfile.open(fileobj=io.BytesIO(out.getvalue())) as tar:
         def read(name: str) -> bytes:
             fh = tar.extractfile(name)
@@ -102,7 +103,7 @@ def test_the_canonical_config_records_the_epoch_and_names_the_canonical_layers()
 def test_a_layer_saved_once_and_linked_to_is_both_of_the_images_layers():
     out = io.BytesIO()
     image_id = reproducible.canonical_archive(iter(_saved(_layer(EPOCH + 1, "1"), "2026-12-04T09:00:00Z", True)),
-                                              "x:y", EPOCH, {}, out, say=lambda line: None)
+                                              "x:y", EPOCH, {}, out, say=lambda line: None).image_id
     with tarfile.open(fileobj=io.BytesIO(out.getvalue())) as tar:
         manifest = json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
         config = json.load(tar.extractfile(manifest[0]["Config"]))  # type: ignore[arg-type]
@@ -111,6 +112,38 @@ def test_a_layer_saved_once_and_linked_to_is_both_of_the_images_layers():
     assert first == second and layer_files == [first]  # written once, named twice
     assert len(set(config["rootfs"]["diff_ids"])) == 1 and len(config["rootfs"]["diff_ids"]) == 2
     assert image_id.startswith("sha256:")
+
+
+def _saved_oci(layer: bytes, created: str) -> list[bytes]:
+    """`docker save` of the same image from the containerd image store: blobs named by digest, the layer gzipped,
+    an index and manifest.json written after the blobs."""
+    blob = gzip.compress(layer, mtime=0)
+    config = {"architecture": "amd64", "os": "linux", "created": created, "config": {"Labels": {"a": "b"}},
+              "history": [{"created": created, "created_by": "RUN x"}],
+              "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer).hexdigest()]}}
+    config_bytes = json.dumps(config).encode()
+    names = {data: f"blobs/sha256/{hashlib.sha256(data).hexdigest()}" for data in (blob, config_bytes)}
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in ((names[blob], blob), (names[config_bytes], config_bytes),
+                           ("index.json", b'{"schemaVersion": 2, "manifests": []}'),
+                           ("manifest.json", json.dumps([{"Config": names[config_bytes],
+                                                          "Layers": [names[blob]]}]).encode())):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return [buf.getvalue()]
+
+
+def test_a_save_from_the_containerd_image_store_gives_the_same_canonical_image_as_the_classic_one():
+    layer, created = _layer(EPOCH + 7, "1764800000.1"), "2026-12-04T09:00:00Z"
+    classic, oci = io.BytesIO(), io.BytesIO()
+    from_classic = reproducible.canonical_archive(iter(_saved(layer, created)), "x:y", EPOCH, {}, classic,
+                                                  say=lambda line: None)
+    from_oci = reproducible.canonical_archive(iter(_saved_oci(layer, created)), "x:y", EPOCH, {}, oci,
+                                              say=lambda line: None)
+    assert from_oci == from_classic and len(from_oci.diff_ids) == 1
+    assert oci.getvalue() == classic.getvalue()
 
 
 @pytest.mark.slow

@@ -70,7 +70,7 @@ def canonical_entry(info: tarfile.TarInfo, epoch: int) -> tarfile.TarInfo:
 def canonical_layer(layer: IO[bytes], out: IO[bytes], epoch: int) -> tuple[str, int]:
     """Write `layer` (a tar stream) to `out` as its canonical tar; (sha256 hex, size) of what was written."""
     sink = _Hashing(out)
-    with tarfile.open(fileobj=layer, mode="r|") as src, \
+    with tarfile.open(fileobj=layer, mode="r|*") as src, \
             tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as dst:  # type: ignore[call-overload]
         dst.copybufsize = CHUNK
         for info in src:
@@ -133,33 +133,75 @@ class Canonical:
     layers: int
 
 
+@dataclass(frozen=True)
+class Archive:
+    """A canonical `docker load` archive written: its image ID (the config's digest) and its layers' digests."""
+    image_id: str
+    diff_ids: list[str]
+
+
+class _Prefixed(io.RawIOBase):
+    """A readable file: `head` (bytes already read from `rest`), then the rest of `rest`."""
+
+    def __init__(self, head: bytes, rest: IO[bytes]):
+        self._head, self._rest = head, rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        if self._head:
+            n = min(len(buffer), len(self._head))
+            buffer[:n], self._head = self._head[:n], self._head[n:]
+            return n
+        data = self._rest.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+
+def _is_layer(head: bytes) -> bool:
+    """A tar stream (ustar magic), or one gzip-compressed as an image store may keep it."""
+    return head[257:262] == b"ustar" or head[:2] == b"\x1f\x8b"
+
+
 def _read_saved(saved: Iterator[bytes], on_layer: Callable[[str, IO[bytes]], None]) -> tuple[dict, list]:
-    """Walk a `docker save` stream once: each layer handed to `on_layer` as it passes; (config, manifest), the
-    manifest naming each layer by the file that holds it (a layer the image repeats, an empty one, is saved once
-    and linked to)."""
-    config: dict = {}
-    manifest: list = []
+    """Walk a `docker save` stream once: each layer handed to `on_layer` as it passes (as a tar stream); (config,
+    manifest), the manifest naming each layer by the file that holds it. Both layouts Docker writes: the classic
+    (`<id>/layer.tar`, a layer the image repeats saved once and linked to) and the OCI one of the containerd image
+    store (`blobs/sha256/<hex>`, layers perhaps gzipped), told apart by what each file holds, since
+    manifest.json, which names them, may come last."""
+    documents: dict[str, object] = {}
     links: dict[str, str] = {}
     with tarfile.open(fileobj=_ChunkReader(saved), mode="r|") as tar:
         for member in tar:
-            if member.name.endswith("layer.tar") and member.issym():
+            if member.issym():
                 links[member.name] = posixpath.normpath(posixpath.join(posixpath.dirname(member.name),
                                                                        member.linkname))
-            elif member.name.endswith("layer.tar") and member.isreg():
-                on_layer(member.name, _open(tar, member))
-            elif member.name == "manifest.json":
-                manifest = json.load(_open(tar, member))
-            elif member.name.endswith(".json") and "/" not in member.name:
-                config = json.load(_open(tar, member))
+                continue
+            if not member.isreg():
+                continue
+            fh = _open(tar, member)
+            head = fh.read(tarfile.BLOCKSIZE)
+            if _is_layer(head):
+                on_layer(member.name, io.BufferedReader(_Prefixed(head, fh), CHUNK))
+            elif head.lstrip()[:1] in (b"{", b"[") and member.size < (16 << 20):
+                try:
+                    documents[member.name] = json.loads(head + fh.read())
+                except ValueError:
+                    pass
+    manifest = documents.get("manifest.json")
+    if not isinstance(manifest, list) or not manifest:
+        return {}, []
     for image in manifest:
         image["Layers"] = [links.get(path, path) for path in image["Layers"]]
-    return config, manifest
+    config = documents.get(links.get(manifest[0]["Config"], manifest[0]["Config"]))
+    return (config if isinstance(config, dict) else {}), manifest
 
 
 def canonical_archive(saved: Iterator[bytes], tag: str, epoch: int, labels: dict[str, str], out: IO[bytes],
-                      say=print) -> str:
+                      say=print) -> Archive:
     """`saved` (the chunks of `docker save` of one image) written to `out` as a `docker load` archive of the
-    canonical image, tagged `tag`; returns its image ID. One pass, each layer re-written as it streams by."""
+    canonical image, tagged `tag`. One pass, each layer re-written as it streams by."""
     layers: dict[str, tuple[str, int]] = {}  # the archive's layer path -> (canonical digest, size)
 
     def rewrite(path: str, layer: IO[bytes]) -> None:
@@ -180,7 +222,7 @@ def canonical_archive(saved: Iterator[bytes], tag: str, epoch: int, labels: dict
     _add_bytes(out, "manifest.json", json.dumps([{"Config": f"{image_id}.json", "RepoTags": [tag],
                                                    "Layers": [f"{d}/layer.tar" for d in order]}]).encode())
     out.write(b"\0" * (2 * tarfile.BLOCKSIZE))
-    return f"sha256:{image_id}"
+    return Archive(f"sha256:{image_id}", [f"sha256:{d}" for d in order])
 
 
 def files_image_archive(files: dict[str, bytes], tag: str, epoch: int, labels: dict[str, str],
@@ -228,22 +270,26 @@ class _ChunkReader(io.RawIOBase):
 
 def make_canonical(engine, built: str, tag: str, epoch: int, labels: dict[str, str], workdir: Path,
                    say=print) -> Canonical:
-    """The image `built` re-made canonical on `engine` under `tag`; `built`'s own tag is removed."""
+    """The image `built` re-made canonical on `engine` under `tag`; `built`'s own tag is removed.
+
+    The classic image store names an image by its config's digest; the containerd store (Docker Desktop's
+    choice) by its manifest's, which it writes itself: there the loaded image is checked by its layers instead."""
     started = time.monotonic()
     client = engine.sdk(timeout=3600)
-    with tempfile.TemporaryFile(dir=workdir, prefix="canonical-") as archive:
-        image_id = canonical_archive(client.api.get_image(built, chunk_size=CHUNK), tag, epoch, labels, archive, say)
-        archive.seek(0)
-        for message in client.api.load_image(iter(lambda: archive.read(CHUNK), b"")):
+    with tempfile.TemporaryFile(dir=workdir, prefix="canonical-") as file:
+        archive = canonical_archive(client.api.get_image(built, chunk_size=CHUNK), tag, epoch, labels, file, say)
+        file.seek(0)
+        for message in client.api.load_image(iter(lambda: file.read(CHUNK), b"")):
             if "error" in message:
                 raise EnvironmentProblem(f"loading the canonical {tag} failed: {message['error']}")
     loaded = engine.image(tag)
-    if loaded is None or loaded.id != image_id:
+    if loaded is None or (loaded.id != archive.image_id
+                          and loaded.attrs.get("RootFS", {}).get("Layers") != archive.diff_ids):
         raise EnvironmentProblem(f"after loading, {tag} is {loaded.id[:19] if loaded else 'missing'}, not the "
-                                 f"canonical {image_id[:19]}")
+                                 f"canonical {archive.image_id[:19]}")
     if built != tag:
         client.images.remove(built, noprune=False)
-    return Canonical(image_id, time.monotonic() - started, len(loaded.attrs["RootFS"]["Layers"]))
+    return Canonical(archive.image_id, time.monotonic() - started, len(archive.diff_ids))
 
 
 # --- comparing two images ------------------------------------------------------------------------------------
@@ -264,7 +310,7 @@ class Difference:
 def _entries(layer: IO[bytes]) -> dict[str, tuple]:
     """path -> what the path is in a layer: kind, mode, owner, size, time, link, contents' digest."""
     out: dict[str, tuple] = {}
-    with tarfile.open(fileobj=layer, mode="r|") as tar:
+    with tarfile.open(fileobj=layer, mode="r|*") as tar:
         for info in tar:
             digest = ""
             if info.isreg():
