@@ -202,7 +202,7 @@ def test_an_image_reaches_another_engine_by_stream_then_by_registry(second, tmp_
         _on_second(second, "image", "rm", "-f", cpu_base)
         from servekit.records.models import ReleaseRecord
         release = ReleaseRecord(target="cpu", repository=repository, tags=["3.11"], registry_digest=digest,
-                                image_id=local_id, content_digest="test", pins={}, smoke={})
+                                image_id=local_id, content_digest="0123456789ab", pins={}, smoke={})
         assert ensure_image(engine, cpu_base, release=release).startswith("pulled from the registry")
         assert _on_second(second, "image", "inspect", cpu_base, "--format", "{{.Id}}").stdout.strip() == local_id
     finally:

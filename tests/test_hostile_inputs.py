@@ -291,6 +291,38 @@ def test_a_reports_words_are_never_read_as_markup(tmp_path, cli):
     assert "[/bold][red]x" in out
 
 
+def _release_record(**change) -> dict:
+    record = {"target": "cpu", "repository": "127.0.0.1:5000/serve/vllm-serve", "tags": ["v0.31.0-cpu"],
+              "registry_digest": "sha256:" + "ef" * 32, "image_id": "sha256:" + "ab" * 32,
+              "content_digest": "0123456789ab", "pins": {}, "smoke": {}}
+    return {**record, **change}
+
+
+MALFORMED_MANIFESTS = [
+    ("names-no-target", {}),
+    ("no-tags", {"cpu": _release_record(tags=[])}),
+    ("a-repository-of-a-shell-line", {"cpu": _release_record(repository="x/y; rm -rf /")}),
+    ("a-repository-of-two-lines", {"cpu": _release_record(repository="127.0.0.1:5000/serve\nimage: evil")}),
+    ("an-uppercase-repository", {"cpu": _release_record(repository="127.0.0.1:5000/Serve")}),
+    ("a-tag-with-a-slash", {"cpu": _release_record(tags=["../latest"])}),
+    ("an-image-id-in-words", {"cpu": _release_record(image_id="the good one")}),
+    ("one-target-under-anothers-name", {"cuda": _release_record()}),
+]
+
+
+@pytest.mark.parametrize("case_id, targets", MALFORMED_MANIFESTS, ids=[m[0] for m in MALFORMED_MANIFESTS])
+def test_a_malformed_release_manifest_is_refused_before_it_is_rendered_or_verified(repo, cli, case_id, targets):
+    """`render k8s` writes the manifest's repository into a Deployment and `release --verify` asks a registry for its
+    tags: a manifest that names nothing, or names what no registry could hold, is refused where it is read."""
+    path = repo / "releases" / "v0.31.0.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"schema_version": 1, "kind": "release", "version": "0.31.0", "targets": targets}))
+    code, _, err = cli("--matrix", str(repo / "images.yaml"), "render", "k8s", "--profile", "default", "--target",
+                       "cpu", "--out", str(repo / "k8s-out"))
+    _refused(code, err, "v0.31.0.json")
+    assert not (repo / "k8s-out").exists()
+
+
 @pytest.mark.parametrize("kind", ["fifo", "huge", "binary"])
 def test_a_hostile_api_key_file_for_smoke_is_refused_in_one_line(repo, tmp_path, cli, kind):
     key = _hostile_file(tmp_path, kind, "sk-" + "k" * 40)

@@ -18,12 +18,17 @@ IMAGE_ID = "sha256:" + "ab" * 32
 GPU_RUN = ROOT / "docs" / "gpu" / "20261201-045103-default-cuda" / "report.json"  # a real H200 run, brought back
 
 
+MATRIX = load_matrix(ROOT / "images.yaml")
+
+
 def _passing(profile: str, engine: str, gpus: bool) -> dict:
-    """The H200 report, as a passing run of `profile` on IMAGE_ID by `engine`, with or without its NVML samples."""
+    """The H200 report, as a passing run of `profile` on IMAGE_ID by `engine` with every check images.yaml requires
+    of it, with or without its NVML samples."""
     report = json.loads(GPU_RUN.read_text())
-    report.update(profile=profile, engine=engine, passed=True)
+    report.update(profile=profile, engine=engine, passed=True, notes=[])
     report["image"] = {"tag": "vllm-serve:0.31.0-cuda-test", "id": IMAGE_ID, "arrived": "sent"}
-    report["checks"] = [{**c, "status": "passed"} for c in report["checks"]]
+    report["checks"] = [{"name": name, "status": "passed", "reason": "", "figures": {"n": 1.5}, "seconds": 1.0}
+                        for name in MATRIX.profile_checks(profile, "cuda", report["host"])]
     if not gpus:
         report["memory"]["gpus"] = []
     return report
@@ -36,7 +41,7 @@ def _write(root: Path, folder: str, name: str, report: dict) -> None:
 
 @pytest.fixture
 def matrix():
-    return load_matrix(ROOT / "images.yaml")
+    return MATRIX
 
 
 def _required(matrix) -> list[str]:
@@ -59,7 +64,7 @@ def test_committed_gpu_reports_of_this_image_pass_the_gate(matrix, tmp_path):
 def test_a_passing_report_that_is_no_gpu_proof_is_refused(matrix, tmp_path, engine, gpus, said):
     for profile in _required(matrix):
         _write(tmp_path, "reports", f"run-{profile}", _passing(profile, engine, gpus))
-    with pytest.raises(CheckFailed, match="is no GPU proof") as refused:
+    with pytest.raises(CheckFailed, match="proves nothing") as refused:
         gate(matrix, "cuda", IMAGE_ID, tmp_path)
     assert said in str(refused.value)
 
@@ -78,3 +83,63 @@ def test_the_release_summary_counts_a_check_not_required_apart(matrix):
                            registry_digest="sha256:" + "ef" * 32, image_id=IMAGE_ID, content_digest="6ef256cc6fea",
                            pins={"vllm": "0.31.0"}, smoke={"alternative": gate_of_alternative})
     assert "alternative: 2/2 checks passed, 1 not required (docs/gpu/x/report.json)" in summary_text(matrix, [record])
+
+
+# --- a report that says it passed and proves nothing (the hostile corpus of the gate) --------------------------
+
+def _no_checks(r): r["checks"] = []
+def _one_check_of_fifteen(r): r["checks"] = [c for c in r["checks"] if c["name"] == "health"]  # `run --check health`
+def _required_called_not_required(r): r["checks"][0]["status"] = "not_required"
+def _a_check_twice(r): r["checks"].append(dict(r["checks"][0]))
+def _a_figure_not_finite(r): r["checks"][1]["figures"] = {"tokens_per_s": float("nan")}
+def _an_infinite_boot(r): r["boot"]["time_to_healthy_s"] = float("inf")
+def _an_empty_gpu_entry(r): r["memory"]["gpus"] = [{}]
+def _a_gpu_of_no_memory(r): r["memory"]["gpus"][0]["total_bytes"] = 0
+def _a_peak_past_the_card(r): r["memory"]["gpus"][0]["peak_used_bytes"] = r["memory"]["gpus"][0]["total_bytes"] + 1
+def _a_peak_in_words(r): r["memory"]["gpus"][0]["peak_used_bytes"] = "a lot"
+def _an_unknown_host(r): r["host"] = "laptop"
+def _an_unknown_stand_in(r): r["stand_in"] = "gpt-5"
+
+
+@pytest.mark.parametrize("mutate,says", [
+    (_no_checks, "holds 0 of the 15 checks"),
+    (_one_check_of_fifteen, "holds 1 of the 15 checks"),
+    (_required_called_not_required, "not required, and images.yaml requires it"),
+    (_a_check_twice, "more than once"),
+    (_a_figure_not_finite, "not finite"),
+    (_an_infinite_boot, "boot figures hold a number that is not finite"),
+    (_an_empty_gpu_entry, "lacks whole numbers"),
+    (_a_gpu_of_no_memory, "is not a measurement"),
+    (_a_peak_past_the_card, "is not a measurement"),
+    (_a_peak_in_words, "lacks whole numbers"),
+    (_an_unknown_host, "its host 'laptop' is none of"),
+    (_an_unknown_stand_in, "a model images.yaml does not name"),
+], ids=lambda v: v.__name__.strip("_") if callable(v) else "")
+def test_a_report_that_says_it_passed_but_proves_nothing_is_refused_with_why(matrix, tmp_path, mutate, says):
+    for profile in _required(matrix):
+        report = _passing(profile, "local", gpus=True)
+        if profile == "default":
+            mutate(report)
+        _write(tmp_path, "docs/gpu", f"run-{profile}", report)
+    with pytest.raises(CheckFailed, match="the passing default report of sha256:abab.* proves nothing") as refused:
+        gate(matrix, "cuda", IMAGE_ID, tmp_path)
+    assert says in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_stand_ins_report_is_judged_by_the_checks_images_yaml_gives_that_model(matrix, tmp_path):
+    """The stand-in's drafter is random, so alternative's spec_decode is not required of it: its report may say so,
+    and the same report of the target's own model may not."""
+    stand_in = next(name for name, m in matrix.models.items() if m.stands_in_for == matrix.targets["cuda"].model)
+    assert "spec_decode" in matrix.not_required("alternative", "cuda", stand_in)
+    for profile in _required(matrix):
+        report = _passing(profile, "local", gpus=True)
+        if profile == "alternative":
+            report["checks"] = [{**c, "status": "not_required" if c["name"] == "spec_decode" else "passed"}
+                                for c in report["checks"]]
+            report["stand_in"] = stand_in
+        _write(tmp_path, "docs/gpu", f"run-{profile}", report)
+    assert gate(matrix, "cuda", IMAGE_ID, tmp_path)["alternative"].checks["spec_decode"] == "not_required"
+    path = tmp_path / "docs/gpu/run-alternative/report.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "stand_in": None}))
+    with pytest.raises(CheckFailed, match="calls spec_decode not required"):
+        gate(matrix, "cuda", IMAGE_ID, tmp_path)

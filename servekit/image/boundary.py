@@ -39,6 +39,10 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 DIST_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
 DEBIAN_PACKAGE = re.compile(r"[a-z0-9][a-z0-9+.-]+")
 REGISTRY = re.compile(r"[A-Za-z0-9.-]+(:\d+)?(/[a-z0-9._/-]+)?")  # HOST[:PORT][/NAMESPACE], where release pushes
+# The distribution spec's grammar: a repository HOST[:PORT]/path of lowercase components, and a tag.
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+REPOSITORY = re.compile(rf"[A-Za-z0-9.-]+(?::\d+)?(?:/{_COMPONENT})+")
+TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 IMAGE_REF = re.compile(r"[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?")
 
 

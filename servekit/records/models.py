@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from servekit.smoke import Result, all_passed
 
 from servekit.atomic import write_text
 from servekit.errors import UserError
+from servekit.image import boundary
 from servekit.image.boundary import Refused, read_text
 
 SCHEMA_VERSION = 1
@@ -60,6 +61,7 @@ class RunReport(Document):
     engine: str = "local"
     url: str
     image: ImageUsed
+    stand_in: str | None = None  # the matrix model served in the target's model's place (its checks applied)
     pins: dict[str, str]
     knobs: dict[str, str] = {}
     boot: BootFigures = BootFigures()
@@ -133,21 +135,30 @@ class ProfileGate(Record):
     checks: dict[str, str]
 
 
+DIGEST = r"^sha256:[0-9a-f]{64}$"
+# A pattern's meaning, for the error line a reader gets instead of the pattern.
+PATTERN_WORDS = {DIGEST: "sha256: and 64 hex digits",
+                 f"^{boundary.REPOSITORY.pattern}$": "a repository HOST[:PORT]/path, of lowercase letters and digits",
+                 f"^{boundary.TAG.pattern}$": "a tag of letters, digits, '.', '_' and '-' (at most 128)"}
+
+
 class SbomRecord(Record):
     """Where a release's SBOM lives: a tag of the same repository, the digest it serves, the document's hash."""
-    tag: str
-    registry_digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    tag: str = Field(pattern=f"^{boundary.TAG.pattern}$")
+    registry_digest: str = Field(pattern=DIGEST)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     media_type: str
 
 
 class ReleaseRecord(Record):
-    target: str
-    repository: str
-    tags: list[str]
-    registry_digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
-    image_id: str
-    content_digest: str
+    """One target's release: what was pushed where. Every name is checked here, where the manifest is read, since
+    `--verify` asks the registry for them and `render` writes them into a Deployment."""
+    target: str = Field(pattern=r"^[a-z][a-z0-9-]{0,39}$")
+    repository: str = Field(pattern=f"^{boundary.REPOSITORY.pattern}$")
+    tags: list[Annotated[str, Field(pattern=f"^{boundary.TAG.pattern}$")]] = Field(min_length=1)
+    registry_digest: str = Field(pattern=DIGEST)
+    image_id: str = Field(pattern=DIGEST)
+    content_digest: str = Field(pattern=r"^[0-9a-f]{12,64}$")
     pins: dict[str, str]
     lock: dict[str, str | None] = {}  # {"file": docker/locks/..., "sha256": ...}: every package the image holds
     series: dict[str, str] = {}  # patch file -> sha256:...
@@ -167,8 +178,14 @@ class ReleaseRecord(Record):
 class ReleaseManifest(Document):
     kind: Literal["release"] = "release"
     version: str
-    targets: dict[str, ReleaseRecord] = {}
+    targets: dict[str, ReleaseRecord] = Field(min_length=1)  # a manifest is written after a target's pushes
     updated: str | None = None
+
+    @model_validator(mode="after")
+    def _each_under_its_own_name(self):
+        if wrong := [name for name, record in self.targets.items() if record.target != name]:
+            raise ValueError(f"targets.{wrong[0]} holds the release of {self.targets[wrong[0]].target}")
+        return self
 
 
 KINDS: dict[str, type[Document]] = {"run": RunReport, "sweep": SweepReport, "fleet": FleetSummary,
@@ -221,7 +238,9 @@ def load(path: Path, model: type[Document]):
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "(top)"
-        raise UserError(f"{path}: {where}: {first['msg']} ({exc.error_count()} problem(s) in this {wanted} file)") \
+        said = PATTERN_WORDS.get(str((first.get("ctx") or {}).get("pattern")))
+        what = f"expected {said}, found {repr(first['input'])[:80]}" if said else first["msg"]
+        raise UserError(f"{path}: {where}: {what} ({exc.error_count()} problem(s) in this {wanted} file)") \
             from None
 
 

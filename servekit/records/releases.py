@@ -26,7 +26,7 @@ def released(root: Path, matrix: Matrix, target: str, content_digest: str) -> Re
 def write_manifest(root: Path, matrix: Matrix, releases: list[ReleaseRecord]) -> Path:
     """releases/v<vllm>.json, merged with the targets an earlier release of this version recorded."""
     path = manifest_path(root, matrix)
-    doc = load(path, ReleaseManifest) if path.exists() else ReleaseManifest(version=matrix.vllm)
-    targets = {**doc.targets, **{r.target: r for r in releases}}
-    updated = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    return save(path, doc.model_copy(update={"targets": targets, "updated": updated}))  # later trusted by `up`, k8s
+    earlier = load(path, ReleaseManifest).targets if path.exists() else {}
+    doc = ReleaseManifest(version=matrix.vllm, targets={**earlier, **{r.target: r for r in releases}},
+                          updated=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+    return save(path, doc)  # later trusted by `up`, k8s

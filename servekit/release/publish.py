@@ -9,6 +9,7 @@ succeeded, so a re-run after a failure completes it without duplicating anything
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import subprocess
 import sys
@@ -63,32 +64,86 @@ def _reports(root: Path) -> list[tuple[Path, RunReport]]:
     return out
 
 
+def _finite(value) -> bool:
+    """Every number in `value` (a check's figures, nested) is a finite one: NaN or infinity measured nothing."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return all(_finite(v) for v in value)
+    return True
+
+
+def proof_problem(matrix: Matrix, report: RunReport) -> str | None:
+    """Why a report that says it passed proves nothing for a release, or None. It must hold every check images.yaml
+    requires of its profile on its target and host (for the model it served), each passed, once; a check called not
+    required only where images.yaml says so; every figure finite."""
+    if report.host not in matrix.hosts:
+        return f"its host {report.host!r} is none of images.yaml's ({', '.join(matrix.hosts)})"
+    if report.stand_in is not None and report.stand_in not in matrix.models:
+        return f"it served {report.stand_in!r}, a model images.yaml does not name"
+    required = matrix.profile_checks(report.profile, report.target, report.host, report.stand_in)
+    excused = matrix.not_required(report.profile, report.target, report.stand_in)
+    named = Counter(c.name for c in report.checks)
+    if twice := sorted(name for name, n in named.items() if n > 1):
+        return f"it holds {', '.join(twice)} more than once"
+    if missing := [name for name in required if name not in named]:
+        return (f"it holds {len(set(named) & set(required))} of the {len(required)} checks images.yaml requires "
+                f"(missing: {', '.join(missing)}); a run limited by --check proves only what it ran")
+    for result in report.checks:
+        if result.status == "not_required" and result.name not in excused:
+            return f"it calls {result.name} not required, and images.yaml requires it of {report.profile}"
+        if result.status not in ("passed", "not_required"):
+            return f"{result.name} is {result.status.replace('_', ' ')}"
+        if not _finite(result.figures):
+            return f"{result.name}'s figures hold a number that is not finite"
+    if not _finite(report.boot.model_dump()):
+        return "its boot figures hold a number that is not finite"
+    return None
+
+
+GPU_FIELDS = ("total_bytes", "samples", "peak_used_bytes")  # what a GPU memory entry must measure
+
+
 def gpu_proof_problem(report: RunReport) -> str | None:
     """Why a passing report of a GPU target does not prove the image on a GPU, or None: it must come from a Docker
-    engine (a process engine serves a venv, not the image) and carry NVML's memory samples of a GPU."""
+    engine (a process engine serves a venv, not the image) and carry NVML's memory samples of a GPU, each entry with
+    its total, its sample count and its peak, as whole numbers that fit the card."""
     if report.engine.startswith(f"{PROCESS_SCHEME}:"):
         return f"it was served by the process engine ({report.engine}), not by the image in a container"
     if not report.memory.gpus:
         return "it holds no GPU memory samples (NVML did not answer where it ran)"
+    for i, entry in enumerate(report.memory.gpus):
+        values = [entry.get(name) for name in GPU_FIELDS]
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            return f"its GPU memory entry {i} lacks whole numbers for {', '.join(GPU_FIELDS)}"
+        total, samples, peak = (int(v) for v in values)  # type: ignore[arg-type]
+        if total <= 0 or samples < 1 or not 0 <= peak <= total:
+            return (f"its GPU memory entry {i} is not a measurement (total {total}, {samples} samples, peak "
+                    f"{peak})")
     return None
 
 
 def gate(matrix: Matrix, target: str, image_id: str, root: Path) -> dict[str, ProfileGate]:
-    """The passing report of each profile required for a release, matched by image ID; refuses otherwise."""
+    """The passing report of each profile required for a release, matched by image ID; refuses otherwise. A report
+    that says it passed but proves nothing (proof_problem; on a GPU target gpu_proof_problem too) is refused with
+    why, where it is the only one of the image."""
     required = [p for p, spec in matrix.profiles.items() if spec.required_for_release and target in spec.targets]
     found = {}
     reports = list(_reports(root))  # read once for every profile
+    gpu = matrix.targets[target].gpu
     for profile in required:
         mine = [(p, r) for p, r in reports if r.profile == profile and r.target == target]
-        same = [(p, r) for p, r in mine if r.image.id == image_id]
-        passing = [(p, r) for p, r in same if r.gate_passes]
-        if matrix.targets[target].gpu:  # the product's proof: the image itself served on a GPU, its memory measured
-            problems = [(p, r, gpu_proof_problem(r)) for p, r in passing]
-            unproven = [why for _, _, why in problems if why]
-            passing = [(p, r) for p, r, why in problems if not why]
-            if not passing and unproven:
-                raise CheckFailed(f"{target}: the passing {profile} report of {image_id[:19]}... is no GPU proof: "
-                                  f"{unproven[-1]}; run it on a GPU host through a Docker engine")
+        same = [(p, r) for p, r in mine if r.image.id == image_id and r.gate_passes]
+        judged = [(p, r, proof_problem(matrix, r) or (gpu_proof_problem(r) if gpu else None)) for p, r in same]
+        passing = [(p, r) for p, r, why in judged if not why]
+        if not passing and judged:
+            path, _, why = judged[-1]
+            fix = "on a GPU host through a Docker engine" if gpu else "with every check"
+            raise CheckFailed(f"{target}: the passing {profile} report of {image_id[:19]}... proves nothing "
+                              f"({path.relative_to(root)}): {why}; run `python build.py run --target {target} "
+                              f"--profile {profile}` {fix}")
         if not passing:
             others = [(r.image.id or "?")[:19] for _, r in mine if r.gate_passes]
             if others:

@@ -39,7 +39,7 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
     report = RunReport(run_id=f"{created:%Y%m%d-%H%M%S}-{profile}-{dep.target}",
                        created=created.isoformat(timespec="seconds"), profile=profile, target=dep.target,
                        host=dep.host, engine=dep.engine.given, url=dep.url, image=ImageUsed(tag=dep.image),
-                       pins=matrix.target_pins(dep.target))
+                       stand_in=dep.stand_in, pins=matrix.target_pins(dep.target))
     if dep.engine.serves_images:  # the ID a release is matched by, known before the boot (a failed one too)
         image = dep.engine.image(dep.image)
         report.image.id = image.id if image else None
