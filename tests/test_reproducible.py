@@ -146,6 +146,36 @@ def test_a_save_from_the_containerd_image_store_gives_the_same_canonical_image_a
     assert oci.getvalue() == classic.getvalue()
 
 
+EMPTY_LAYER = b"\0" * 1024  # what a step that changes no file (WORKDIR of a folder that is there) leaves
+
+
+def _save_of_two_layers(oci: bool) -> list[bytes]:
+    """`docker save` of an image of a layer and an empty one, in the classic layout or the containerd store's."""
+    layer = _layer(EPOCH + 3, "1")
+    names = [f"blobs/sha256/{hashlib.sha256(d).hexdigest()}" if oci else f"{i}/layer.tar"
+             for i, d in enumerate((layer, EMPTY_LAYER))]
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {}, "history": [{}, {}],
+                         "rootfs": {"type": "layers", "diff_ids": [
+                             "sha256:" + hashlib.sha256(d).hexdigest() for d in (layer, EMPTY_LAYER)]}}).encode()
+    config_name = f"blobs/sha256/{hashlib.sha256(config).hexdigest()}" if oci else "cfg.json"
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in ((names[0], layer), (names[1], EMPTY_LAYER), (config_name, config),
+                           ("manifest.json", json.dumps([{"Config": config_name, "Layers": names}]).encode())):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return [buf.getvalue()]
+
+
+@pytest.mark.parametrize("oci", [False, True], ids=["classic", "containerd-store"])
+def test_an_empty_layer_is_a_layer_in_either_layout(oci):
+    out = io.BytesIO()
+    archive = reproducible.canonical_archive(iter(_save_of_two_layers(oci)), "x:y", EPOCH, {}, out,
+                                             say=lambda line: None)
+    assert len(archive.diff_ids) == 2 and archive.diff_ids[0] != archive.diff_ids[1]
+
+
 @pytest.mark.slow
 @pytest.mark.engine
 def test_two_real_builds_made_canonical_are_compared_to_the_file_that_differs(cpu_base, tmp_path):

@@ -235,6 +235,9 @@ def bump(session, to: str, dry_run: bool = False, say=print) -> Bump:
         return plan
     apply_bump(plan, writes, session.root)
     matrix = load_matrix(session.matrix_path)
+    from servekit.config.derived import derive_files
+    for rel in derive_files(matrix, session.root)[1]:  # the Compose files name the release tag, which holds vLLM's
+        plan.changes[rel] = plan.changes.get(rel, 0) + 1
     try:
         for target, python in image_locks(matrix):
             make_image_lock(matrix, session.root, target, python, session.settings.wheel_dirs, say)

@@ -159,9 +159,11 @@ class _Prefixed(io.RawIOBase):
         return len(data)
 
 
-def _is_layer(head: bytes) -> bool:
-    """A tar stream (ustar magic), or one gzip-compressed as an image store may keep it."""
-    return head[257:262] == b"ustar" or head[:2] == b"\x1f\x8b"
+def _is_layer(name: str, head: bytes) -> bool:
+    """A layer: named so in the classic layout; else a tar stream (ustar magic, or only the end-of-archive zeros of
+    an empty layer, such as a WORKDIR step leaves), or one gzip-compressed as an image store may keep it."""
+    return (name.endswith("/layer.tar") or head[257:262] == b"ustar" or head[:2] == b"\x1f\x8b"
+            or (len(head) == tarfile.BLOCKSIZE and not head.strip(b"\0")))
 
 
 def _read_saved(saved: Iterator[bytes], on_layer: Callable[[str, IO[bytes]], None]) -> tuple[dict, list]:
@@ -182,7 +184,7 @@ def _read_saved(saved: Iterator[bytes], on_layer: Callable[[str, IO[bytes]], Non
                 continue
             fh = _open(tar, member)
             head = fh.read(tarfile.BLOCKSIZE)
-            if _is_layer(head):
+            if _is_layer(member.name, head):
                 on_layer(member.name, io.BufferedReader(_Prefixed(head, fh), CHUNK))
             elif head.lstrip()[:1] in (b"{", b"[") and member.size < (16 << 20):
                 try:
