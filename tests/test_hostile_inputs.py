@@ -183,6 +183,46 @@ def test_a_hostile_knob_on_the_command_line_is_refused_before_anything_starts(re
     _refused(code, err, says)
 
 
+SECRET = "sk-" + "s" * 30
+SECRET_IN_EXTRA_ARGS = [f"--api-key {SECRET}", f"--max-num-seqs 2 --api-key={SECRET}", f"--hf-token '{SECRET}'",
+                        f"--api-key \"{SECRET}\" --x 'open"]
+
+
+@pytest.mark.parametrize("extra", SECRET_IN_EXTRA_ARGS)
+def test_a_secret_in_extra_args_is_refused_by_the_launcher_and_never_shown(extra):
+    """A key on vllm serve's command line is in every process list, the server's log, `ps` and the report."""
+    from servekit.config.load import load_matrix
+    from servekit.config.profiles import render_profiles
+    from servekit.image.launcher import KnobError, build_command
+    rendered = render_profiles(load_matrix(ROOT / "images.yaml"), "cuda")
+    with pytest.raises(KnobError) as refused:
+        build_command(rendered, "default", "native", {"EXTRA_ARGS": extra})
+    assert SECRET not in str(refused.value) and "\n" not in str(refused.value)
+    assert "expected no --" in str(refused.value) or "***" in str(refused.value)
+
+
+@pytest.mark.parametrize("extra", SECRET_IN_EXTRA_ARGS[:3])
+def test_a_secret_in_a_knob_on_the_command_line_is_refused_and_never_shown(repo, cli, extra):
+    code, out, err = cli("--matrix", str(repo / "images.yaml"), "up", "default", "--knob", f"EXTRA_ARGS={extra}")
+    _refused(code, err, "--knob EXTRA_ARGS=", "expected no --")
+    assert SECRET not in out + err
+
+
+def test_a_secret_in_a_profiles_extra_args_is_refused_at_load_and_never_shown(repo, cli):
+    matrix = repo / "images.yaml"
+    matrix.write_text(matrix.read_text().replace("    knobs:\n      MODE: single\n",
+                                                 f"    knobs:\n      MODE: single\n      EXTRA_ARGS: --api-key {SECRET}\n", 1))
+    code, out, err = cli("--matrix", str(matrix), "plan")
+    _refused(code, err, "profiles.default.knobs.EXTRA_ARGS", "expected no --api-key")
+    assert SECRET not in out + err
+
+
+def test_masked_hides_each_secret_flags_value_and_nothing_else():
+    from servekit.image.knobs import masked
+    line = f"--api-key={SECRET} --ssl-keyfile /k.pem --hf-token '{SECRET}' --max-num-seqs 2 --api-key {SECRET}"
+    assert masked(line) == "--api-key=*** --ssl-keyfile /k.pem --hf-token *** --max-num-seqs 2 --api-key ***"
+
+
 # --- 5. files handed to us: keys, reports, manifests ----------------------------------------------------------
 
 def _hostile_file(tmp_path: Path, kind: str, good: str) -> Path:

@@ -169,3 +169,89 @@ def test_the_wheel_holds_the_whole_tree_and_its_console_script_runs_from_any_fol
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.split() == [str(target / "servekit/smoke/api.py"), "True"], \
         done.stderr
+
+
+# --- the user's .env, hostile or merely unusual: read as Compose reads it, and never a line of theirs lost ---------
+
+KEY = "sk-source-key-0123456789abcdef"
+# How the source's users write VLLM_API_KEY, each a form Compose reads as KEY.
+KEY_LINES = {
+    "plain": f"VLLM_API_KEY={KEY}",
+    "double-quoted-with-a-comment": f'VLLM_API_KEY="{KEY}" # my key',
+    "single-quoted-with-a-comment": f"VLLM_API_KEY='{KEY}'  # my key",
+    "unquoted-with-a-comment": f"VLLM_API_KEY={KEY} # my key",
+    "exported": f"export VLLM_API_KEY={KEY}",
+    "spaces-around-the-equals": f"VLLM_API_KEY = {KEY}",
+    "after-a-byte-order-mark": f"\ufeffVLLM_API_KEY={KEY}",
+    "from-another-line": f"MINE={KEY}\nVLLM_API_KEY=${{MINE}}",
+}
+
+
+def _compose_reads(env_file, name: str) -> str:
+    """What Compose itself reads `name` as from `env_file`: the value it interpolates into a service."""
+    folder = env_file.parent
+    (folder / "probe.yaml").write_text(f'services:\n  probe:\n    image: busybox\n    environment:\n'
+                                       f'      SEEN: "${{{name}:-unset}}"\n')
+    clean = {k: v for k, v in os.environ.items() if k != name and not k.startswith(("COMPOSE_", "SERVEKIT_"))}
+    done = subprocess.run(["docker", "compose", "-f", "probe.yaml", "--env-file", env_file.name, "config", "--format",
+                           "json"], cwd=folder, env=clean, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)["services"]["probe"]["environment"]["SEEN"].replace("$$", "$")
+
+
+@pytest.mark.engine  # Compose's own reading is the reference: the plugin `make engine` installs
+@pytest.mark.parametrize("form", KEY_LINES)
+def test_the_sources_key_in_env_is_read_as_compose_reads_it(tmp_path, clean_env, form):
+    root = _root(tmp_path, KEY_LINES[form] + "\n")
+    env_file = root / "compose" / ".env"
+    assert _compose_reads(env_file, "VLLM_API_KEY") == KEY
+    dep = Deployment(root, "cuda", "native", "x", "127.0.0.1", 18020)
+    assert ensure_secrets(dep).read_text() == KEY + "\n"
+    write_env(dep)  # and the rewrite keeps the line as the user wrote it (a byte-order mark aside)
+    assert KEY_LINES[form].lstrip("\ufeff").splitlines()[-1] in env_file.read_text().splitlines()
+
+
+def test_a_block_that_lost_its_end_line_keeps_the_lines_after_it(tmp_path):
+    from servekit.serve.deploy import ENV_BEGIN, ENV_BEGIN_2, ENV_END
+    root = _root(tmp_path, f"MAX_SEQS=4\n{ENV_BEGIN}\n{ENV_BEGIN_2}\nSERVEKIT_IMAGE=old\nSERVEKIT_PORT=8000\n"
+                           "PREFIX_CACHE=0\n# my note\nSPEC=dflash2\n")
+    write_env(Deployment(root, "cuda", "native", "vllm-serve:new", "127.0.0.1", 8000))
+    lines = (root / "compose" / ".env").read_text().splitlines()
+    assert lines[:4] == ["MAX_SEQS=4", "PREFIX_CACHE=0", "# my note", "SPEC=dflash2"]
+    assert lines.count(ENV_BEGIN) == 1 and lines[-1] == ENV_END and "SERVEKIT_IMAGE=old" not in lines
+
+
+def test_a_users_own_servekit_setting_outside_the_block_is_theirs(tmp_path):
+    """servekit's block writes the image, host, address and Compose's files; SERVEKIT_REGISTRY and the like are the
+    user's, kept in a file from before the block as in one with it."""
+    mine = ["SERVEKIT_REGISTRY=ghcr.io/me", "export SERVEKIT_IMAGE_EXTRA=1"]
+    root = _root(tmp_path, "\n".join(["SERVEKIT_IMAGE=old", *mine]) + "\n")  # no block: an older servekit's file
+    for port in (8000, 9000):
+        write_env(Deployment(root, "cuda", "native", "vllm-serve:new", "127.0.0.1", port))
+        lines = (root / "compose" / ".env").read_text().splitlines()
+        assert lines[:2] == mine and "SERVEKIT_IMAGE=old" not in lines and f"SERVEKIT_PORT={port}" in lines
+
+
+def test_every_key_the_block_writes_is_one_it_knows_as_its_own(tmp_path):
+    from servekit.serve.deploy import OWN_KEYS
+    root = _root(tmp_path)
+    env_file = write_env(Deployment(root, "cuda", "wsl2", "vllm-serve:new", "127.0.0.1", 8000))
+    assert env_file is not None
+    settings = [line for line in env_file.read_text().splitlines() if "=" in line and not line.startswith("#")]
+    assert settings and all(OWN_KEYS.match(line) for line in settings)
+
+
+@pytest.mark.parametrize("hidden", ["\ufeff", "\u200b", "\u00e9", " "])
+def test_a_key_no_http_header_can_carry_is_refused_without_showing_it(tmp_path, clean_env, monkeypatch, hidden):
+    """A byte-order mark, a zero-width space, an accented letter, a space inside: a client sends another key than
+    the server compares, and every request is a 401. Refused where the key is given, by the launcher as by `up`."""
+    from servekit.image.launcher import read_key
+    secret = "sk-" + "k" * 12 + hidden + "k" * 12
+    monkeypatch.setenv("VLLM_API_KEY", secret)
+    with pytest.raises(UserError, match=f"U\\+{ord(hidden):04X}") as refused:
+        ensure_secrets(Deployment(_root(tmp_path), "cuda", "native", "x", "127.0.0.1", 18020))
+    assert "k" * 12 not in str(refused.value)
+    key_file = tmp_path / "key"
+    key_file.write_text(secret + "\n")
+    key, why = read_key(str(key_file))
+    assert key is None and f"U+{ord(hidden):04X}" in why and "k" * 12 not in why

@@ -4,7 +4,7 @@ table before anything starts."""
 from __future__ import annotations
 
 from servekit.errors import UserError
-from servekit.image.knobs import KNOBS
+from servekit.image.knobs import KNOBS, masked
 
 
 def _checked(spec: str, form: str, split: bool) -> tuple[str, list[str]]:
@@ -15,7 +15,7 @@ def _checked(spec: str, form: str, split: bool) -> tuple[str, list[str]]:
     values = text.split(",") if split else [text]
     for value in values:
         if problem := KNOBS[name].check(value):
-            raise UserError(f"--knob {name}={value!r}: {problem}")
+            raise UserError(f"--knob {name}={masked(value)!r}: {problem}")
     return name, values
 
 

@@ -117,9 +117,20 @@ def _size(n: int) -> str:
 SECRET_MAX_BYTES = 4096  # a key or a token is a line; a file larger than this is not one
 
 
+def header_unsafe(secret: str) -> str | None:
+    """Why `secret` cannot travel in an HTTP header as the client sends it and the server compares it (a bearer
+    key, a token): the first character that is not visible ASCII (a byte-order mark, a zero-width space, a letter
+    an encoding changes), named by its code point and never shown with the rest; or None."""
+    for i, ch in enumerate(secret):
+        if not "!" <= ch <= "~":
+            return f"visible ASCII only, found U+{ord(ch):04X} at character {i + 1}"
+    return None
+
+
 def read_secret(path: str | os.PathLike, follow_links: bool = True) -> str:
-    """A key or token file's one line, stripped (its text is never shown in a refusal)."""
+    """A key or token file's one line, stripped (its text is never shown in a refusal): visible ASCII, since it
+    travels in a header."""
     text = read_text(path, SECRET_MAX_BYTES, follow_links).strip()
-    if problem := control_character(text):
+    if problem := control_character(text) or header_unsafe(text):
         raise Refused(f"{path}: expected {problem}")
     return text

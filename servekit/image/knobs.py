@@ -7,12 +7,26 @@ profile knobs against it, so a typo in images.yaml fails at load rather than at 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 try:
     from .boundary import control_character
 except ImportError:  # run as a script inside the image, beside boundary.py
     from boundary import control_character  # type: ignore[no-redef]
+
+# vllm serve's flags that carry a secret. EXTRA_ARGS may not hold them: the key travels in API_KEY_FILE (or
+# VLLM_API_KEY), the token in HF_TOKEN_FILE, never on a command line that a process list, the server's log, `ps`
+# and the run's report show. Where a value is shown anyway (a refusal that names it), masked() hides them.
+SECRET_FLAGS = ("--api-key", "--hf-token")
+_SECRET_FLAG = re.compile(r"(?<!\S)(" + "|".join(SECRET_FLAGS) + r")(?=[=\s]|$)")
+_SECRET_VALUE = re.compile(r"(?<!\S)(" + "|".join(SECRET_FLAGS) + r")(=|\s+)(\"[^\"]*\"?|'[^']*'?|\S+)")
+
+
+def masked(text: str) -> str:
+    """`text` (EXTRA_ARGS, a command line) with each secret flag's value shown as ***."""
+    return _SECRET_VALUE.sub(lambda m: f"{m.group(1)}{m.group(2)}***", text)
+
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 FALSE_WORDS = frozenset({"0", "false", "no", "off"})
@@ -57,6 +71,9 @@ class Knob:
     def _problem(self, value: str) -> str | None:
         if problem := control_character(value):  # it becomes a line of compose/.env and an argument of vllm serve
             return f"expected {problem}"
+        if self.name == "EXTRA_ARGS" and (secret := _SECRET_FLAG.search(value)):
+            return (f"expected no {secret.group(1)}: a secret travels in its file (API_KEY_FILE, HF_TOKEN_FILE) or "
+                    "VLLM_API_KEY, never on a command line that ps, the log and the report show")
         if self.kind == "bool":
             if value.lower() not in TRUE_WORDS | FALSE_WORDS:
                 return f"expected one of {'/'.join(sorted(TRUE_WORDS | FALSE_WORDS))} (any case)"

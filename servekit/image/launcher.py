@@ -16,11 +16,11 @@ from pathlib import Path
 try:
     from . import recipe
     from .boundary import Refused, argv_words, control_character, read_secret
-    from .knobs import KNOBS, RENAMED
+    from .knobs import KNOBS, RENAMED, masked
 except ImportError:  # run as a script inside the image, beside knobs.py and recipe.py
     import recipe  # type: ignore[no-redef]
     from boundary import Refused, argv_words, control_character, read_secret  # type: ignore[no-redef]
-    from knobs import KNOBS, RENAMED  # type: ignore[no-redef]
+    from knobs import KNOBS, RENAMED, masked  # type: ignore[no-redef]
 
 CONTAINER_PORT = 8000  # where vLLM listens inside the container: the Dockerfile and Compose use it (a test ties them)
 HOST_KIND_ENV = "SERVEKIT_HOST"  # which host of images.yaml this is (native, wsl2); HOST is the source's bind address
@@ -55,7 +55,7 @@ def merged_knobs(profile_knobs: dict[str, str], environ: dict[str, str]) -> dict
         try:
             out[name] = KNOBS[name].normalize(value)
         except ValueError as exc:
-            raise KnobError(f"{name}={value!r}: {exc}") from None
+            raise KnobError(f"{name}={masked(value)!r}: {exc}") from None
     return out
 
 
@@ -79,7 +79,7 @@ def _extra_args(k: dict[str, str]) -> list[str]:
     apply, as the source's `EXTRA_ARGS="--kv-offloading-size 8"` needs) and the flags that need a knob refused."""
     extra, problem = argv_words(k.get("EXTRA_ARGS", ""))
     if problem:
-        raise KnobError(f"EXTRA_ARGS={k['EXTRA_ARGS']!r}: expected {problem}")
+        raise KnobError(f"EXTRA_ARGS={masked(k['EXTRA_ARGS'])!r}: expected {problem}")
     rest, i = [], 0
     while i < len(extra):
         token, name = extra[i], _flag_name(extra[i])
@@ -228,12 +228,12 @@ def main(argv: list[str]) -> int:
         return 2
     shown = {name: "***" if "KEY" in name or "TOKEN" in name else env[name] for name in sorted(env)}
     if os.environ.get("PRINT_ARGV") == "1":
-        print(shlex.join(VLLM[2:] + args))
+        print(masked(shlex.join(VLLM[2:] + args)))
         print("\n".join(f"{name}={value}" for name, value in shown.items()))
         return 0
     os.environ.update(env)
     # Both lines are what the knobs check compares with what the engine parsed and the process holds.
-    print(f"launcher: profile {profile}: vllm serve {shlex.join(args)}", file=sys.stderr, flush=True)
+    print(f"launcher: profile {profile}: vllm serve {masked(shlex.join(args))}", file=sys.stderr, flush=True)
     print(f"launcher: profile {profile}: environment {json.dumps(shown)}", file=sys.stderr, flush=True)
     os.execv(VLLM[0], VLLM + args)
 

@@ -10,6 +10,7 @@ bind-mounts nothing from this disk.
 from __future__ import annotations
 
 import fcntl
+import io
 import ipaddress
 import os
 import re
@@ -24,8 +25,8 @@ from servekit.output import as_output
 from servekit.engines import resolve
 from servekit.engines.gpuaccess import COMPOSE_FILE as GPU_DEVICES_COMPOSE
 from servekit.engines.docker import PROJECT, Engine, ServerState, docker_errors, local_url
-from servekit.image.boundary import Missing, Refused, control_character, read_secret, read_text
-from servekit.image.knobs import KNOBS
+from servekit.image.boundary import Missing, Refused, control_character, header_unsafe, read_secret, read_text
+from servekit.image.knobs import KNOBS, masked
 from servekit.image.launcher import MIN_KEY_CHARS
 
 IMAGE_UID = 10001  # the image's non-root user
@@ -120,10 +121,12 @@ def given_key(root: Path) -> tuple[str, str] | None:
         key, where = read_secret(root / SOURCE_KEY_FILE), SOURCE_KEY_FILE
     if key is None:
         return None
-    if len(key) < MIN_KEY_CHARS or control_character(key):
-        raise UserError(f"{where} holds {len(key)} characters" + (" and a control character" if control_character(key)
-                        else "") + f"; a key is one line of at least {MIN_KEY_CHARS} characters (or remove it, and "
-                        "servekit makes one in compose/secrets/api_key)")
+    unsafe = control_character(key) or header_unsafe(key)
+    if len(key) < MIN_KEY_CHARS or unsafe:
+        raise UserError(f"{where} holds {len(key)} characters" + (f", not one line of visible ASCII ({unsafe})"
+                        if unsafe else "") + f"; a key is one line of at least {MIN_KEY_CHARS} visible ASCII "
+                        "characters, as an HTTP header carries it (or remove it, and servekit makes one in "
+                        "compose/secrets/api_key)")
     return key, where
 
 
@@ -187,37 +190,50 @@ def write_env(dep: Deployment) -> Path | None:
     return dep.env_file
 
 
-OWN_KEYS = re.compile(r"^\s*(SERVEKIT_[A-Z_]+|COMPOSE_PROJECT_NAME|COMPOSE_PATH_SEPARATOR|COMPOSE_FILE|COMPOSE_PROFILES)\s*=")
+# The keys servekit's block writes (write_env), by name: a user's own SERVEKIT_REGISTRY, say, is theirs.
+OWN_KEYS = re.compile(r"^\s*(?:export\s+)?(SERVEKIT_(?:IMAGE|HOST|BIND|PORT|UID|GID)|COMPOSE_PROJECT_NAME|"
+                      r"COMPOSE_PATH_SEPARATOR|COMPOSE_FILE|COMPOSE_PROFILES)\s*=")
+OWN_COMMENTS = (ENV_BEGIN, ENV_BEGIN_2, "# For `python build.py --engine ", "# Written by `python build.py")
+
+
+def _ours(line: str) -> bool:
+    return bool(OWN_KEYS.match(line)) or line.startswith(OWN_COMMENTS) or line == ENV_END
 
 
 def users_lines(env_file: Path) -> list[str]:
-    """The lines of `env_file` that are not servekit's: all but its block; in a file from before the block (or one
-    without it), all but the keys servekit writes and its old header."""
+    """The lines of `env_file` that are not servekit's: all but its block. Where the block has lost its end line
+    (an editor, a merge), or the file is from before the block, only the lines servekit writes go: a line it did
+    not write is never dropped."""
     try:
-        lines = read_text(env_file, 1 << 20).splitlines()
+        lines = read_text(env_file, 1 << 20).removeprefix("\ufeff").splitlines()
     except Missing:
         return []
     except Refused as exc:
         raise UserError(f"{exc}; compose/.env must be a text file (servekit keeps your lines in it)") from None
-    if ENV_BEGIN in lines:
+    if ENV_BEGIN in lines and ENV_END in lines[lines.index(ENV_BEGIN):]:
         start = lines.index(ENV_BEGIN)
-        end = lines.index(ENV_END, start) if ENV_END in lines[start:] else len(lines) - 1
+        end = lines.index(ENV_END, start)
         kept = lines[:start] + lines[end + 1:]
     else:
-        kept = [line for line in lines if not OWN_KEYS.match(line) and not line.startswith("# Written by `python build.py")]
+        kept = [line for line in lines if not _ours(line)]
     while kept and not kept[-1].strip():
         kept.pop()
     return kept
 
 
+def users_settings(env_file: Path) -> dict[str, str]:
+    """The user's lines of `env_file` as Compose reads them: python-dotenv follows its rules (`export`, quotes, a
+    comment after a value, ${VAR}); the tests hold the two to the same files."""
+    from dotenv import dotenv_values
+    values = dotenv_values(stream=io.StringIO("\n".join(users_lines(env_file)) + "\n"), interpolate=True)
+    return {key: value for key, value in values.items() if value is not None}
+
+
 def source_settings(root: Path, *names: str) -> dict[str, str]:
     """`names` (BIND, PORT, VLLM_API_KEY) as the source repository's users set them: in the shell, else in their
-    lines of compose/.env (read once); only those set."""
-    found: dict[str, str] = {}
-    for line in users_lines(root / "compose" / ".env"):
-        key, sep, value = line.partition("=")
-        if sep and key.strip() in names and value.strip():
-            found.setdefault(key.strip(), value.strip().strip("'\""))
+    lines of compose/.env (read once, as Compose reads it); only those set."""
+    found = {name: value for name, value in users_settings(root / "compose" / ".env").items()
+             if name in names and value.strip()}
     return {**found, **{name: os.environ[name] for name in names if os.environ.get(name)}}
 
 
@@ -281,8 +297,9 @@ def is_running(profile: str, engine: Engine | None = None) -> bool:
 
 
 def knobs_of(state: ServerState) -> dict[str, str]:
-    """The knobs a server runs with: those set in its environment (the image's, Compose's and the shell's)."""
-    return {k: v for k, v in sorted(state.env.items()) if k in KNOBS}
+    """The knobs a server runs with: those set in its environment (the image's, Compose's and the shell's), a secret
+    in EXTRA_ARGS masked (the launcher refuses to start with one, but the stopped container still shows it)."""
+    return {k: masked(v) for k, v in sorted(state.env.items()) if k in KNOBS}
 
 
 def running_profiles(engine: Engine | None = None) -> list[str]:
