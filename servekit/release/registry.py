@@ -138,35 +138,33 @@ class PushProgress:
                 f"{len(self.done)} layers done")
 
 
-def push(client, repository: str, tag: str, progress=None) -> str | None:
-    """Push one tag through the engine; the digest the engine reports. A refusal of our credentials raises
-    RegistryAuthError at once; anything else the engine reports raises TransientRegistryError."""
-    pushed = None
+def _follow(start, repository: str, tag: str, verb: str, progress=None) -> str | None:
+    """Start a push or pull (`start()` gives the engine's stream of events; the request may fail as it starts) and
+    read it to its end; the last digest it reports. A refusal of our credentials raises RegistryAuthError at once;
+    anything else the engine reports raises TransientRegistryError."""
+    digest = None
     try:
-        for event in client.images.push(repository, tag=tag, stream=True, decode=True):
+        for event in start():
             if "error" in event:
                 reason = str(event["error"])[:300]
                 if DENIED.search(reason):
-                    raise refused(repository, f"the push of {repository}:{tag}", reason)
+                    raise refused(repository, f"the {verb} of {repository}:{tag}", reason)
                 raise TransientRegistryError(reason)
             if progress:
                 progress(event)
-            pushed = (event.get("aux") or {}).get("Digest") or pushed
+            digest = (event.get("aux") or {}).get("Digest") or digest
     except requests.RequestException as exc:
-        raise TransientRegistryError(f"the engine lost the push: {type(exc).__name__}") from None
-    return pushed
+        raise TransientRegistryError(f"the engine lost the {verb}: {type(exc).__name__}") from None
+    return digest
+
+
+def push(client, repository: str, tag: str, progress=None) -> str | None:
+    """Push one tag through the engine; the digest the engine reports (errors: _follow)."""
+    return _follow(lambda: client.images.push(repository, tag=tag, stream=True, decode=True), repository, tag,
+                   "push", progress)
 
 
 def pull(client, repository: str, tag: str, progress=None) -> None:
-    """Pull one tag through the engine, signed as `docker pull` would be; errors as push raises them."""
-    try:
-        for event in client.api.pull(repository, tag=tag, stream=True, decode=True):
-            if "error" in event:
-                reason = str(event["error"])[:300]
-                if DENIED.search(reason):
-                    raise refused(repository, f"the pull of {repository}:{tag}", reason)
-                raise TransientRegistryError(reason)
-            if progress:
-                progress(event)
-    except requests.RequestException as exc:
-        raise TransientRegistryError(f"the engine lost the pull: {type(exc).__name__}") from None
+    """Pull one tag through the engine, signed as `docker pull` would be (errors: _follow)."""
+    _follow(lambda: client.api.pull(repository, tag=tag, stream=True, decode=True), repository, tag, "pull",
+            progress)
