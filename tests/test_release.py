@@ -366,8 +366,8 @@ def test_a_login_that_expires_between_the_immutable_and_the_moving_tags(checked_
                         env={"DOCKER_CONFIG": str(config)})
         assert done.returncode == 0, done.stderr[-2000:]
         htpasswd.write_text(htpasswd_line(USER, PASSWORD) + "\n")
-        assert _locked_tags(port, "expiring") == sorted([immutable, "v0.31.0-cpu", "latest-cpu"])
         record = json.loads(manifest.read_text())["targets"]["cpu"]
+        assert _locked_tags(port, "expiring") == sorted([immutable, "v0.31.0-cpu", "latest-cpu", record["sbom"]["tag"]])
         assert record["repository"] == f"127.0.0.1:{port}/expiring/vllm-serve"
         assert f"push {immutable}: 0 of 0 MB" in done.stdout + done.stderr  # every layer was already there
     finally:
