@@ -11,6 +11,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -51,11 +52,18 @@ class Hub(BaseHTTPRequestHandler):
     drop_once: set[str] = set()  # files whose first download stops half way
     ranges: list[tuple[str, str]] = []
     resolved: list[tuple[str, str]] = []  # (path, user agent) of every file request
+    sha = COMMIT  # the commit a revision resolves to
+    trickle: set[str] = set()  # files sent a byte at a time, without end
+    hang = threading.Event()  # set: the API never answers
+    stop = threading.Event()
     protocol_version = "HTTP/1.1"
 
     def do_GET(self):
         path = self.path.split("?")[0]
         if path.startswith("/api/models/"):
+            if self.hang.is_set():
+                self.stop.wait(120)
+                return
             parts = path.split("/")
             files = self.repos.get("/".join(parts[3:5]))
             if files is None:
@@ -63,7 +71,7 @@ class Hub(BaseHTTPRequestHandler):
             if parts[5] == "tree":
                 return self._send(200, json.dumps([{"type": "file", "path": n, "size": len(b), "oid": _oid(b)}
                                                    for n, b in files.items()]).encode())
-            return self._send(200, json.dumps({"id": "/".join(parts[3:5]), "sha": COMMIT, "siblings": [
+            return self._send(200, json.dumps({"id": "/".join(parts[3:5]), "sha": self.sha, "siblings": [
                 {"rfilename": n} for n in files]}).encode())
         filename, body = self._file(path)
         if body is None:
@@ -74,6 +82,15 @@ class Hub(BaseHTTPRequestHandler):
             self.ranges.append((filename, self.headers["Range"]))
         self.send_response(206 if start else 200)
         self._file_headers(body, len(body) - start)
+        if filename in self.trickle:
+            while not self.stop.wait(0.2):
+                try:
+                    self.wfile.write(body[start:start + 1])
+                    self.wfile.flush()
+                except OSError:  # the client left
+                    return
+                start += 1
+            return
         if filename in self.drop_once:
             self.drop_once.discard(filename)
             self.wfile.write(body[start:start + (len(body) - start) // 2])
@@ -121,10 +138,12 @@ class Hub(BaseHTTPRequestHandler):
 @pytest.fixture
 def hub():
     Hub.repos, Hub.drop_once, Hub.ranges, Hub.resolved = {"org/model": _repo(2), "org/drafter": _repo(1)}, set(), [], []
+    Hub.sha, Hub.trickle, Hub.hang, Hub.stop = COMMIT, set(), threading.Event(), threading.Event()
     server = ThreadingHTTPServer(("127.0.0.1", 0), Hub)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_port}"
+    Hub.stop.set()
     server.shutdown()
     server.server_close()
 
@@ -141,8 +160,8 @@ def _profiles(tmp_path: Path, **model) -> Path:
     return path
 
 
-def _prepare(profiles: Path, endpoint: str) -> subprocess.CompletedProcess:
-    env = {"SERVEKIT_PROFILES": str(profiles), "HF_ENDPOINT": endpoint, "PATH": os.environ["PATH"]}
+def _prepare(profiles: Path, endpoint: str, **settings: str) -> subprocess.CompletedProcess:
+    env = {"SERVEKIT_PROFILES": str(profiles), "HF_ENDPOINT": endpoint, "PATH": os.environ["PATH"], **settings}
     return subprocess.run([sys.executable, str(LAUNCHER), "prepare"], env=env, capture_output=True, text=True,
                           timeout=120)
 
@@ -285,3 +304,128 @@ def test_prepare_for_a_profile_fetches_only_what_it_serves(tmp_path, hub):
                                      text=True, env={**env, "HF_ENDPOINT": hub}, timeout=60)
     assert for_alternative.returncode == 0, for_alternative.stderr
     assert (tmp_path / "m-dflash" / ".servekit-complete").is_file()
+
+
+# --- what a hub says is doubted ------------------------------------------------------------------------------------
+
+def _last_line(done: subprocess.CompletedProcess) -> str:
+    assert "Traceback" not in done.stderr, done.stderr
+    return done.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("sha", ["../../../escaped", "main", "0123456789abcdef", None])
+def test_a_commit_the_hub_names_that_is_no_commit_is_refused_before_any_file(tmp_path, hub, sha):
+    Hub.sha = sha
+    done = _prepare(_profiles(tmp_path, revision="main"), hub)
+    assert done.returncode == 1
+    assert _last_line(done).startswith("prepare: error: org/model@main: the hub named ")
+    assert "which is no commit id (40 hex digits); nothing was fetched" in _last_line(done)
+    assert not [p for p, _ in Hub.resolved if "/resolve/" in p]
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == \
+        ["models/.prepare.lock", "profiles.json"]  # nothing written anywhere, inside the folder or out
+
+
+def test_an_index_that_names_a_shard_the_repository_lacks_is_never_marked_whole(tmp_path, hub):
+    files = _repo(2)
+    files["model.safetensors.index.json"] = json.dumps({"weight_map": {
+        "w0": "model-00001-of-00002.safetensors", "w1": "model-00002-of-00002.safetensors",
+        "w2": "model-00003-of-00003.safetensors"}}).encode()
+    Hub.repos["org/model"] = files
+    done = _prepare(_profiles(tmp_path), hub)
+    assert done.returncode == 1
+    assert _last_line(done).startswith("prepare: error: org/model as the hub sent it is not a whole model: ")
+    assert "model-00003-of-00003.safetensors, which the index names, is missing" in _last_line(done)
+    assert not (tmp_path / "models/m/.servekit-complete").exists()
+
+
+def _raw_shard(header: bytes, data: bytes = b"", length: int | None = None) -> bytes:
+    return struct.pack("<Q", len(header) if length is None else length) + header + data
+
+
+@pytest.mark.parametrize("body, says", [
+    (_raw_shard(b"[1, 2]"), "is not a safetensors header"),
+    (_raw_shard(b'{"w": {"dtype": "F32", "data_offsets": ["0", "8"]}}', bytes(8)), "is not a safetensors header"),
+    (_raw_shard(b'{"w": {"data_offsets": [8, 0]}}', bytes(8)), "is not a safetensors header"),
+    (_raw_shard(b'{"w": 3}'), "is not a safetensors header"),
+    (_raw_shard(b"{}", length=1 << 40), "its header claims 1099511627776 bytes, more than safetensors allows"),
+    (_raw_shard(b"{}", length=500), "its header claims 500 bytes, more than the file's 10"),
+    (b"\x01\x02", "not a readable safetensors file"),
+])
+def test_a_shard_of_the_wrong_shape_is_named_as_such(tmp_path, body, says):
+    from servekit.image.hub import shard_problem
+    shard = tmp_path / "model.safetensors"
+    shard.write_bytes(body)
+    assert says in (shard_problem(shard) or ""), shard_problem(shard)
+
+
+@pytest.mark.parametrize("index, says", [
+    ('{"weight_map": ["model.safetensors"]}', "no weight_map"),
+    ('["weight_map"]', "not a readable index"),
+    ('{"weight_map": {"w": 3}}', "no weight_map"),
+    ('{"weight_map": {"w": "../../outside.safetensors"}}', "not a .safetensors file beside it"),
+    ('{"weight_map": {"w": "/etc/passwd"}}', "not a .safetensors file beside it"),
+    ('{"weight_map": {"w": "config.json"}}', "not a .safetensors file beside it"),
+    ("not json", "not a readable index"),
+])
+def test_an_index_of_the_wrong_shape_is_named_and_nothing_outside_the_folder_is_read(tmp_path, index, says):
+    from servekit.image.prepare import folder_problem
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors.index.json").write_text(index)
+    problem = folder_problem(tmp_path) or ""
+    assert problem.startswith(f"{tmp_path}/model.safetensors.index.json: not a readable index") and says in problem, \
+        problem
+
+
+def test_a_shard_of_the_wrong_shape_from_the_hub_is_refused_in_one_line_and_not_marked(tmp_path, hub):
+    Hub.repos["org/model"]["model-00002-of-00002.safetensors"] = _raw_shard(b"[1, 2]")
+    done = _prepare(_profiles(tmp_path), hub)
+    assert done.returncode == 1
+    assert _last_line(done) == ("prepare: error: org/model/model-00002-of-00002.safetensors: its header is not a "
+                                "safetensors header (a table of tensors, each with two data offsets); the file was "
+                                "removed, run prepare again")
+    assert not (tmp_path / "models/m/.servekit-complete").exists()
+
+
+@pytest.mark.parametrize("what", ["trickles", "never answers"])
+def test_a_hub_that_trickles_or_never_answers_is_abandoned_and_what_arrived_kept(tmp_path, hub, what):
+    shard = "model-00001-of-00002.safetensors"
+    if what == "trickles":
+        Hub.trickle = {shard}
+    else:
+        Hub.hang.set()
+    started = time.monotonic()
+    done = _prepare(_profiles(tmp_path, revision="main" if what == "never answers" else COMMIT), hub,
+                    PREPARE_STALL_S="3")
+    assert done.returncode == 1
+    assert time.monotonic() - started < 60
+    assert _last_line(done) == (f"prepare: error: org/model: {hub} sent less than 1 MiB in 3 s (PREPARE_STALL_S): it "
+                                "has stopped answering or trickles; what arrived is kept, run prepare again to resume")
+    assert not (tmp_path / "models/m/.servekit-complete").exists()
+
+
+@pytest.mark.parametrize("name, value, says", [
+    ("PREPARE_LOCK_WAIT", "inf", "expected a finite number (seconds)"),
+    ("PREPARE_LOCK_WAIT", "ten", "expected a finite number (seconds)"),
+    ("PREPARE_LOCK_WAIT", "-1", "expected at least 0 (seconds)"),
+    ("PREPARE_LOCK_WAIT", "1e9", "expected at most 86400 (seconds)"),
+    ("PREPARE_STALL_S", "0", "expected at least 1 (seconds)"),
+    ("PREPARE_STALL_S", "nan", "expected a finite number (seconds)"),
+])
+def test_a_prepare_setting_that_is_no_number_in_range_is_refused_in_one_line(tmp_path, hub, name, value, says):
+    done = _prepare(_profiles(tmp_path), hub, **{name: value})
+    assert done.returncode == 1
+    assert _last_line(done) == f"prepare: error: {name}={value!r}: {says}"
+    assert not (tmp_path / "models/m/.servekit-complete").exists()
+
+
+@pytest.mark.parametrize("content", [None, "{", "[]", '{"model": {}}'])
+def test_profiles_that_are_missing_or_not_profiles_are_refused_in_one_line(tmp_path, content):
+    profiles = tmp_path / "profiles.json"
+    if content is not None:
+        profiles.write_text(content)
+    for command in ("prepare", "serve"):
+        done = subprocess.run([sys.executable, str(LAUNCHER), command], capture_output=True, text=True, timeout=60,
+                              env={"SERVEKIT_PROFILES": str(profiles), "PATH": os.environ["PATH"]})
+        assert done.returncode == 2
+        assert _last_line(done).startswith(f"launcher: refusing to start: {profiles}: ")
+        assert _last_line(done).endswith("(SERVEKIT_PROFILES names the file; the image bakes it)")

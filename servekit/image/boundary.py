@@ -75,6 +75,21 @@ def number_in(value: float, low: float | None = None, high: float | None = None)
     return None
 
 
+def number_setting(environ, name: str, default: float, low: float, high: float, unit: str = "") -> float:
+    """The environment setting `name` as a finite number in [low, high] (`default` when unset or empty); Refused,
+    naming the setting, when it is anything else."""
+    raw = (environ.get(name) or "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if problem := number_in(value, low, high):
+        raise Refused(f"{name}={raw[:40]!r}: expected {problem}{f' ({unit})' if unit else ''}")
+    return value
+
+
 # --- files handed to us: a key, a report, a manifest, the matrix --------------------------------------------------
 
 class Missing(Refused):

@@ -3,38 +3,93 @@ through huggingface_hub, the client the image's lock already installs: one commi
 a dropped transfer stopped, its size checked, HF_TOKEN / HF_ENDPOINT / HF_HUB_OFFLINE honoured, the layout
 of a `local_dir` download users know. What is ours: the commit resolved first (every file from that one
 commit), and every safetensors shard checked to hold all the bytes its own header declares (a repository
-can hold a truncated shard; the client checks only that it got what the server sent).
+can hold a truncated shard; the client checks only that it got what the server sent). Nothing the hub says is
+taken on trust: the commit it names must be a commit id, a header or index of another shape is named as such, and
+a hub that stops answering or trickles is abandoned once too few bytes arrive in PREPARE_STALL_S.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import struct
+import threading
+import time
 from pathlib import Path
+
+try:
+    from .boundary import number_setting
+except ImportError:  # run as a script inside the image, beside boundary.py
+    from boundary import number_setting  # type: ignore[no-redef]
 
 INDEX = "model.safetensors.index.json"  # names the shards; a folder you provide is judged by it
 COMMIT = re.compile(r"[0-9a-f]{40}")
 WORKERS = 4  # files fetched at once
+MAX_HEADER_BYTES = 100_000_000  # safetensors' own cap on a header
+STALL_BYTES = 1 << 20  # a download that gains less than this in PREPARE_STALL_S seconds is abandoned
+STALL_S_DEFAULT, STALL_S_MOST = 300.0, 86400.0
+POLL_S = 2.0
 
 
 class HubError(Exception):
     """The repository cannot be fetched, or a file of it is not whole; the message says which and why."""
 
+    abandoned = False  # True when a transfer was left running (its threads hold the process until it ends)
+
+
+class Stalled(HubError):
+    abandoned = True
+
 
 def shard_problem(path: Path, name: str | None = None) -> str | None:
-    """Why a safetensors file (called `name`) is not whole (its header declares more bytes than it holds), or None."""
+    """Why a safetensors file (called `name`) is not whole (its header declares more bytes than it holds, or is no
+    safetensors header), or None."""
     name = name or path.name
     try:
+        held = path.stat().st_size
         with open(path, "rb") as f:
             (length,) = struct.unpack("<Q", f.read(8))
+            if length > min(MAX_HEADER_BYTES, held - 8):
+                return f"{name}: its header claims {length} bytes, more than " + (
+                    "safetensors allows" if length > MAX_HEADER_BYTES else f"the file's {held}")
             header = json.loads(f.read(length))
     except (OSError, struct.error, ValueError) as exc:
         return f"{name}: not a readable safetensors file ({exc})"
-    ends = [t["data_offsets"][1] for name, t in header.items() if name != "__metadata__"]
+    ends = _data_ends(header)
+    if ends is None:
+        return f"{name}: its header is not a safetensors header (a table of tensors, each with two data offsets)"
     wanted = 8 + length + max(ends, default=0)
-    held = path.stat().st_size
     return None if held == wanted else f"{name}: holds {held} bytes, its header declares {wanted}"
+
+
+def _data_ends(header) -> list[int] | None:
+    """Where each tensor's data ends, or None when the header is not a table of tensors with [start, end] offsets."""
+    if not isinstance(header, dict):
+        return None
+    ends = []
+    for key, entry in header.items():
+        if key == "__metadata__":
+            continue
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int and o >= 0 for o in offsets)
+                and offsets[0] <= offsets[1]):
+            return None
+        ends.append(offsets[1])
+    return ends
+
+
+def indexed_shards(index: Path) -> list[str]:
+    """The shard files an index names, each a plain file name in the index's folder; ValueError when it is not an
+    index (JSON with a weight_map of tensor names to such file names)."""
+    weight_map = json.loads(index.read_text()).get("weight_map") if index.stat().st_size < MAX_HEADER_BYTES else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ValueError("no weight_map of tensor names to shard files")
+    shards = sorted(set(weight_map.values()))
+    for name in shards:
+        if "/" in name or "\\" in name or name in ("", ".", "..") or not name.endswith(".safetensors"):
+            raise ValueError(f"it names {name[:80]!r}, not a .safetensors file beside it")
+    return shards
 
 
 def download(repo: str, revision: str | None, dest: Path, token: str | None, say=print) -> str:
@@ -44,13 +99,20 @@ def download(repo: str, revision: str | None, dest: Path, token: str | None, say
     from huggingface_hub import errors as hf
 
     wanted = revision or "main"
-    try:
+    stall_s = number_setting(os.environ, "PREPARE_STALL_S", STALL_S_DEFAULT, 1, STALL_S_MOST, "seconds")
+
+    def fetch() -> str:
         # A branch or tag is resolved once, so that every file comes from the same commit.
         commit = wanted if COMMIT.fullmatch(wanted) else HfApi().model_info(repo, revision=wanted, token=token).sha
-        if not commit:
-            raise HubError(f"{repo}@{wanted}: the hub named no commit for it")
+        if not isinstance(commit, str) or not COMMIT.fullmatch(commit):
+            raise HubError(f"{repo}@{wanted}: the hub named {str(commit)[:60]!r} as its commit, which is no commit id "
+                           "(40 hex digits); nothing was fetched")
         say(f"prepare: {repo}@{commit[:12]}: fetching (resumes what is there)")
         snapshot_download(repo, revision=commit, local_dir=dest, token=token, max_workers=WORKERS)
+        return commit
+
+    try:
+        commit = _watched(fetch, dest, stall_s, f"{repo}: {constants.ENDPOINT}")
     except hf.GatedRepoError:
         raise HubError(f"{repo} is gated: accept its terms on the hub and give a token (HF_TOKEN_FILE)") from None
     except hf.RepositoryNotFoundError:
@@ -62,10 +124,10 @@ def download(repo: str, revision: str | None, dest: Path, token: str | None, say
         code = exc.response.status_code if exc.response is not None else "?"
         raise HubError(f"{repo}@{wanted}: the hub answered HTTP {code}") from None
     except (httpx.ConnectError, httpx.TimeoutException) as exc:
-        raise HubError(f"{constants.ENDPOINT} cannot be reached ({_first_line(exc)}); {repo} is not prepared") \
+        raise HubError(f"{constants.ENDPOINT} cannot be reached ({first_line(exc)}); {repo} is not prepared") \
             from None
     except (httpx.HTTPError, OSError, ValueError) as exc:  # dropped past the client's retries, short, unwritable
-        raise HubError(f"{repo}@{wanted}: {type(exc).__name__}: {_first_line(exc)}; run prepare again to resume") \
+        raise HubError(f"{repo}@{wanted}: {type(exc).__name__}: {first_line(exc)}; run prepare again to resume") \
             from None
     for path in sorted(dest.rglob("*.safetensors")):
         if ".cache" not in path.relative_to(dest).parts and (problem := shard_problem(path, path.name)):
@@ -74,5 +136,43 @@ def download(repo: str, revision: str | None, dest: Path, token: str | None, say
     return commit
 
 
-def _first_line(exc: Exception) -> str:
+def _watched(work, dest: Path, stall_s: float, what: str):
+    """work()'s result, or its exception; Stalled when the bytes under `dest` (the client's partial files included)
+    grow by less than STALL_BYTES in stall_s: a read timeout cannot catch a server that sends a byte at a time."""
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["result"] = work()
+        except BaseException as exc:  # handed to the caller's thread, which says it
+            box["error"] = exc
+
+    worker = threading.Thread(target=run, daemon=True, name="hub-download")
+    worker.start()
+    held, since = _bytes_under(dest), time.monotonic()
+    while worker.is_alive():
+        worker.join(min(POLL_S, stall_s))
+        now = _bytes_under(dest)
+        if now >= held + STALL_BYTES:
+            held, since = now, time.monotonic()
+        elif worker.is_alive() and time.monotonic() - since > stall_s:
+            raise Stalled(f"{what} sent less than {STALL_BYTES >> 20} MiB in {stall_s:.0f} s (PREPARE_STALL_S): it "
+                          "has stopped answering or trickles; what arrived is kept, run prepare again to resume")
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
+def _bytes_under(folder: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:  # renamed or removed by the client as we counted
+                pass
+    return total
+
+
+def first_line(exc: Exception) -> str:
     return (str(exc).strip().splitlines() or [""])[0][:300]

@@ -15,16 +15,17 @@ from pathlib import Path
 
 try:
     from . import recipe
-    from .boundary import Refused, argv_words, control_character, read_secret
+    from .boundary import Refused, argv_words, control_character, read_secret, read_text
     from .knobs import KNOBS, RENAMED, masked
 except ImportError:  # run as a script inside the image, beside knobs.py and recipe.py
     import recipe  # type: ignore[no-redef]
-    from boundary import Refused, argv_words, control_character, read_secret  # type: ignore[no-redef]
+    from boundary import Refused, argv_words, control_character, read_secret, read_text  # type: ignore[no-redef]
     from knobs import KNOBS, RENAMED, masked  # type: ignore[no-redef]
 
 CONTAINER_PORT = 8000  # where vLLM listens inside the container: the Dockerfile and Compose use it (a test ties them)
 HOST_KIND_ENV = "SERVEKIT_HOST"  # which host of images.yaml this is (native, wsl2); HOST is the source's bind address
 MIN_KEY_CHARS = 16  # a shorter key (an empty file above all) is no key: the host regenerates one this short or shorter
+PROFILES_MAX_BYTES = 4 << 20
 PROFILES_FILE = Path(os.environ.get("SERVEKIT_PROFILES", Path(__file__).resolve().parent / "profiles.json"))
 VLLM = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
 # The flags the launcher itself adds around the recipe's.
@@ -177,9 +178,24 @@ def _prepared(step, error: type[Exception]) -> int:
     try:
         step()
     except error as exc:
-        print(f"prepare: error: {exc}", file=sys.stderr)
+        abandoned = getattr(exc, "abandoned", False)  # a stalled transfer: its progress bar is mid-line
+        print(f"{chr(10) if abandoned else ''}prepare: error: {exc}", file=sys.stderr, flush=True)
+        if abandoned:  # its threads would hold a normal exit until the server lets go
+            os._exit(1)
         return 1
     return 0
+
+
+def read_profiles(path: Path) -> dict:
+    """The rendered profiles the image bakes (or SERVEKIT_PROFILES names); Refused in one line when they are not."""
+    try:
+        profiles = json.loads(read_text(path, PROFILES_MAX_BYTES))
+    except ValueError as exc:  # Refused is one
+        raise Refused(str(exc) if isinstance(exc, Refused) else f"{path}: not JSON ({exc})") from None
+    if not isinstance(profiles, dict) or not isinstance(profiles.get("model"), dict) or \
+            not isinstance(profiles.get("profiles"), dict):
+        raise Refused(f"{path}: not the rendered profiles (an object with a model and its profiles)")
+    return profiles
 
 
 def main(argv: list[str]) -> int:
@@ -191,7 +207,12 @@ def main(argv: list[str]) -> int:
         print(f"launcher: unknown command {command!r}; expected serve [PROFILE], prepare [PROFILE] or flags",
               file=sys.stderr)
         return 2
-    profiles = json.loads(PROFILES_FILE.read_text())
+    try:
+        profiles = read_profiles(PROFILES_FILE)
+    except Refused as exc:
+        print(f"launcher: refusing to start: {exc} (SERVEKIT_PROFILES names the file; the image bakes it)",
+              file=sys.stderr)
+        return 2
     try:
         from .prepare import PrepareError, is_complete, prepare, provided
     except ImportError:  # run as a script inside the image, beside prepare.py

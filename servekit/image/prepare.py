@@ -21,17 +21,21 @@ from pathlib import Path
 
 try:
     from . import hub
-    from .boundary import Refused, read_secret
+    from .boundary import Refused, number_setting, read_secret
 except ImportError:  # run as a script inside the image, beside hub.py
     import hub  # type: ignore[no-redef]
-    from boundary import Refused, read_secret  # type: ignore[no-redef]
+    from boundary import Refused, number_setting, read_secret  # type: ignore[no-redef]
 
 COMPLETE = ".servekit-complete"
-LOCK_WAIT_S = float(os.environ.get("PREPARE_LOCK_WAIT", "600"))
+LOCK_WAIT_S_DEFAULT, LOCK_WAIT_S_MOST = 600.0, 86400.0  # PREPARE_LOCK_WAIT: how long a second prepare waits
 
 
 class PrepareError(Exception):
     """The model cannot be prepared; the message says what and how to go on."""
+
+    def __init__(self, message: str, abandoned: bool = False):
+        super().__init__(message)
+        self.abandoned = abandoned  # a transfer left running: the process must not wait for its threads
 
 
 def identity(model: dict) -> str:
@@ -63,10 +67,9 @@ def folder_problem(folder: Path) -> str | None:
         return f"{folder} has no config.json"
     index = folder / hub.INDEX
     try:
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else \
-            sorted(p.name for p in folder.glob("*.safetensors"))
-    except (OSError, ValueError, KeyError) as exc:
-        return f"{index}: not a readable index ({exc})"
+        shards = hub.indexed_shards(index) if index.is_file() else sorted(p.name for p in folder.glob("*.safetensors"))
+    except (OSError, ValueError, AttributeError) as exc:  # AttributeError: JSON, but not an object
+        return f"{index}: not a readable index ({hub.first_line(exc)})"
     for name in shards:
         if not (folder / name).is_file():
             return f"{folder}/{name}, which the index names, is missing"
@@ -81,8 +84,12 @@ def parts(model: dict) -> list[dict]:
 
 
 @contextmanager
-def _locked(folder: Path, wait_s: float = LOCK_WAIT_S):
-    """One prepare at a time per models volume; a second waits (up to wait_s), then finds the work done."""
+def _locked(folder: Path):
+    """One prepare at a time per models volume; a second waits (up to PREPARE_LOCK_WAIT), then finds the work done."""
+    try:
+        wait_s = number_setting(os.environ, "PREPARE_LOCK_WAIT", LOCK_WAIT_S_DEFAULT, 0, LOCK_WAIT_S_MOST, "seconds")
+    except Refused as exc:
+        raise PrepareError(str(exc)) from None
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / ".prepare.lock", "w") as lock:
         deadline = time.monotonic() + wait_s
@@ -141,7 +148,12 @@ def _prepare_one(part: dict, say) -> None:
         try:
             hub.download(part["repo"], part.get("revision"), dest, token or None, say=say)
         except hub.HubError as exc:
+            raise PrepareError(str(exc), abandoned=exc.abandoned) from None
+        except Refused as exc:  # PREPARE_STALL_S
             raise PrepareError(str(exc)) from None
+        if problem := folder_problem(dest):  # what the hub sent is held to what a folder of yours is held to
+            raise PrepareError(f"{part['repo']} as the hub sent it is not a whole model: {problem}; nothing was "
+                               "marked complete")
         _mark(dest, part, started)
     say(f"prepare: {dest} ready in {time.monotonic() - started:.1f} s")
 
