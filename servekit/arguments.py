@@ -79,8 +79,12 @@ def folder(text: str) -> Path:
 
 
 def kube_version(text: str) -> str:
-    if not re.fullmatch(r"1\.\d{1,3}", text):
-        raise argparse.ArgumentTypeError(f"expected a Kubernetes minor version such as 1.31, found {text!r}")
+    """A Kubernetes minor version whose schemas the validator holds (it validates offline)."""
+    from kubernetes_validate.utils import all_versions, major_minor
+    known = sorted({major_minor(v) for v in all_versions()}, key=lambda v: tuple(map(int, v.split("."))))
+    if text not in known:
+        raise argparse.ArgumentTypeError(f"expected a Kubernetes minor version whose schemas are here, {known[0]} to "
+                                         f"{known[-1]}, found {text!r}")
     return text
 
 
@@ -90,3 +94,30 @@ def registry(text: str) -> str:
         raise argparse.ArgumentTypeError(f"expected HOST[:PORT][/NAMESPACE] such as 127.0.0.1:5000/serve, found "
                                          f"{text!r}")
     return text
+
+
+def version(text: str) -> str:
+    """A release version as the index spells it (PEP 440, normalized: 0.32.0, 0.32.0rc1), never a path or a word."""
+    from packaging.version import InvalidVersion, Version
+    try:
+        normal = str(Version(text))
+    except InvalidVersion:
+        raise argparse.ArgumentTypeError(f"expected a version such as 0.32.0, found {text!r}") from None
+    if normal != text:
+        raise argparse.ArgumentTypeError(f"expected the version as the index spells it, {normal}, found {text!r}")
+    return text
+
+
+ACCEPTED_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")  # a name or Class.method
+
+
+def accepted(text: str) -> tuple[str, str]:
+    """`port --accept NAME=REASON`: a name port reports (an identifier, or Class.method) and a one-line reason, as
+    one line of the series' port-accept file."""
+    name, sep, reason = (part.strip() for part in text.partition("="))
+    if not sep or not ACCEPTED_NAME.fullmatch(name) or not reason:
+        raise argparse.ArgumentTypeError(f"expected NAME=REASON, NAME an identifier or Class.method, e.g. "
+                                         f"old_name='only in a docstring', found {text[:80]!r}")
+    if problem := control_character(reason):
+        raise argparse.ArgumentTypeError(f"expected a reason that is {problem}")
+    return name, reason

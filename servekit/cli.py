@@ -202,13 +202,8 @@ def cmd_completion(args) -> int:
 def cmd_port(args) -> int:
     from servekit.build.portcheck import run_port
     session = _session(args)
-    accept = {}
-    for item in args.accept or []:
-        name, sep, reason = item.partition("=")
-        if not sep or not name.strip() or not reason.strip():
-            raise UserError(f"--accept {item!r}: expected NAME=REASON, e.g. --accept old_name='only in a docstring'")
-        accept[name.strip()] = reason.strip()
-    report = run_port(session, args.to, [session.check_target(t) for t in args.target or []] or None, accept,
+    report = run_port(session, args.to, [session.check_target(t) for t in args.target or []] or None,
+                      dict(args.accept or []),
                       say=_say())
     if args.json:
         _emit_json({"lines": report.lines, "summaries": report.summaries, "failures": report.failures})
@@ -643,14 +638,15 @@ def _matrix_commands(c: _Commands) -> None:
                    "that target's too)")
     p = c.add("bump", cmd_bump, "move every mechanical vLLM pin to a new version, make the locks again, and report "
             "co-pin problems")
-    p.add_argument("--to", required=True, metavar="VERSION", help="the new vLLM version, e.g. 0.32.0")
+    p.add_argument("--to", required=True, type=arguments.version, metavar="VERSION",
+                   help="the new vLLM version, e.g. 0.32.0")
     p.add_argument("--dry-run", action="store_true", help="report only; write nothing")
     p = c.add("port", cmd_port, "check the series against a newer vLLM from the two pristine wheels alone: names our "
             "lines use that it removed, calls of ours that no longer bind to its signatures, and whether each patch "
             "still applies at fuzz 0 (and at what offsets); exit 1 on anything not accepted")
-    p.add_argument("--to", required=True, metavar="VERSION", help="the newer vLLM, e.g. 0.32.0")
+    p.add_argument("--to", required=True, type=arguments.version, metavar="VERSION", help="the newer vLLM, e.g. 0.32.0")
     c.target(p, many=True, help="only this target's vLLM distribution (repeatable; default: every target)")
-    p.add_argument("--accept", action="append", metavar="NAME=REASON", help="a reviewed exception, recorded in the "
+    p.add_argument("--accept", action="append", type=arguments.accepted, metavar="NAME=REASON", help="a reviewed exception, recorded in the "
                    "series folder (port-accept) so that the next port sees it too (repeatable)")
     p = c.add("series", cmd_series, "export a git branch that carries one commit per topic on top of a vLLM tag "
             "as the patch series: one patch per commit, its message's prose and trailers kept, Cut-against set to "

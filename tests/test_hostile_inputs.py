@@ -454,6 +454,15 @@ ARGUMENTS = [
     (["smoke", "default", "--timeout", "0"], "--timeout", "more than 0"),
     (["release", "--registry", "127.0.0.1:5000/serve --all-tags"], "--registry", "HOST[:PORT][/NAMESPACE]"),
     (["release", "--registry", "https://127.0.0.1:5000"], "--registry", "HOST[:PORT][/NAMESPACE]"),
+    (["render", "k8s", "--profile", "default", "--kube-version", "1.99"], "--kube-version", "1.25 to 1.37"),
+    (["render", "k8s", "--profile", "default", "--kube-version", "1.031"], "--kube-version", "schemas are here"),
+    (["port", "--to", "../../0.32.0"], "--to", "a version such as 0.32.0"),
+    (["port", "--to", "v0.32.0"], "--to", "as the index spells it, 0.32.0"),
+    (["port", "--to", "0.32.0\n"], "--to", "as the index spells it"),
+    (["bump", "--to", "latest", "--dry-run"], "--to", "a version such as 0.32.0"),
+    (["port", "--to", "0.32.0", "--accept", "old_name=reviewed\nnew_name=smuggled"], "--accept", "U+000A"),
+    (["port", "--to", "0.32.0", "--accept", "#old_name=a comment, read back as nothing"], "--accept", "NAME=REASON"),
+    (["port", "--to", "0.32.0", "--accept", "old_name="], "--accept", "NAME=REASON"),
 ]
 
 
@@ -462,3 +471,15 @@ def test_a_bad_argument_is_refused_in_one_line_before_any_work(repo, cli, argv, 
     code, out, err = cli("--matrix", str(repo / "images.yaml"), *argv)
     _refused(code, err, flag, says)
     assert out == ""
+
+
+def test_accepting_an_exception_keeps_every_line_a_reviewer_wrote(tmp_path):
+    from servekit.build.portcheck import ACCEPT_FILE, read_accepted, record_accepted
+    kept = "# Reviewed exceptions.\n# old_helper: see vllm #58092 before you drop it\nold_helper=only in a docstring\n" \
+        "\n# kept for 0.33\nours=fixed upstream\n"
+    (tmp_path / ACCEPT_FILE).write_text(kept)
+    record_accepted(tmp_path, {"ours": "fixed by vllm #58092", "newer": "moved, same signature"})
+    assert (tmp_path / ACCEPT_FILE).read_text() == kept.replace("ours=fixed upstream", "ours=fixed by vllm #58092") \
+        + "newer=moved, same signature\n"
+    assert read_accepted(tmp_path) == {"old_helper": "only in a docstring", "ours": "fixed by vllm #58092",
+                                       "newer": "moved, same signature"}

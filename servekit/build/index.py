@@ -3,7 +3,9 @@
 The simple index (PEP 691 JSON) lists the files. Where the index serves the metadata file
 (PEP 658) it is fetched; otherwise the wheel's METADATA is read out of the zip with HTTP range
 requests (a few hundred KB of a 300 MB wheel). Results are cached on disk, so `verify` runs
-offline once it has run online.
+offline once it has run online. An index's answer is checked before use (its listing's shape, a file name that is a
+name and no path, the wheel's sha256 against the listing), and each exchange has a deadline for the whole of it: a
+read timeout alone lets an index that trickles a byte at a time hold us for ever.
 """
 
 from __future__ import annotations
@@ -12,27 +14,54 @@ import hashlib
 import io
 import json
 import re
+import threading
 import zipfile
 from dataclasses import dataclass
 from email.parser import HeaderParser
 from pathlib import Path
-from urllib.parse import unquote
+from urllib.parse import unquote, urljoin
 
 import requests
 
 from servekit.atomic import write_text
+from servekit.errors import EnvironmentProblem, UserError
 from servekit.trust import requests_verify
 
-TIMEOUT = 30
+TIMEOUT = 30  # one read
+EXCHANGE_DEADLINE_S = 180.0  # a listing and a METADATA, all their reads
+WHEEL_DEADLINE_S, WHEEL_MIN_RATE = 120.0, 256 << 10  # a wheel: this long plus its size at this many bytes a second
 JSON_ACCEPT = "application/vnd.pypi.simple.v1+json"
+WHEEL_NAME = re.compile(r"[A-Za-z0-9_.+!-]+\.whl")  # a file name, never a path
 
 
-class IndexUnreachable(Exception):
-    """The index could not be asked; the caller checks what it can offline."""
+class IndexUnreachable(EnvironmentProblem):
+    """The index could not be asked, or answered nonsense; the caller checks what it can offline."""
 
 
-class NotOnIndex(Exception):
+class NotOnIndex(UserError):
     """The index answered, and it does not have that release."""
+
+
+def within(seconds: float, what: str, call):
+    """call()'s result, or its exception, within `seconds` for the whole of it; IndexUnreachable past them. The
+    call runs in a daemon thread: a read stuck on a trickling server cannot be interrupted, but it no longer holds
+    the command, which ends with the error."""
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["result"] = call()
+        except BaseException as exc:  # handed to the caller's thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=run, daemon=True, name="index")
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        raise IndexUnreachable(f"{what} took more than {seconds:.0f} s: the index is too slow or trickles")
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 @dataclass(frozen=True)
@@ -102,18 +131,38 @@ def _parse(text: str) -> Metadata:
 
 
 def _wheel_entry(session: requests.Session, name: str, version: str, index_url: str, platform: str) -> dict:
-    """The index's entry (PEP 691) for the wheel of `name==version` that suits the platform."""
+    """The index's entry (PEP 691) for the wheel of `name==version` that suits the platform, its url absolute;
+    IndexUnreachable when the answer is not a PEP 691 listing."""
     listing = session.get(f"{index_url.rstrip('/')}/{normalize(name)}/", headers={"Accept": JSON_ACCEPT},
                           timeout=TIMEOUT, verify=requests_verify())
     if listing.status_code == 404:
         raise NotOnIndex(f"{name} is not on {index_url}")
-    listing.raise_for_status()
+    if listing.status_code != 200:
+        raise IndexUnreachable(f"{index_url} answered HTTP {listing.status_code} for {name}")
     if "json" not in listing.headers.get("Content-Type", ""):
-        raise IndexUnreachable(f"{index_url} does not answer in PEP 691 JSON")
-    wheel = _pick_wheel(listing.json()["files"], name, version, platform)
+        raise IndexUnreachable(f"{index_url} does not answer in PEP 691 JSON (it sent "
+                               f"{listing.headers.get('Content-Type') or 'no Content-Type'})")
+    try:
+        files = listing.json()["files"]
+        entries = [f for f in files if _entry_problem(f) is None]
+        if len(entries) != len(files):
+            raise ValueError(next(p for f in files if (p := _entry_problem(f))))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise IndexUnreachable(f"{index_url} answered for {name} with no PEP 691 listing ({str(exc)[:120]})") from None
+    wheel = _pick_wheel(entries, name, version, platform)
     if wheel is None:
         raise NotOnIndex(f"{index_url} has no wheel of {name}=={version}")
-    return wheel
+    return {**wheel, "url": urljoin(listing.url, wheel["url"])}  # PEP 691 lets a url be relative to the listing
+
+
+def _entry_problem(entry) -> str | None:
+    """Why a listing's file entry cannot be used (its name must be a file name: it becomes one here), or None."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("filename"), str) or \
+            not isinstance(entry.get("url"), str) or not isinstance(entry.get("hashes", {}), dict):
+        return "a file entry without a filename, url and hashes"
+    if entry["filename"].endswith(".whl") and not WHEEL_NAME.fullmatch(entry["filename"]):
+        return f"a wheel named {entry['filename'][:80]!r}, which is no file name"
+    return None
 
 
 def fetch_metadata(name: str, version: str, index_url: str, cache_dir: Path,
@@ -124,25 +173,34 @@ def fetch_metadata(name: str, version: str, index_url: str, cache_dir: Path,
     text = _cached_metadata(cached, name, version)
     if text is not None:
         return _parse(text)
-    session = requests.Session()
-    try:
-        wheel = _wheel_entry(session, name, version, index_url, platform)
-        if wheel.get("core-metadata") or wheel.get("data-dist-info-metadata"):
-            meta = session.get(wheel["url"] + ".metadata", timeout=TIMEOUT, verify=requests_verify())
-            meta.raise_for_status()
-            text = meta.text
-        else:
-            with zipfile.ZipFile(io.BufferedReader(_RangeFile(session, wheel["url"]), 1 << 16)) as whl:
-                member = next(n for n in whl.namelist() if n.endswith(".dist-info/METADATA"))
-                text = whl.read(member).decode("utf-8")
-    except requests.RequestException as exc:
-        raise IndexUnreachable(f"{index_url} could not be reached ({type(exc).__name__})") from None
+    text = within(EXCHANGE_DEADLINE_S, f"{index_url}: the METADATA of {name} {version}",
+                  lambda: _read_metadata(name, version, index_url, platform))
     parsed = _parse(text)
     if normalize(parsed.name or "") != normalize(name) or parsed.version != version:
         raise IndexUnreachable(f"{index_url} served metadata of {parsed.name} {parsed.version} for {name} {version}")
     write_text(cached, json.dumps({"name": name, "version": version, "sha256": hashlib.sha256(text.encode()).hexdigest(),
                                    "metadata": text}) + "\n")
     return parsed
+
+
+def _read_metadata(name: str, version: str, index_url: str, platform: str) -> str:
+    session = requests.Session()
+    try:
+        wheel = _wheel_entry(session, name, version, index_url, platform)
+        if wheel.get("core-metadata") or wheel.get("data-dist-info-metadata"):
+            meta = session.get(wheel["url"] + ".metadata", timeout=TIMEOUT, verify=requests_verify())
+            meta.raise_for_status()
+            return meta.text
+        with zipfile.ZipFile(io.BufferedReader(_RangeFile(session, wheel["url"]), 1 << 16)) as whl:
+            member = next((n for n in whl.namelist() if n.endswith(".dist-info/METADATA")), None)
+            if member is None:
+                raise IndexUnreachable(f"{index_url}: the wheel of {name} {version} holds no METADATA")
+            return whl.read(member).decode("utf-8")
+    except requests.RequestException as exc:
+        raise IndexUnreachable(f"{index_url} could not be reached ({type(exc).__name__})") from None
+    except (zipfile.BadZipFile, UnicodeDecodeError, ValueError, KeyError) as exc:
+        raise IndexUnreachable(f"{index_url} served no readable wheel of {name} {version} ({str(exc)[:120]})") \
+            from None
 
 
 def _cached_metadata(path: Path, name: str, version: str) -> str | None:
@@ -157,19 +215,26 @@ def _cached_metadata(path: Path, name: str, version: str) -> str | None:
 
 def release_exists(name: str, version: str, index_url: str, auth: tuple[str, str] | None = None) -> bool:
     """Whether the index lists any file of that release; raises IndexUnreachable."""
-    try:
-        listing = requests.get(f"{index_url.rstrip('/')}/{normalize(name)}/", headers={"Accept": JSON_ACCEPT},
-                               timeout=TIMEOUT, verify=requests_verify(), auth=auth)
-    except requests.RequestException as exc:
-        raise IndexUnreachable(f"{index_url} could not be reached ({type(exc).__name__})") from None
+    return within(EXCHANGE_DEADLINE_S, f"{index_url}: the listing of {name}",
+                  lambda: _asked(index_url, lambda: _lists_release(name, version, index_url, auth)))
+
+
+def _lists_release(name: str, version: str, index_url: str, auth: tuple[str, str] | None) -> bool:
+    listing = requests.get(f"{index_url.rstrip('/')}/{normalize(name)}/", headers={"Accept": JSON_ACCEPT},
+                           timeout=TIMEOUT, verify=requests_verify(), auth=auth)
     if listing.status_code == 404:
         return False
-    listing.raise_for_status()
+    if listing.status_code != 200:
+        raise IndexUnreachable(f"{index_url} answered HTTP {listing.status_code} for {name}")
     if "json" in listing.headers.get("Content-Type", ""):
-        data = listing.json()
-        if "versions" in data:  # PEP 700
-            return version in data["versions"]
-        return _names_release((f.get("filename", "") for f in data.get("files", [])), name, version)
+        try:
+            data = listing.json()
+            if "versions" in data:  # PEP 700
+                return version in data["versions"]
+            return _names_release((f.get("filename", "") for f in data.get("files", [])), name, version)
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise IndexUnreachable(f"{index_url} answered for {name} with no PEP 691 listing ({str(exc)[:120]})") \
+                from None
     # An HTML-only index (PEP 503): look for a file of that release among the links' texts and targets.
     return _names_release(re.findall(r"[^\s\"'<>/=]+\.(?:whl|tar\.gz|zip)", unquote(listing.text)), name, version)
 
@@ -183,21 +248,46 @@ def _names_release(filenames, name: str, version: str) -> bool:
 
 
 def download_wheel(name: str, version: str, index_url: str, dest: Path, platform: str = "x86_64") -> Path:
-    """The wheel of `name==version` for the platform, downloaded once into `dest`."""
+    """The wheel of `name==version` for the platform, downloaded once into `dest` and checked against the sha256
+    its listing names."""
     session = requests.Session()
-    try:
-        wheel = _wheel_entry(session, name, version, index_url, platform)
-        path = dest / wheel["filename"]
-        if path.is_file() and path.stat().st_size == wheel.get("size", path.stat().st_size):
-            return path
-        dest.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".part")
-        with session.get(wheel["url"], stream=True, timeout=TIMEOUT, verify=requests_verify()) as resp:
-            resp.raise_for_status()
-            with open(partial, "wb") as out:
-                for chunk in resp.iter_content(1 << 20):
-                    out.write(chunk)
-        partial.rename(path)  # only a whole file gets the wheel's name
+    wheel = within(EXCHANGE_DEADLINE_S, f"{index_url}: the listing of {name}",
+                   lambda: _asked(index_url, lambda: _wheel_entry(session, name, version, index_url, platform)))
+    path = dest / wheel["filename"]
+    sha256 = (wheel.get("hashes") or {}).get("sha256")
+    if path.is_file() and (_sha256(path) == sha256 if sha256 else path.stat().st_size == wheel.get("size")):
         return path
+    dest.mkdir(parents=True, exist_ok=True)
+    size = wheel.get("size") if isinstance(wheel.get("size"), int) else 0
+    partial = path.with_suffix(".part")
+    within(WHEEL_DEADLINE_S + size / WHEEL_MIN_RATE, f"{index_url}: {wheel['filename']}",
+           lambda: _asked(index_url, lambda: _fetch(session, wheel["url"], partial)))
+    if sha256 and _sha256(partial) != sha256:
+        partial.unlink()
+        raise IndexUnreachable(f"{index_url} served a {wheel['filename']} whose sha256 is not the one its listing "
+                               "names; removed, not used")
+    partial.rename(path)  # only a whole, checked file gets the wheel's name
+    return path
+
+
+def _asked(index_url: str, call):
+    try:
+        return call()
     except requests.RequestException as exc:
         raise IndexUnreachable(f"{index_url} could not be reached ({type(exc).__name__})") from None
+
+
+def _fetch(session: requests.Session, url: str, out_path: Path) -> None:
+    with session.get(url, stream=True, timeout=TIMEOUT, verify=requests_verify()) as resp:
+        resp.raise_for_status()
+        with open(out_path, "wb") as out:
+            for chunk in resp.iter_content(1 << 20):
+                out.write(chunk)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

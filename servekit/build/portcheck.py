@@ -27,6 +27,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
+from servekit.atomic import write_text
 from servekit.errors import UserError
 from servekit.image.series import PATCH_ARGS, Patch, SeriesError, _patch, read_series
 from servekit.build.findings import Findings
@@ -69,11 +70,17 @@ def read_accepted(series_dir: Path) -> dict[str, str]:
 
 
 def record_accepted(series_dir: Path, accepted: dict[str, str]) -> None:
-    """Add NAME=REASON lines to the series' accept file (kept with the series, read by the next port)."""
-    merged = {**read_accepted(series_dir), **accepted}
-    body = "".join(f"{name}={reason}\n" for name, reason in sorted(merged.items()))
-    (series_dir / ACCEPT_FILE).write_text("# Reviewed exceptions of `python build.py port`: NAME=REASON a line.\n"
-                                          + body)
+    """Add NAME=REASON lines to the series' accept file (kept with the series, read by the next port): a name it
+    already holds gets the new reason in its place, every other line (a reviewer's comment too) stays as it was."""
+    path = series_dir / ACCEPT_FILE
+    lines = path.read_text().splitlines() if path.is_file() else \
+        ["# Reviewed exceptions of `python build.py port`: NAME=REASON a line."]
+    left = dict(accepted)
+    for i, line in enumerate(lines):
+        name = line.partition("=")[0].strip()
+        if not line.lstrip().startswith("#") and name in left:
+            lines[i] = f"{name}={left.pop(name)}"
+    write_text(path, "\n".join(lines + [f"{name}={reason}" for name, reason in left.items()]) + "\n", mode=0o644)
 
 
 def _strip_comment(code: str) -> str:
