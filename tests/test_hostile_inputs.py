@@ -131,6 +131,12 @@ KNOB_VALUES = [
                                              "        MAX_SEQS: 4\n        EXTRA_ARGS: --kv-offloading-size lots"),
      ["profiles.alternative", "--kv-offloading-size"]),
     ("knob-nan", _sub("      GPU_UTIL: 0.2", "      GPU_UTIL: .nan"), ["GPU_UTIL", "finite"]),
+    ("host-not-a-wildcard", _sub("      GPU_UTIL: 0.2", "      GPU_UTIL: 0.2\n      HOST: 127.0.0.1"),
+     ["HOST='127.0.0.1'", "expected a wildcard address"]),
+    ("port-in-a-profile", _sub("      GPU_UTIL: 0.2", "      GPU_UTIL: 0.2\n      PORT: 9000"),
+     ["PORT='9000'", "expected no PORT here"]),
+    ("port-in-extra-args", _sub("        MAX_SEQS: 4", "        MAX_SEQS: 4\n        EXTRA_ARGS: --port=9000"),
+     ["EXTRA_ARGS", "expected no --port"]),
 ]
 
 
@@ -159,15 +165,17 @@ def test_a_knob_with_spaces_around_it_is_one_value_for_every_reader(repo, cli):
     assert any('"method": "mtp"' in a or '"method":"mtp"' in a for a in argv), argv
 
 
-@pytest.mark.parametrize("value, says", [("4\nEVIL=1", "U+000A"), ("--x 'open", "arguments as a shell splits them"),
-                                         ("--speculative-config={}", "set SPEC")])
-def test_the_launcher_refuses_what_the_loader_refuses(value, says):
+@pytest.mark.parametrize("name, value, says", [
+    ("TOOL_PARSER", "4\nEVIL=1", "U+000A"), ("EXTRA_ARGS", "--x 'open", "arguments as a shell splits them"),
+    ("EXTRA_ARGS", "--speculative-config={}", "set SPEC"), ("EXTRA_ARGS", "--max-num-seqs 2 --host 10.0.0.9",
+                                                            "expected no --host"),
+    ("HOST", "example.com", "expected an IP address to listen on"), ("HOST", "0.0.0.0; true", "an IP address")])
+def test_the_launcher_refuses_what_the_loader_refuses(name, value, says):
     """The same value through the environment at boot: the launcher's refusal, not a crash."""
     from servekit.config.load import load_matrix
     from servekit.config.profiles import render_profiles
     from servekit.image.launcher import KnobError, build_command
     rendered = render_profiles(load_matrix(ROOT / "images.yaml"), "cuda")
-    name = "TOOL_PARSER" if "\n" in value else "EXTRA_ARGS"
     with pytest.raises(KnobError, match=re.escape(says)):
         build_command(rendered, "default", "native", {name: value})
 
@@ -177,6 +185,14 @@ def test_the_launcher_refuses_what_the_loader_refuses(value, says):
     (["up", "default", "--knob", "TOOL_PARSER=a\nb"], "U+000A"),
     (["up", "default", "--knob", "EXTRA_ARGS=--x 'open"], "arguments as a shell splits them"),
     (["up", "default", "--knob", "NOPE=1"], "expected NAME=VALUE"),
+    (["up", "default", "--knob", "PORT=9000"], "expected no PORT here: servekit publishes the server and watches it on "
+                                               "--port"),
+    (["up", "default", "--knob", "HOST=192.168.1.20"], "expected a wildcard address (0.0.0.0 or ::)"),
+    (["run", "--profile", "default", "--knob", "HOST=localhost"], "expected an IP address"),
+    (["sweep", "default", "--knob", "EXTRA_ARGS=--port 9000"], "expected no --port"),
+    (["sweep", "default", "--knob", "MAX_SEQS=2", "--knob", "MAX_SEQS=4"], "--knob MAX_SEQS: given twice"),
+    (["sweep", "default", "--knob", "TOOL_PARSER=qwen3_coder,hermes"], "a str knob cannot be swept"),
+    (["sweep", "default", "--knob", "SPEC_ATTN=on,1"], "each value once"),
 ])
 def test_a_hostile_knob_on_the_command_line_is_refused_before_anything_starts(repo, cli, argv, says):
     code, _, err = cli("--matrix", str(repo / "images.yaml"), *argv, "--target", "cuda", "--engine", "venv:" + sys.prefix)
@@ -483,3 +499,28 @@ def test_accepting_an_exception_keeps_every_line_a_reviewer_wrote(tmp_path):
         + "newer=moved, same signature\n"
     assert read_accepted(tmp_path) == {"old_helper": "only in a docstring", "ours": "fixed by vllm #58092",
                                        "newer": "moved, same signature"}
+
+
+@pytest.mark.parametrize("uid, gid, says", [
+    ("root", None, "SERVEKIT_UID='root': expected a numeric id"), ("-1", None, "SERVEKIT_UID='-1'"),
+    ("1e3", None, "SERVEKIT_UID='1e3'"), ("99999999999", None, "from 0 to 2147483647"),
+    ("１２", None, "SERVEKIT_UID='１２'"), ("1000", "wheel", "SERVEKIT_GID='wheel'"),
+    ("1000", "1000:0", "SERVEKIT_GID='1000:0'")])
+def test_a_user_or_group_id_that_is_no_number_is_refused_in_one_line(monkeypatch, uid, gid, says):
+    from servekit.errors import UserError
+    from servekit.serve.deploy import run_as
+    monkeypatch.setenv("SERVEKIT_UID", uid)
+    if gid is not None:
+        monkeypatch.setenv("SERVEKIT_GID", gid)
+    with pytest.raises(UserError) as refused:
+        run_as()
+    assert says in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_numeric_user_and_group_id_are_taken(monkeypatch):
+    from servekit.serve.deploy import run_as
+    monkeypatch.setenv("SERVEKIT_UID", "4321")
+    monkeypatch.delenv("SERVEKIT_GID", raising=False)
+    assert run_as() == (4321, 4321)
+    monkeypatch.setenv("SERVEKIT_GID", "0")
+    assert run_as() == (4321, 0)

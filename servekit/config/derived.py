@@ -101,7 +101,7 @@ def _allowed(knob: Knob) -> str:
         return "1/0, true/false, yes/no, on/off (any case; vLLM is given 1 or 0)"
     bounds = [f"≥ {knob.minimum:g}" if knob.minimum is not None else "",
               f"≤ {knob.maximum:g}" if knob.maximum is not None else ""]
-    return " ".join([{"int": "integer", "float": "number", "str": "text"}[knob.kind], *filter(None, bounds)])
+    return " ".join([{"int": "integer", "float": "number", "str": "text", "address": "an IP address"}[knob.kind], *filter(None, bounds)])
 
 
 def _profile_table(matrix: Matrix) -> list[str]:

@@ -4,7 +4,7 @@ table before anything starts."""
 from __future__ import annotations
 
 from servekit.errors import UserError
-from servekit.image.knobs import KNOBS, masked
+from servekit.image.knobs import KNOBS, masked, watched_problem
 
 
 def _checked(spec: str, form: str, split: bool) -> tuple[str, list[str]]:
@@ -14,14 +14,31 @@ def _checked(spec: str, form: str, split: bool) -> tuple[str, list[str]]:
         raise UserError(f"--knob {spec!r}: expected {form} with NAME one of {', '.join(KNOBS)}")
     values = text.split(",") if split else [text]
     for value in values:
-        if problem := KNOBS[name].check(value):
+        if problem := KNOBS[name].check(value) or watched_problem(name, value):
             raise UserError(f"--knob {name}={masked(value)!r}: {problem}")
     return name, values
 
 
+SWEPT_KINDS = ("int", "float", "enum", "bool")  # values without commas of their own, each a cell of the table
+
+
 def parse_knobs(specs: list[str]) -> list[tuple[str, list[str]]]:
-    """`--knob NAME=V1,V2` each, every value checked by the knob table before anything boots."""
-    return [_checked(spec, "NAME=V1,V2", split=True) for spec in specs]
+    """`--knob NAME=V1,V2` each, every value checked by the knob table before anything boots: a knob once, of a kind
+    whose values cannot hold the comma that separates them, each value once."""
+    knobs = [_checked(spec, "NAME=V1,V2", split=True) for spec in specs]
+    seen: set[str] = set()
+    for name, values in knobs:
+        if name in seen:
+            raise UserError(f"--knob {name}: given twice; give one --knob {name}=V1,V2 with every value")
+        seen.add(name)
+        if KNOBS[name].kind not in SWEPT_KINDS:
+            swept = ", ".join(n for n, k in KNOBS.items() if k.kind in SWEPT_KINDS)
+            raise UserError(f"--knob {name}: a {KNOBS[name].kind} knob cannot be swept (its values may hold commas); "
+                            f"expected one of {swept}, or set it in the profile")
+        normal = [KNOBS[name].normalize(v) for v in values]
+        if len(set(normal)) != len(normal):
+            raise UserError(f"--knob {name}={masked(','.join(values))!r}: each value once (a cell of the table each)")
+    return knobs
 
 
 def parse_settings(specs: list[str]) -> dict[str, str]:

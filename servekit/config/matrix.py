@@ -21,7 +21,7 @@ from servekit.smoke import param_problems
 from servekit import credentials
 from servekit.image import boundary
 from servekit.errors import UserError
-from servekit.image.knobs import KNOBS, masked
+from servekit.image.knobs import KNOBS, masked, watched_problem
 from servekit.config.yamlload import LoadedYaml
 
 SCHEMA_VERSION = 1
@@ -398,7 +398,7 @@ class _References:
                 close = difflib.get_close_matches(name, KNOBS, n=1)
                 hint = f"did you mean {close[0]!r}?" if close else f"expected one of {', '.join(KNOBS)}"
                 self.add((*loc, name), f"unknown knob {name!r}; {hint}")
-            elif problem := knob.check(value):
+            elif problem := knob.check(value) or watched_problem(name, value):
                 self.add((*loc, name), f"{name}={masked(value)!r}: {problem}")
 
     def check_params(self, check: str, params: dict | None, loc: tuple) -> None:

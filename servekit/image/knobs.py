@@ -6,6 +6,7 @@ profile knobs against it, so a typo in images.yaml fails at load rather than at 
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 from dataclasses import dataclass
@@ -23,6 +24,25 @@ _SECRET_FLAG = re.compile(r"(?<!\S)(" + "|".join(SECRET_FLAGS) + r")(?=[=\s]|$)"
 _SECRET_VALUE = re.compile(r"(?<!\S)(" + "|".join(SECRET_FLAGS) + r")(=|\s+)(\"[^\"]*\"?|'[^']*'?|\S+)")
 
 
+# Where vLLM listens is HOST and PORT (servekit watches the server there, Compose publishes it): EXTRA_ARGS may not
+# move it behind their back.
+LISTEN_FLAGS = ("--host", "--port")
+_LISTEN_FLAG = re.compile(r"(?<!\S)(" + "|".join(LISTEN_FLAGS) + r")(?=[=\s]|$)")
+WILDCARDS = ("0.0.0.0", "::")
+
+
+def watched_problem(name: str, value: str) -> str | None:
+    """Why a knob set for a boot of servekit's own (images.yaml, --knob) would move the server away from where
+    servekit watches it (a container's published port reaches only a wildcard; the port is --port's), or None."""
+    if name == "PORT":
+        return ("expected no PORT here: servekit publishes the server and watches it on --port (default serve.port); "
+                "the PORT of your shell or compose/.env is read there too")
+    if name == "HOST" and value.strip() not in WILDCARDS:
+        return (f"expected a wildcard address ({' or '.join(WILDCARDS)}): servekit reaches the server through the "
+                "address it publishes (BIND), which reaches only a server that listens on every address")
+    return None
+
+
 def masked(text: str) -> str:
     """`text` (EXTRA_ARGS, a command line) with each secret flag's value shown as ***."""
     return _SECRET_VALUE.sub(lambda m: f"{m.group(1)}{m.group(2)}***", text)
@@ -35,7 +55,7 @@ FALSE_WORDS = frozenset({"0", "false", "no", "off"})
 @dataclass(frozen=True)
 class Knob:
     name: str
-    kind: str  # bool, enum, int, float, str
+    kind: str  # bool, enum, int, float, str, address
     help: str
     choices: tuple[str, ...] = ()
     minimum: float | None = None
@@ -74,6 +94,14 @@ class Knob:
         if self.name == "EXTRA_ARGS" and (secret := _SECRET_FLAG.search(value)):
             return (f"expected no {secret.group(1)}: a secret travels in its file (API_KEY_FILE, HF_TOKEN_FILE) or "
                     "VLLM_API_KEY, never on a command line that ps, the log and the report show")
+        if self.name == "EXTRA_ARGS" and (listen := _LISTEN_FLAG.search(value)):
+            return (f"expected no {listen.group(1)}: where vLLM listens is HOST and PORT, which Compose publishes and "
+                    "servekit watches")
+        if self.kind == "address":
+            try:
+                ipaddress.ip_address(value)
+            except ValueError:
+                return "expected an IP address to listen on, e.g. 0.0.0.0"
         if self.kind == "bool":
             if value.lower() not in TRUE_WORDS | FALSE_WORDS:
                 return f"expected one of {'/'.join(sorted(TRUE_WORDS | FALSE_WORDS))} (any case)"
@@ -136,10 +164,12 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("ASYNC_SCHED", "bool", "--async-scheduling"),
     Knob("API_SERVERS", "int", "--api-server-count", minimum=1),
     Knob("PORT", "int", "the port clients reach, as in the source's launchers and Compose file: Compose publishes it "
-         "(inside, vLLM listens on 8000), the process engine listens on it; default serve.port (18020)",
+         "(inside, vLLM listens on 8000), the process engine listens on it; default serve.port (18020); servekit's "
+         "commands take it from --port, the shell or compose/.env, never from images.yaml or --knob",
          minimum=1, maximum=65535, passthrough=False),
-    Knob("HOST", "str", "the address vLLM listens on, the source's HOST: 0.0.0.0 inside a container (what other "
-         "machines reach is BIND, the published address); the process engine listens on serve.bind unless set",
+    Knob("HOST", "address", "the address vLLM listens on, the source's HOST: 0.0.0.0 inside a container (what other "
+         "machines reach is BIND, the published address); the process engine listens on serve.bind unless set; in "
+         "images.yaml and --knob only a wildcard (0.0.0.0, ::), which BIND always reaches",
          passthrough=False),
     Knob("ENFORCE_EAGER", "bool", "--enforce-eager (no compiled graphs; the cpu image has no C++ compiler)"),
     Knob("DTYPE", "enum", "--dtype", choices=("auto", "bfloat16", "float16", "float32")),

@@ -30,6 +30,7 @@ from servekit.image.knobs import KNOBS, masked
 from servekit.image.launcher import MIN_KEY_CHARS
 
 IMAGE_UID = 10001  # the image's non-root user
+MAX_ID = 2**31 - 1  # the largest id Docker and Kubernetes take
 MODEL_DIR_COMPOSE = "compose.model-dir.yaml"  # mounts MODEL_DIR read-only; prepare then fetches nothing
 DRAFTER_DIR_COMPOSE = "compose.drafter-dir.yaml"  # mounts DRAFTER_DIR read-only, the DFlash2 drafter's folder
 
@@ -90,9 +91,18 @@ def run_as() -> tuple[int, int]:
     """The uid:gid the containers run as: SERVEKIT_UID/SERVEKIT_GID when set, else yours when you are not root
     (so that your 0600 key file is readable inside), else the image's user."""
     if os.environ.get("SERVEKIT_UID"):
-        uid = int(os.environ["SERVEKIT_UID"])
-        return uid, int(os.environ.get("SERVEKIT_GID") or uid)
+        uid = _id_setting("SERVEKIT_UID")
+        return uid, _id_setting("SERVEKIT_GID") if os.environ.get("SERVEKIT_GID") else uid
     return (os.getuid(), os.getgid()) if os.geteuid() != 0 else (IMAGE_UID, IMAGE_UID)
+
+
+def _id_setting(name: str) -> int:
+    """A numeric user or group id from the environment (it becomes Compose's `user:`, where a name or a word would
+    be looked up in the image, or be no user at all)."""
+    raw = os.environ[name].strip()
+    if not raw.isascii() or not raw.isdigit() or int(raw) > MAX_ID:
+        raise UserError(f"{name}={raw[:40]!r}: expected a numeric id from 0 to {MAX_ID}, e.g. {IMAGE_UID}")
+    return int(raw)
 
 
 def _owned_by_container(path: Path) -> None:
