@@ -101,6 +101,17 @@ def test_carried_packages_are_refused_in_one_line_when_one_is_missing(tmp_path):
         bootstrap.packages_folder(str(tmp_path / "absent"))
 
 
+def test_carried_packages_with_two_versions_of_one_are_refused_never_guessed(tmp_path):
+    """`9.0` sorts after `20.10.24` as text: which is newer is Debian's order, so the folder must hold one of each."""
+    for name in bootstrap.ENGINE_DEBS:
+        (tmp_path / f"{name}_1.0_amd64.deb").touch()
+    (tmp_path / "docker.io_9.0_amd64.deb").touch()
+    with pytest.raises(EnvironmentProblem) as refused:
+        bootstrap.packages_folder(str(tmp_path))
+    assert str(refused.value) == (f"{tmp_path}: 2 versions of docker.io (docker.io_1.0_amd64.deb, docker.io_9.0_amd64.deb)"
+                                  "; keep the one to install")
+
+
 @pytest.mark.slow
 def test_the_engine_unpacks_from_carried_debian_packages_and_its_programs_run(tmp_path):
     """What `make engine` does where no package index answers (SERVEKIT_ENGINE_PACKAGES): Debian 12's packages, as

@@ -96,3 +96,26 @@ def test_the_command_writes_into_the_matrix_series_folder(fork, repo, cli):
     assert [p.name for p in read_series(repo / "docker/patches")] == ["guard-step-5-against-none.patch",
                                                                        "add-the-knob-module.patch"]
     shutil.rmtree(repo / "docker/patches")
+
+
+@pytest.mark.parametrize("base, branch, says", [
+    ("--output=/tmp/servekit-pwned", "series", "--tag '--output=/tmp/servekit-pwned': expected a tag name"),
+    ("v0.31.0", "--upload-pack=touch /tmp/servekit-pwned", "--branch '--upload-pack"),
+    ("v0.31.0", "main..series", "expected a branch name"),
+    ("v0.31.0", "series\nmain", "expected a branch name"),
+    ("v0.99.0", "series", "--tag v0.99.0: "),
+])
+def test_a_tag_or_branch_that_is_no_name_never_reaches_git_as_an_option(fork, tmp_path, base, branch, says):
+    with pytest.raises(UserError) as refused:
+        export(fork, base, branch, tmp_path / "out")
+    assert says in str(refused.value) and "\n" not in str(refused.value), refused.value
+    assert not Path("/tmp/servekit-pwned").exists() and not (tmp_path / "out").exists()
+
+
+def test_a_commit_that_changes_a_binary_file_is_refused_not_exported_as_nothing(fork, tmp_path):
+    (fork / "vllm" / "kernel.bin").write_bytes(bytes(range(256)))
+    _git(fork, "add", "-A")
+    _git(fork, "commit", "-q", "-m", "Ship a kernel\n\nKind: feature\nWhat: a binary\nUpstream: none\n")
+    with pytest.raises(UserError, match=r"commit [0-9a-f]{12} \(Ship a kernel\) changes kernel.bin, a binary file"):
+        export(fork, "v0.31.0", "series", tmp_path / "out")
+    assert not (tmp_path / "out").exists()

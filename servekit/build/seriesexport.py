@@ -47,9 +47,30 @@ def _message_parts(message: str) -> tuple[list[str], dict[str, str]]:
     return prose, trailers
 
 
+def _commit(repo: Path, what: str, name: str) -> str:
+    """The commit a tag or branch name names; refused when it is no name (an option, a range, a line break), so that
+    nothing given here reaches git as anything but a revision."""
+    if not name or name.startswith("-") or ".." in name or any(c.isspace() or not c.isprintable() for c in name):
+        raise UserError(f"--{what} {name[:80]!r}: expected a {what} name such as "
+                        f"{'v0.31.0' if what == 'tag' else 'servekit-series'}")
+    done = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", "--end-of-options",
+                           f"{name}^{{commit}}"], capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise UserError(f"--{what} {name}: {repo} has no such {what}")
+    return done.stdout.strip()
+
+
+def _binary_files(repo: Path, sha: str) -> list[str]:
+    """The files under the package a commit changes as binary (git's numstat counts no lines for them): a patch
+    applied with `patch` carries text only, so their change would be exported as nothing."""
+    numstat = _git(repo, "diff", "--numstat", "--no-renames", f"--relative={PACKAGE}", f"{sha}^", sha, "--", PACKAGE)
+    return [line.split("\t", 2)[2] for line in numstat.splitlines() if line.startswith("-\t-\t")]
+
+
 def export(repo: Path, base: str, branch: str, out: Path) -> list[str]:
     """Write the series for `branch` over `base` into `out` (its .patch files and `series` replaced); the names."""
-    commits = _git(repo, "rev-list", "--reverse", "--topo-order", f"{base}..{branch}").split()
+    base_sha, branch_sha = _commit(repo, "tag", base), _commit(repo, "branch", branch)
+    commits = _git(repo, "rev-list", "--reverse", "--topo-order", f"{base_sha}..{branch_sha}").split()
     if not commits:
         raise UserError(f"{branch} has no commit on top of {base} in {repo}")
     cut = base.split("/")[-1]
@@ -61,6 +82,9 @@ def export(repo: Path, base: str, branch: str, out: Path) -> list[str]:
         if missing:
             raise UserError(f"commit {sha[:12]} ({subject}): no {', '.join(k + ':' for k in missing)} trailer in its "
                             "message; the series needs them (docs/build.md)")
+        if binary := _binary_files(repo, sha):
+            raise UserError(f"commit {sha[:12]} ({subject}) changes {binary[0]}, a binary file: a patch of the series "
+                            "carries text only; ship the file as a component (docs/build.md) or leave it out")
         diff = _git(repo, "diff", "--no-color", "--no-ext-diff", "--no-renames", f"--relative={PACKAGE}",
                     f"{sha}^", sha, "--", PACKAGE)
         if not diff.strip():

@@ -89,6 +89,11 @@ def packages_folder(given: str | None = None) -> Path | None:
     if missing:
         raise EnvironmentProblem(f"{folder}: no .deb of {', '.join(missing)}; fetch them where Debian's index answers: "
                                  f"`apt-get download {' '.join(ENGINE_DEBS)}`")
+    for name in ENGINE_DEBS:
+        debs = sorted(p.name for p in folder.glob(f"{name}_*.deb"))
+        if len(debs) > 1:  # which one is newer is Debian's version order, not the names' order: never guessed
+            raise EnvironmentProblem(f"{folder}: {len(debs)} versions of {name} ({', '.join(debs)}); keep the one "
+                                     "to install")
     return folder
 
 
@@ -97,7 +102,7 @@ def install_from_packages(folder: Path, say, root: Path = ENGINE_ROOT, bin_dir: 
     resolution), link its programs into `bin_dir`, and make its libraries known to the loader; the linked programs."""
     say(f"unpacking the engine's packages from {folder} into {root} (no package index used)")
     for name in ENGINE_DEBS:
-        deb = sorted(folder.glob(f"{name}_*.deb"))[-1]
+        (deb,) = folder.glob(f"{name}_*.deb")  # one each: packages_folder checked it
         done = run(["dpkg-deb", "-x", str(deb), str(root)], timeout=300)
         if done.returncode != 0:
             raise EnvironmentProblem(f"{deb.name}: dpkg-deb -x failed: {done.stderr.strip()[-300:]}")
