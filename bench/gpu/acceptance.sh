@@ -29,7 +29,8 @@ install)
     parts=$(cd "${2:-$PARTS}" && pwd)
     say "checking $(ls "$parts" | grep -c '^part-') parts"
     (cd "$parts" && sha256sum --check --quiet <(grep -v ' wheels/' SHA256SUMS))
-    rm -rf "$parts/wheels" && (cd "$parts" && cat part-* | tar -x && sha256sum --check --quiet \
+    only_named "$parts"
+    rm -rf -- "$parts/wheels" && (cd "$parts" && cat part-* | tar -x && sha256sum --check --quiet \
         <(grep ' wheels/' SHA256SUMS))
     say "$(ls "$parts/wheels" | wc -l) wheels verified"
     python3 -m venv --without-pip "$ENV"
@@ -54,7 +55,8 @@ import torch
 print("acceptance:", {d: m.version(d) for d in ("vllm", "torch", "triton", "flashinfer-python", "transformers")},
       torch.cuda.get_device_name(0))
 EOF
-    command -v patch >/dev/null || { mkdir -p "$HOME/bin" && cp "$parts/patch" "$HOME/bin/" && say "patch from the parts"; }
+    # patch from the parts (only_named checked it against SHA256SUMS) where the machine has none
+    command -v patch >/dev/null || { mkdir -p "$HOME/bin" && cp -- "$parts/patch" "$HOME/bin/" && say "patch from the parts"; }
     PATH=$HOME/bin:$PATH "$ENV/bin/python" build.py patch-env --python "$ENV/bin/python" --target cuda
     ;;
 run|sweep)

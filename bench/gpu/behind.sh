@@ -15,12 +15,15 @@ set -euo pipefail
 
 BEHIND=$HOME/behind
 say() { echo "behind: $*" >&2; }
+. "$(dirname "$0")/carried.sh"
 
 case "${1:-}" in
 start)
-    name=$2 line=$3
+    name=${2:-} line=${3:-}
+    plain_name NAME "$name"
+    [ -n "$line" ] || { say "start $name: expected the shell LINE to run"; exit 2; }
     folder=$BEHIND/$name
-    rm -rf "$folder" && mkdir -p "$folder"
+    rm -rf -- "$folder" && mkdir -p "$folder"
     printf '%s\n' "$line" > "$folder/line"
     cp -a . "$folder/tree"
     setsid nohup bash -c 'cd "$1/tree" && OUT=$1 bash "$1/line" > "$1/out.log" 2>&1; echo $? > "$1/rc"' _ "$folder" \
@@ -28,9 +31,11 @@ start)
     say "$name started"
     ;;
 wait)
-    name=$2 secs=$3
+    name=${2:-} secs=${3:-}
+    plain_name NAME "$name"
+    whole_number SECS "$secs"
     folder=$BEHIND/$name
-    deadline=$(( $(date +%s) + secs ))
+    deadline=$(( $(date +%s) + 10#$secs ))
     while [ ! -f "$folder/rc" ] && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done
     grep -v booting "$folder/out.log" | tail -n 25 || true
     tar -czf "${OUT:-.}/$name.tgz" -C "$BEHIND" --exclude "$name/tree" "$name"

@@ -28,8 +28,9 @@ take)
 setup)
     started=$(date +%s)
     (cd "$PARTS" && sha256sum --check --quiet SHA256SUMS)
+    only_named "$PARTS" IMAGE
     say "$(wc -l < "$PARTS/SHA256SUMS") parts checked"
-    rm -rf "$KIT" && cat "$PARTS"/kit-* | tar -x -C "$HOME"
+    rm -rf -- "$KIT" && cat "$PARTS"/kit-* | tar -x -C "$HOME"
     python3 -m venv --without-pip .venv
     site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     python3 -m pip install --quiet --no-index --no-deps --no-compile --target "$site" "$KIT"/wheels/*.whl
@@ -46,7 +47,8 @@ setup)
     say "ready in $(( $(date +%s) - started )) s: $tag ($image_id)"
     ;;
 run)
-    label=$2
+    label=${2:-}
+    plain_name LABEL "$label"
     shift 2
     restore
     mkdir -p reports
