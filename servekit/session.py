@@ -40,7 +40,8 @@ class Session:
 
     def check_target(self, target: str) -> str:
         if target not in self.matrix.targets:
-            raise UserError(f"--target {target}: no such target; expected one of {', '.join(self.matrix.targets)}")
+            shown = target if target.isprintable() else repr(target)
+            raise UserError(f"--target {shown}: no such target; expected one of {', '.join(self.matrix.targets)}")
         return target
 
     def default_target(self, engine: Engine | None = None) -> str:

@@ -479,6 +479,10 @@ ARGUMENTS = [
     (["port", "--to", "0.32.0", "--accept", "old_name=reviewed\nnew_name=smuggled"], "--accept", "U+000A"),
     (["port", "--to", "0.32.0", "--accept", "#old_name=a comment, read back as nothing"], "--accept", "NAME=REASON"),
     (["port", "--to", "0.32.0", "--accept", "old_name="], "--accept", "NAME=REASON"),
+    (["render", "k8s", "--profile", "default", "--out", "/proc/self"], "--out /proc/self",
+     "cannot write the manifests there"),
+    (["down", "nope"], "profile 'nope'", "expected one of default"),
+    (["plan", "--target", "cpu\n"], "--target 'cpu\\n'", "no such target"),
 ]
 
 
@@ -524,3 +528,12 @@ def test_a_numeric_user_and_group_id_are_taken(monkeypatch):
     assert run_as() == (4321, 4321)
     monkeypatch.setenv("SERVEKIT_GID", "0")
     assert run_as() == (4321, 0)
+
+
+@pytest.mark.parametrize("value, says", [("lots", "expected a finite number"), ("0", "expected at least 1"),
+                                         ("2.5", "expected a whole number"), ("1e9", "expected at most 100")])
+def test_a_push_attempts_setting_that_is_no_count_is_refused_before_anything_is_pushed(repo, cli, monkeypatch, value,
+                                                                                      says):
+    monkeypatch.setenv("SERVEKIT_PUSH_ATTEMPTS", value)
+    code, out, err = cli("--matrix", str(repo / "images.yaml"), "release", "--registry", "127.0.0.1:9/x")
+    _refused(code, err, f"SERVEKIT_PUSH_ATTEMPTS={value!r}", says)

@@ -21,6 +21,7 @@ from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_ex
 
 from servekit.engines.process import SCHEME as PROCESS_SCHEME
 from servekit.errors import CheckFailed, EnvironmentProblem, UserError
+from servekit.image.boundary import Refused, number_setting
 from servekit.config.matrix import Matrix
 from servekit.build.plan import TargetPlan
 from servekit.records.releases import manifest_path, write_manifest
@@ -159,7 +160,11 @@ def gate(matrix: Matrix, target: str, image_id: str, root: Path) -> dict[str, Pr
 
 
 def _attempts() -> int:
-    return int(os.environ.get("SERVEKIT_PUSH_ATTEMPTS", "5"))
+    """SERVEKIT_PUSH_ATTEMPTS: how many times a push is tried (default 5), a whole number from 1 to 100."""
+    attempts = number_setting(os.environ, "SERVEKIT_PUSH_ATTEMPTS", 5, 1, 100)
+    if not attempts.is_integer():
+        raise Refused(f"SERVEKIT_PUSH_ATTEMPTS={os.environ['SERVEKIT_PUSH_ATTEMPTS']!r}: expected a whole number")
+    return int(attempts)
 
 
 def push(client, image, repository: str, tag: str, say) -> str:
@@ -351,6 +356,7 @@ def release(session, registry: str | None = None, targets: list[str] | None = No
     """Push each target's checked image (all targets, or those named); (the manifest written, the records)."""
     from servekit.engines.docker import local
     matrix, root = session.matrix, session.root
+    _attempts()  # a bad setting is refused before anything is looked at, not between two pushes
     if tag_git and not dry_run:
         changes = dirty(root)
         if changes:

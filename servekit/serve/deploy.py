@@ -360,9 +360,11 @@ def logs(profile: str, engine: Engine | None = None, follow: bool = False, tail:
 
 def down_profiles(session, engine: Engine | None = None, profile: str | None = None) -> list[str]:
     """Stop and remove `profile`'s containers (every profile's when None) on `engine`; the profiles still there."""
+    matrix = session.matrix
+    if profile is not None and profile not in matrix.profiles:
+        raise UserError(f"profile {profile!r}: expected one of {', '.join(matrix.profiles)}")
     engine = engine or resolve(None)
     engine.check()
-    matrix = session.matrix
     dep = Deployment(session.root, next(iter(matrix.targets)), "native", "unused", matrix.serve.bind,
                      matrix.serve.port, engine=engine)
     if not dep.env_file.exists():

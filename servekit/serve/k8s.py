@@ -113,12 +113,17 @@ def to_yaml(doc: dict) -> str:
 
 
 def write(docs: list[dict], out: Path) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
+    from servekit.errors import UserError
     paths = []
-    for doc in docs:
-        path = out / f"{doc['kind'].lower()}-{doc['metadata']['name']}.yaml"
-        write_text(path, to_yaml(doc))
-        paths.append(path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for doc in docs:
+            path = out / f"{doc['kind'].lower()}-{doc['metadata']['name']}.yaml"
+            write_text(path, to_yaml(doc))
+            paths.append(path)
+    except OSError as exc:
+        raise UserError(f"--out {out}: cannot write the manifests there ({exc.strerror}); name a folder of yours") \
+            from None
     return paths
 
 
