@@ -3,7 +3,9 @@ stream: status, id, progressDetail {current, total}, then aux {Tag, Digest, Size
 
 from __future__ import annotations
 
-from servekit.release.registry import PushProgress, host_of
+import pytest
+
+from servekit.release.registry import PushProgress, TransientRegistryError, _follow, digest, host_of
 
 
 def test_names_resolve_as_docker_resolves_them():
@@ -21,8 +23,8 @@ EVENTS: list[dict] = [
     {"status": "Layer already exists", "progressDetail": {}, "id": "b2"},
     {"status": "Pushing", "progressDetail": {"current": 200_000_000, "total": 200_000_000}, "id": "a1"},
     {"status": "Pushed", "progressDetail": {}, "id": "a1"},
-    {"status": "v1: digest: sha256:0123 size: 528"},
-    {"progressDetail": {}, "aux": {"Tag": "v1", "Digest": "sha256:0123", "Size": 528}},
+    {"status": f"v1: digest: sha256:{'01' * 32} size: 528"},
+    {"progressDetail": {}, "aux": {"Tag": "v1", "Digest": f"sha256:{'01' * 32}", "Size": 528}},
 ]
 
 
@@ -39,3 +41,46 @@ def test_push_progress_is_plain_lines_in_a_log_and_one_live_line_on_a_terminal()
         term(event)
     assert len(live) == len(EVENTS) and all(on for _, on in live)
     assert live[3][0].startswith("push v1: 50 of 200 MB") and live[-1][0].endswith("2 layers done")
+
+
+# --- what the registry names is checked before it becomes a reference or a record (issue #47) ----------------------
+
+GOOD_DIGEST = "sha256:" + "ab" * 32
+
+
+class _Api:
+    def __init__(self, answer):
+        self.answer = answer
+
+    def inspect_distribution(self, reference):
+        return self.answer
+
+
+class _Client:
+    def __init__(self, answer=None, events=()):
+        self.api, self.events = _Api(answer), list(events)
+
+
+@pytest.mark.parametrize("answer", [{"Descriptor": {"digest": "sha256:../../etc"}}, {"Descriptor": {"digest": 7}},
+                                    {"Descriptor": {"digest": "md5:" + "0" * 32}}, ["Descriptor"], "nonsense"])
+def test_a_digest_the_registry_names_that_is_no_digest_is_not_believed(answer):
+    with pytest.raises(TransientRegistryError) as refused:
+        digest(_Client(answer), "127.0.0.1:5000/x/vllm-serve", "v1")
+    assert "reading 127.0.0.1:5000/x/vllm-serve:v1" in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_digest_of_the_right_form_is_taken_and_no_descriptor_is_no_tag():
+    assert digest(_Client({"Descriptor": {"digest": GOOD_DIGEST}}), "r/x", "v1") == GOOD_DIGEST
+    assert digest(_Client({"Descriptor": {}}), "r/x", "v1") is None
+
+
+@pytest.mark.parametrize("pushed, says", [("sha256:0123", "which is no sha256 digest"),
+                                          (["sha256:" + "0" * 64], "which is no sha256 digest")])
+def test_a_push_whose_stream_names_no_digest_is_not_believed(pushed, says):
+    events = [{"status": "Pushing", "progressDetail": {"current": "lots", "total": None}, "id": "a1"},
+              {"progressDetail": {}, "aux": {"Tag": "v1", "Digest": pushed}}]
+    with pytest.raises(TransientRegistryError, match=says):
+        _follow(lambda: iter(events), "r/x", "v1", "push", PushProgress("v1", lambda *a: None, terminal=True))
+    good = [*events[:1], {"aux": {"Tag": "v1", "Digest": GOOD_DIGEST}}]
+    assert _follow(lambda: iter(good), "r/x", "v1", "push", PushProgress("v1", lambda *a: None, terminal=True)) \
+        == GOOD_DIGEST

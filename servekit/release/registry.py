@@ -18,6 +18,7 @@ DENIED = re.compile(r"unauthorized|authentication required|denied|forbidden|inco
                     r"no basic auth credentials", re.I)
 UNREACHABLE = re.compile(r"connection refused|no such host|i/o timeout|connect: |EOF|server misbehaving", re.I)
 ACCESS_PROBE_TAG = "servekit-access-probe"  # a tag no release writes: reading it says whether we may read
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}")  # what a registry may name a manifest by; anything else is not believed
 
 
 class TransientRegistryError(Exception):
@@ -48,7 +49,8 @@ def digest(client, repository: str, tag: str) -> str | None:
     """The digest `repository:tag` names in its registry, or None when there is no such tag."""
     import docker
     try:
-        return client.api.inspect_distribution(f"{repository}:{tag}")["Descriptor"]["digest"]
+        found = (client.api.inspect_distribution(f"{repository}:{tag}").get("Descriptor") or {}).get("digest")
+        return _digest_or_none(found, f"reading {repository}:{tag}")
     except docker.errors.NotFound:
         return None
     except docker.errors.APIError as exc:
@@ -62,6 +64,17 @@ def digest(client, repository: str, tag: str) -> str | None:
         raise TransientRegistryError(f"reading {repository}:{tag}: {reason}") from None
     except requests.RequestException as exc:
         raise TransientRegistryError(f"the engine lost the request: {type(exc).__name__}") from None
+    except AttributeError:  # an answer that is not an object
+        raise TransientRegistryError(f"reading {repository}:{tag}: the engine's answer has no descriptor") from None
+
+
+def _digest_or_none(found, what: str) -> str | None:
+    """A digest as the registry gave it, checked: a value of another form would become a reference and a record."""
+    if found is None:
+        return None
+    if not isinstance(found, str) or not DIGEST.fullmatch(found):
+        raise TransientRegistryError(f"{what}: the registry named {str(found)[:80]!r}, which is no sha256 digest")
+    return found
 
 
 def check_access(client, repository: str) -> None:
@@ -120,8 +133,9 @@ class PushProgress:
     def __call__(self, event: dict) -> None:
         layer, status = event.get("id"), event.get("status") or ""
         detail = event.get("progressDetail") or {}
-        if layer and detail.get("total"):
-            self.layers[layer] = (int(detail.get("current") or 0), int(detail["total"]))
+        if layer and isinstance(detail, dict) and isinstance(detail.get("total"), int):  # a figure, or not counted
+            current = detail.get("current")
+            self.layers[layer] = (current if isinstance(current, int) else 0, detail["total"])
         if layer and status.startswith(self.DONE):
             self.done.add(layer)
             if layer in self.layers:
@@ -152,7 +166,9 @@ def _follow(start, repository: str, tag: str, verb: str, progress=None) -> str |
                 raise TransientRegistryError(reason)
             if progress:
                 progress(event)
-            digest = (event.get("aux") or {}).get("Digest") or digest
+            aux = event.get("aux")
+            digest = _digest_or_none(aux.get("Digest"), f"the {verb} of {repository}:{tag}") \
+                if isinstance(aux, dict) and aux.get("Digest") is not None else digest
     except requests.RequestException as exc:
         raise TransientRegistryError(f"the engine lost the {verb}: {type(exc).__name__}") from None
     return digest
