@@ -1,10 +1,14 @@
-"""One build, boot or release at a time in a checkout: they share the engine's port, the Compose project,
-compose/.env and the key. A second command waits (saying for whom) until the first ends, up to a deadline."""
+"""Waits for one holder at a time, each with a deadline, saying for whom: one build, boot or release at a time in a
+checkout (they share the engine's port, the Compose project, compose/.env and the key), and one build of an image
+tag (or a base) at a time on a machine, whatever the checkout: the builder's own tag and the canonical pass belong
+to the engine, which every checkout of this machine shares."""
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -12,13 +16,18 @@ from pathlib import Path
 from servekit.errors import EnvironmentProblem
 
 WAIT_S = 3600.0
+MACHINE_LOCKS = Path(tempfile.gettempdir()) / "servekit-locks"
 
 
 @contextmanager
-def exclusive(cache: Path, what: str, say=print, wait_s: float = WAIT_S):
+def exclusive(cache: Path, what: str, say=print, wait_s: float = WAIT_S, name: str = "servekit.exclusive",
+              scope: str = "one build, boot or release at a time in this checkout"):
     cache.mkdir(parents=True, exist_ok=True)
-    path = cache / "servekit.exclusive"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    path = cache / name
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        raise EnvironmentProblem(f"{path}: cannot be opened as a lock ({exc.strerror})") from None
     try:
         deadline, told = time.monotonic() + wait_s, False
         while True:
@@ -28,7 +37,7 @@ def exclusive(cache: Path, what: str, say=print, wait_s: float = WAIT_S):
             except BlockingIOError:
                 if not told:
                     holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another servekit command"
-                    say(f"waiting for {holder} to finish: one build, boot or release at a time in this checkout")
+                    say(f"waiting for {holder} to finish: {scope}")
                     told = True
                 if time.monotonic() > deadline:
                     raise EnvironmentProblem(f"{path} was held for {wait_s:.0f} s; if no servekit command is "
@@ -39,3 +48,11 @@ def exclusive(cache: Path, what: str, say=print, wait_s: float = WAIT_S):
         yield
     finally:
         os.close(fd)  # closing releases the lock
+
+
+def machine_wide(kind: str, key: str, say=print, wait_s: float = WAIT_S):
+    """One `kind` (a build, a base) of `key` (an image tag, a base image) at a time on this machine, whichever
+    checkout asks."""
+    name = hashlib.sha256(f"{kind} {key}".encode()).hexdigest()[:24] + ".lock"
+    return exclusive(MACHINE_LOCKS, f"{kind} of {key}", say, wait_s, name=name,
+                     scope=f"one {kind} of {key} at a time on this machine")

@@ -142,3 +142,32 @@ def test_the_environments_own_version_wins_over_a_later_folders_however_spelt(tm
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
     (site / "zz-machine.pth").write_text(f"{machine}\n")
     assert engine.versions()["huggingface-hub"] == "1.32.0"
+
+
+def test_one_build_of_a_tag_at_a_time_on_the_machine_whichever_checkout_asks(tmp_path, monkeypatch):
+    """Two checkouts building one tag share the engine's builder tag: the second waits, saying for whom, and a
+    different tag does not wait."""
+    import os
+    import threading
+
+    from servekit import exclusive
+    monkeypatch.setattr(exclusive, "MACHINE_LOCKS", tmp_path / "locks")
+    said: list[str] = []
+    holding, release = threading.Event(), threading.Event()
+
+    def first():
+        with exclusive.machine_wide("build", "vllm-serve:1-cpu-abc", say=said.append):
+            holding.set()
+            release.wait(30)
+
+    worker = threading.Thread(target=first)
+    worker.start()
+    assert holding.wait(30)
+    with exclusive.machine_wide("build", "vllm-serve:1-cpu-other", say=said.append):
+        assert said == []  # another tag: no wait
+    threading.Timer(1.0, release.set).start()
+    with exclusive.machine_wide("build", "vllm-serve:1-cpu-abc", say=said.append):
+        assert release.is_set()  # held only once the first let go
+    worker.join(30)
+    assert said == [f"waiting for pid {os.getpid()} (build of vllm-serve:1-cpu-abc) to finish: one build of "
+                    "vllm-serve:1-cpu-abc at a time on this machine"]

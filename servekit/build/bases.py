@@ -22,6 +22,7 @@ from pathlib import Path
 
 from servekit.engines.bootstrap import apt_install, can_install
 from servekit.errors import EnvironmentProblem
+from servekit.exclusive import machine_wide
 from servekit.config.matrix import Base
 from servekit.trust import ca_bundle
 
@@ -67,6 +68,13 @@ def ensure_made_base(name: str, base: Base, cache_dir: Path, say=print) -> bool:
     """Make `base` unless an image of this very definition is there; True when it was made now."""
     if made_base_current(base):
         return False
+    with machine_wide("base", base.image, say=say):  # two checkouts making one base would import it twice
+        if made_base_current(base):  # made by another while this one waited
+            return False
+        return _make_now(name, base, cache_dir, say)
+
+
+def _make_now(name: str, base: Base, cache_dir: Path, say) -> bool:
     if not shutil.which("debootstrap"):
         if not can_install():
             raise EnvironmentProblem(f"base {name} ({base.image}) is made with debootstrap, which needs root on "

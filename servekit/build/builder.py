@@ -29,6 +29,7 @@ from servekit.atomic import write_text
 from servekit.build.bases import ensure_made_base
 from servekit.engines.docker import local
 from servekit.errors import EnvironmentProblem, UserError
+from servekit.exclusive import machine_wide
 from servekit.output import as_output
 from servekit.build.index import IndexUnreachable, normalize, release_exists
 from servekit.config.matrix import Matrix, substitute
@@ -346,12 +347,15 @@ def build_image(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSet
     say = as_output(say)
     if not force and local().image_exists(plan.tag):
         return BuildResult(plan.target, plan.tag, False, 0.0, None)
-    extra_indexes, wheels, lock = preflight(matrix, plan, root, settings, say)
-    try:
-        return _build(matrix, plan, root, _prepare_context(matrix, plan, root, wheels, lock), extra_indexes, no_cache,
-                      say)
-    finally:
-        shutil.rmtree(root / WHEELHOUSE, ignore_errors=True)
+    with machine_wide("build", plan.tag, say=say):  # the builder's tag and the canonical pass are the engine's
+        if not force and local().image_exists(plan.tag):  # built by another checkout while this one waited
+            return BuildResult(plan.target, plan.tag, False, 0.0, None)
+        extra_indexes, wheels, lock = preflight(matrix, plan, root, settings, say)
+        try:
+            return _build(matrix, plan, root, _prepare_context(matrix, plan, root, wheels, lock), extra_indexes,
+                          no_cache, say)
+        finally:
+            shutil.rmtree(root / WHEELHOUSE, ignore_errors=True)
 
 
 def _build(matrix: Matrix, plan: TargetPlan, root: Path, workdir: Path, extra_indexes: list[str], no_cache: bool,
