@@ -58,13 +58,18 @@ schema: $(STAMP)
 derived: $(STAMP)
 	$(PY) build.py derive
 
+# Parallel workers (pytest-xdist): each module is one worker's (its module-wide server boots once), each worker has
+# its own Compose project and port, and builds of one tag wait for each other machine-wide. WORKERS=0: one process.
+WORKERS ?= 2
+XDIST = $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
+
 # --durations: CI's log names the slowest tests, what to look at first when the run nears its 75 minutes.
 test: lint
 	$(PY) build.py engine --test-tools
-	$(PY) -m pytest --durations=25
+	$(PY) -m pytest --durations=25 $(XDIST)
 
 test-fast: lint
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -m "not slow" $(XDIST)
 
 # The whole tree through ruff and mypy (pyproject.toml configures both); the Dockerfile through hadolint in the tests.
 lint: $(STAMP)

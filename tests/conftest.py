@@ -23,13 +23,30 @@ def pytest_configure(config):
     os.environ["SERVEKIT_PROJECT"] = TEST_PROJECT  # for the commands run in-process and in subprocesses alike
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(session, config, items):
-    """The check that the checkout was left alone runs after every other test, whatever the files' names."""
+    """The check that the checkout was left alone runs after every other test, whatever the files' names; under
+    pytest-xdist (`make test` runs two workers) the controller runs it once every worker has ended, and each module
+    is one group of one worker, so that its module-wide fixtures (a server it boots once) run once. A module that
+    shares something outside itself with another (the second engine) names a group of its own."""
     items.sort(key=lambda item: item.nodeid.endswith(LEFT_ALONE))
+    if support.WORKER:
+        items[:] = [item for item in items if not item.nodeid.endswith(LEFT_ALONE)]
+    for item in items:
+        if not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
 def pytest_sessionfinish(session, exitstatus):
     support.cleanup()
+    if not support.WORKER and session.config.pluginmanager.hasplugin("dsession"):  # a parallel run's controller
+        left = support.left_as_found()
+        if left:
+            reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+            reporter.ensure_newline()
+            reporter.write_line(f"FAILED the checkout and its servers are not as the tests found them: {left}",
+                                red=True)
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def copied() -> tuple[str, ...]:
@@ -41,11 +58,13 @@ def copied() -> tuple[str, ...]:
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    """A copy of the matrix and its mirror files; the caches come along so tests stay fast."""
+    """A copy of the matrix and its mirror files (serving on the tests' port); the caches come along so tests stay
+    fast."""
     for rel in copied():
         src, dst = ROOT / rel, tmp_path / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
+    support.on_test_port(tmp_path / "images.yaml")
     cache = ROOT / ".cache" / "metadata"
     if cache.is_dir():
         shutil.copytree(cache, tmp_path / ".cache" / "metadata")  # a copy: tests delete from it

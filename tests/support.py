@@ -20,8 +20,11 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TEST_PROJECT = "servekit-test"
-TEST_PORT = 18000  # the tests' servers publish here, never on a developer's serve.port (18020)
+# Under pytest-xdist each worker (gw0, gw1, ...) has a project and a port of its own: workers share the engine.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+TEST_PROJECT = "servekit-test" + (f"-{WORKER}" if WORKER else "")
+_WORKER_INDEX = int(WORKER[2:]) if WORKER[2:].isdigit() else 0
+TEST_PORT = 18000 + 100 * _WORKER_INDEX  # 18000, 18100, ...: never a developer's serve.port (18020)
 STATE_AT_START: dict = {}  # checkout_state() when the session began (conftest's pytest_configure)
 
 
@@ -82,11 +85,15 @@ def tracked_copy(dst: Path) -> Path:
         if (ROOT / ".cache" / cache).is_dir():
             (dst / ".cache").mkdir(exist_ok=True)
             os.symlink(ROOT / ".cache" / cache, dst / ".cache" / cache)
-    matrix = dst / "images.yaml"
+    on_test_port(dst / "images.yaml")
+    return dst
+
+
+def on_test_port(matrix: Path) -> None:
+    """The matrix at `matrix` serving on TEST_PORT, not the developer's serve.port."""
     text = matrix.read_text()
     assert "\n  port: 18020\n" in text
     matrix.write_text(text.replace("\n  port: 18020\n", f"\n  port: {TEST_PORT}\n"))
-    return dst
 
 
 def with_prebuilt_cubins(root: Path) -> Path:
@@ -114,6 +121,12 @@ def checkout_state() -> dict:
         "servers": subprocess.run(["docker", "ps", "-aq", "--filter", "label=com.docker.compose.project=servekit"],
                                   capture_output=True, text=True).stdout.split() if shutil.which("docker") else [],
     }
+
+
+def left_as_found() -> dict:
+    """What differs from STATE_AT_START in the checkout and the developer's servers (nothing, when left alone)."""
+    now = checkout_state()
+    return {k: v for k, v in now.items() if v != STATE_AT_START[k]}
 
 
 def project_containers() -> list[str]:

@@ -19,6 +19,8 @@ from servekit.errors import UserError
 from servekit.engines import resolve
 from servekit.engines.docker import address, reach, tunnel_command
 
+pytestmark = pytest.mark.xdist_group("second-engine")  # one second engine on this machine: test_release's too
+
 
 
 # --- engine names, addresses and tunnels (no engine) -------------------------------------------

@@ -129,7 +129,7 @@ def test_bump_to_a_release_that_does_not_exist(repo, cli):
 
 def test_bump_refuses_garbage(repo, cli):
     code, _, err = cli("--matrix", str(repo / "images.yaml"), "bump", "--to", "latest")
-    assert code == 2 and "not a version" in err
+    assert code == 2 and "--to: expected a version such as 0.32.0, found 'latest'" in err
 
 
 def test_plan_json_lists_both_targets(repo, cli):

@@ -19,7 +19,7 @@ from support import ROOT, work_dir, run_build_py, tracked_copy
 from servekit.config.load import load_matrix
 from servekit.release.localregistry import start_registry
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow]
+pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.xdist_group("second-engine")]  # test_fleet's too
 
 
 def _free_port() -> int:
