@@ -537,3 +537,13 @@ def test_a_push_attempts_setting_that_is_no_count_is_refused_before_anything_is_
     monkeypatch.setenv("SERVEKIT_PUSH_ATTEMPTS", value)
     code, out, err = cli("--matrix", str(repo / "images.yaml"), "release", "--registry", "127.0.0.1:9/x")
     _refused(code, err, f"SERVEKIT_PUSH_ATTEMPTS={value!r}", says)
+
+
+@pytest.mark.parametrize("value, attempts", [(None, 5), ("", 5), ("3", 3), (" 7 ", 7), ("2.0", 2)])
+def test_push_attempts_unset_or_a_whole_number_is_taken(monkeypatch, value, attempts):
+    from servekit.release.publish import _attempts
+    if value is None:
+        monkeypatch.delenv("SERVEKIT_PUSH_ATTEMPTS", raising=False)
+    else:
+        monkeypatch.setenv("SERVEKIT_PUSH_ATTEMPTS", value)
+    assert _attempts() == attempts

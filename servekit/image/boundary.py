@@ -80,7 +80,7 @@ def number_setting(environ, name: str, default: float, low: float, high: float, 
     naming the setting, when it is anything else."""
     raw = (environ.get(name) or "").strip()
     if not raw:
-        return default
+        return float(default)
     try:
         value = float(raw)
     except ValueError:

@@ -162,7 +162,7 @@ def gate(matrix: Matrix, target: str, image_id: str, root: Path) -> dict[str, Pr
 def _attempts() -> int:
     """SERVEKIT_PUSH_ATTEMPTS: how many times a push is tried (default 5), a whole number from 1 to 100."""
     attempts = number_setting(os.environ, "SERVEKIT_PUSH_ATTEMPTS", 5, 1, 100)
-    if not attempts.is_integer():
+    if attempts != int(attempts):
         raise Refused(f"SERVEKIT_PUSH_ATTEMPTS={os.environ['SERVEKIT_PUSH_ATTEMPTS']!r}: expected a whole number")
     return int(attempts)
 
