@@ -10,6 +10,7 @@ images and build cache serve both.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -17,6 +18,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -171,3 +174,17 @@ def follow_logs(*argv: str, wanted: str, within_s: float = 60) -> tuple[bool, in
         proc.kill()
         code = proc.wait()
     return following, code
+
+
+@contextlib.contextmanager
+def serving(handler):
+    """A stand-in HTTP server of `handler` on 127.0.0.1 (a free port), each request in a daemon thread; shut down
+    when the block ends."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()

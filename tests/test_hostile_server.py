@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from servekit.serve.checks import smoke
 from servekit.smoke import Context, run_check
+from support import serving
 
 DEADLINE_S = 3.0
 
@@ -50,13 +51,9 @@ class Hostile(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def hostile():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Hostile)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server
-    Hostile.stop.set()
-    server.shutdown()
-    server.server_close()
+    with serving(Hostile) as server:
+        yield server
+        Hostile.stop.set()
     Hostile.stop = threading.Event()
 
 

@@ -9,12 +9,13 @@ import hashlib
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 
 from servekit.build import index
+from support import serving
 
 WHEEL = b"PK\x05\x06" + bytes(18)  # an empty zip: the bytes of a wheel, as far as a download is concerned
 NAME = "vllm-0.32.0-cp38-abi3-manylinux1_x86_64.whl"
@@ -63,13 +64,9 @@ class Index(BaseHTTPRequestHandler):
 def stand_in():
     Index.answer, Index.trickle, Index.stop = (200, index.JSON_ACCEPT, json.dumps(_listing()).encode()), False, \
         threading.Event()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Index)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}/simple"
-    Index.stop.set()
-    server.shutdown()
-    server.server_close()
+    with serving(Index) as server:
+        yield f"http://127.0.0.1:{server.server_port}/simple"
+        Index.stop.set()
 
 
 def test_a_listing_with_a_relative_url_and_its_hash_downloads_the_wheel(stand_in, tmp_path):

@@ -12,13 +12,13 @@ import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 import yaml
 
-from support import ROOT
+from support import ROOT, serving
 
 LAUNCHER = ROOT / "servekit/image/launcher.py"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -139,13 +139,9 @@ class Hub(BaseHTTPRequestHandler):
 def hub():
     Hub.repos, Hub.drop_once, Hub.ranges, Hub.resolved = {"org/model": _repo(2), "org/drafter": _repo(1)}, set(), [], []
     Hub.sha, Hub.trickle, Hub.hang, Hub.stop = COMMIT, set(), threading.Event(), threading.Event()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Hub)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    Hub.stop.set()
-    server.shutdown()
-    server.server_close()
+    with serving(Hub) as server:
+        yield f"http://127.0.0.1:{server.server_port}"
+        Hub.stop.set()
 
 
 def _profiles(tmp_path: Path, **model) -> Path:

@@ -42,15 +42,17 @@ class NotOnIndex(UserError):
     """The index answered, and it does not have that release."""
 
 
-def within(seconds: float, what: str, call):
-    """call()'s result, or its exception, within `seconds` for the whole of it; IndexUnreachable past them. The
-    call runs in a daemon thread: a read stuck on a trickling server cannot be interrupted, but it no longer holds
-    the command, which ends with the error."""
+def within(seconds: float, what: str, index_url: str, call):
+    """call()'s result, or its exception (requests' own as IndexUnreachable), within `seconds` for the whole of it;
+    IndexUnreachable past them. The call runs in a daemon thread: a read stuck on a trickling server cannot be
+    interrupted, but it no longer holds the command, which ends with the error."""
     box: dict = {}
 
     def run() -> None:
         try:
             box["result"] = call()
+        except requests.RequestException as exc:
+            box["error"] = IndexUnreachable(f"{index_url} could not be reached ({type(exc).__name__})")
         except BaseException as exc:  # handed to the caller's thread
             box["error"] = exc
 
@@ -130,26 +132,39 @@ def _parse(text: str) -> Metadata:
                     headers.get("Requires-Python"))
 
 
+def _listing(get, name: str, index_url: str, auth: tuple[str, str] | None = None) -> requests.Response | None:
+    """The index's listing of project `name` (PEP 691 asked for), or None when it has no such project;
+    IndexUnreachable for any other answer than those two."""
+    listing = get(f"{index_url.rstrip('/')}/{normalize(name)}/", headers={"Accept": JSON_ACCEPT}, timeout=TIMEOUT,
+                  verify=requests_verify(), auth=auth)
+    if listing.status_code == 404:
+        return None
+    if listing.status_code != 200:
+        raise IndexUnreachable(f"{index_url} answered HTTP {listing.status_code} for {name}")
+    return listing
+
+
+def _no_listing(index_url: str, name: str, exc: Exception) -> IndexUnreachable:
+    return IndexUnreachable(f"{index_url} answered for {name} with no PEP 691 listing ({str(exc)[:120]})")
+
+
 def _wheel_entry(session: requests.Session, name: str, version: str, index_url: str, platform: str) -> dict:
     """The index's entry (PEP 691) for the wheel of `name==version` that suits the platform, its url absolute;
     IndexUnreachable when the answer is not a PEP 691 listing."""
-    listing = session.get(f"{index_url.rstrip('/')}/{normalize(name)}/", headers={"Accept": JSON_ACCEPT},
-                          timeout=TIMEOUT, verify=requests_verify())
-    if listing.status_code == 404:
+    listing = _listing(session.get, name, index_url)
+    if listing is None:
         raise NotOnIndex(f"{name} is not on {index_url}")
-    if listing.status_code != 200:
-        raise IndexUnreachable(f"{index_url} answered HTTP {listing.status_code} for {name}")
     if "json" not in listing.headers.get("Content-Type", ""):
         raise IndexUnreachable(f"{index_url} does not answer in PEP 691 JSON (it sent "
                                f"{listing.headers.get('Content-Type') or 'no Content-Type'})")
     try:
         files = listing.json()["files"]
-        entries = [f for f in files if _entry_problem(f) is None]
-        if len(entries) != len(files):
-            raise ValueError(next(p for f in files if (p := _entry_problem(f))))
+        problems = [problem for f in files if (problem := _entry_problem(f))]
     except (ValueError, KeyError, TypeError) as exc:
-        raise IndexUnreachable(f"{index_url} answered for {name} with no PEP 691 listing ({str(exc)[:120]})") from None
-    wheel = _pick_wheel(entries, name, version, platform)
+        raise _no_listing(index_url, name, exc) from None
+    if problems:
+        raise _no_listing(index_url, name, ValueError(problems[0]))
+    wheel = _pick_wheel(files, name, version, platform)
     if wheel is None:
         raise NotOnIndex(f"{index_url} has no wheel of {name}=={version}")
     return {**wheel, "url": urljoin(listing.url, wheel["url"])}  # PEP 691 lets a url be relative to the listing
@@ -173,7 +188,7 @@ def fetch_metadata(name: str, version: str, index_url: str, cache_dir: Path,
     text = _cached_metadata(cached, name, version)
     if text is not None:
         return _parse(text)
-    text = within(EXCHANGE_DEADLINE_S, f"{index_url}: the METADATA of {name} {version}",
+    text = within(EXCHANGE_DEADLINE_S, f"{index_url}: the METADATA of {name} {version}", index_url,
                   lambda: _read_metadata(name, version, index_url, platform))
     parsed = _parse(text)
     if normalize(parsed.name or "") != normalize(name) or parsed.version != version:
@@ -196,8 +211,6 @@ def _read_metadata(name: str, version: str, index_url: str, platform: str) -> st
             if member is None:
                 raise IndexUnreachable(f"{index_url}: the wheel of {name} {version} holds no METADATA")
             return whl.read(member).decode("utf-8")
-    except requests.RequestException as exc:
-        raise IndexUnreachable(f"{index_url} could not be reached ({type(exc).__name__})") from None
     except (zipfile.BadZipFile, UnicodeDecodeError, ValueError, KeyError) as exc:
         raise IndexUnreachable(f"{index_url} served no readable wheel of {name} {version} ({str(exc)[:120]})") \
             from None
@@ -215,17 +228,14 @@ def _cached_metadata(path: Path, name: str, version: str) -> str | None:
 
 def release_exists(name: str, version: str, index_url: str, auth: tuple[str, str] | None = None) -> bool:
     """Whether the index lists any file of that release; raises IndexUnreachable."""
-    return within(EXCHANGE_DEADLINE_S, f"{index_url}: the listing of {name}",
-                  lambda: _asked(index_url, lambda: _lists_release(name, version, index_url, auth)))
+    return within(EXCHANGE_DEADLINE_S, f"{index_url}: the listing of {name}", index_url,
+                  lambda: _lists_release(name, version, index_url, auth))
 
 
 def _lists_release(name: str, version: str, index_url: str, auth: tuple[str, str] | None) -> bool:
-    listing = requests.get(f"{index_url.rstrip('/')}/{normalize(name)}/", headers={"Accept": JSON_ACCEPT},
-                           timeout=TIMEOUT, verify=requests_verify(), auth=auth)
-    if listing.status_code == 404:
+    listing = _listing(requests.get, name, index_url, auth)
+    if listing is None:
         return False
-    if listing.status_code != 200:
-        raise IndexUnreachable(f"{index_url} answered HTTP {listing.status_code} for {name}")
     if "json" in listing.headers.get("Content-Type", ""):
         try:
             data = listing.json()
@@ -233,8 +243,7 @@ def _lists_release(name: str, version: str, index_url: str, auth: tuple[str, str
                 return version in data["versions"]
             return _names_release((f.get("filename", "") for f in data.get("files", [])), name, version)
         except (ValueError, TypeError, AttributeError) as exc:
-            raise IndexUnreachable(f"{index_url} answered for {name} with no PEP 691 listing ({str(exc)[:120]})") \
-                from None
+            raise _no_listing(index_url, name, exc) from None
     # An HTML-only index (PEP 503): look for a file of that release among the links' texts and targets.
     return _names_release(re.findall(r"[^\s\"'<>/=]+\.(?:whl|tar\.gz|zip)", unquote(listing.text)), name, version)
 
@@ -251,8 +260,8 @@ def download_wheel(name: str, version: str, index_url: str, dest: Path, platform
     """The wheel of `name==version` for the platform, downloaded once into `dest` and checked against the sha256
     its listing names."""
     session = requests.Session()
-    wheel = within(EXCHANGE_DEADLINE_S, f"{index_url}: the listing of {name}",
-                   lambda: _asked(index_url, lambda: _wheel_entry(session, name, version, index_url, platform)))
+    wheel = within(EXCHANGE_DEADLINE_S, f"{index_url}: the listing of {name}", index_url,
+                   lambda: _wheel_entry(session, name, version, index_url, platform))
     path = dest / wheel["filename"]
     sha256 = (wheel.get("hashes") or {}).get("sha256")
     if path.is_file() and (_sha256(path) == sha256 if sha256 else path.stat().st_size == wheel.get("size")):
@@ -260,21 +269,14 @@ def download_wheel(name: str, version: str, index_url: str, dest: Path, platform
     dest.mkdir(parents=True, exist_ok=True)
     size = wheel.get("size") if isinstance(wheel.get("size"), int) else 0
     partial = path.with_suffix(".part")
-    within(WHEEL_DEADLINE_S + size / WHEEL_MIN_RATE, f"{index_url}: {wheel['filename']}",
-           lambda: _asked(index_url, lambda: _fetch(session, wheel["url"], partial)))
+    within(WHEEL_DEADLINE_S + size / WHEEL_MIN_RATE, f"{index_url}: {wheel['filename']}", index_url,
+           lambda: _fetch(session, wheel["url"], partial))
     if sha256 and _sha256(partial) != sha256:
         partial.unlink()
         raise IndexUnreachable(f"{index_url} served a {wheel['filename']} whose sha256 is not the one its listing "
                                "names; removed, not used")
     partial.rename(path)  # only a whole, checked file gets the wheel's name
     return path
-
-
-def _asked(index_url: str, call):
-    try:
-        return call()
-    except requests.RequestException as exc:
-        raise IndexUnreachable(f"{index_url} could not be reached ({type(exc).__name__})") from None
 
 
 def _fetch(session: requests.Session, url: str, out_path: Path) -> None:

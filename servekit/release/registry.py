@@ -156,7 +156,7 @@ def _follow(start, repository: str, tag: str, verb: str, progress=None) -> str |
     """Start a push or pull (`start()` gives the engine's stream of events; the request may fail as it starts) and
     read it to its end; the last digest it reports. A refusal of our credentials raises RegistryAuthError at once;
     anything else the engine reports raises TransientRegistryError."""
-    digest = None
+    reported = None
     try:
         for event in start():
             if "error" in event:
@@ -167,11 +167,11 @@ def _follow(start, repository: str, tag: str, verb: str, progress=None) -> str |
             if progress:
                 progress(event)
             aux = event.get("aux")
-            digest = _digest_or_none(aux.get("Digest"), f"the {verb} of {repository}:{tag}") \
-                if isinstance(aux, dict) and aux.get("Digest") is not None else digest
+            if isinstance(aux, dict) and aux.get("Digest") is not None:
+                reported = _digest_or_none(aux["Digest"], f"the {verb} of {repository}:{tag}")
     except requests.RequestException as exc:
         raise TransientRegistryError(f"the engine lost the {verb}: {type(exc).__name__}") from None
-    return digest
+    return reported
 
 
 def push(client, repository: str, tag: str, progress=None) -> str | None:
