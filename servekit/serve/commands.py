@@ -131,8 +131,9 @@ def smoke_running(session, profile: str, target: str | None = None, engine=None,
     with (nullcontext(url) if url else engines.reach(engine, dep.bind, port)) as base_url:
         ctx = Context(base_url.rstrip("/"), api_key, matrix.models[matrix.targets[target].model].served_name,
                       gpu=matrix.targets[target].gpu, logs=logs, environ=environ, healthy_line=healthy_line)
-        if timeout_s:  # --timeout: the bound of every check, each wait between bytes within it
-            ctx = replace(ctx, check_deadline_s=timeout_s, timeout_s=timeout_s, deadline_scales=False)
+        if timeout_s:  # --timeout: the bound of every check; a wait between bytes ends a second after it, so that
+            # the deadline, never a read timeout racing it, names a check that got no answer
+            ctx = replace(ctx, check_deadline_s=timeout_s, timeout_s=timeout_s + 1, deadline_scales=False)
         results = smoke(ctx, checks_to_run(matrix, profile, target, only, host), on_result=on_result)
         for result in not_required_results(matrix, profile, target, only):
             results.append(result)
