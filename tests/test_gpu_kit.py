@@ -1,14 +1,15 @@
-"""The GPU kit (bench/gpu/): a part fits one command sent to the host beside the tree it travels with, what a visit keeps, and
-the process engine's environment holds the host tool's own dependencies."""
+"""The kit for an air-gapped GPU host (bench/gpu/): pack's flags and parts, and the driver's checks before it uses
+a part, a folder or a model."""
 
 from __future__ import annotations
 
+import argparse
 import hashlib
+import io
+import os
 import re
-import shlex
 import subprocess
 import sys
-import tomllib
 
 import pytest
 
@@ -16,163 +17,129 @@ from support import ROOT
 
 sys.path.insert(0, str(ROOT / "bench" / "gpu"))
 import pack  # noqa: E402
-import wheels  # noqa: E402
+
+AIRGAP = ROOT / "bench" / "gpu" / "airgap.sh"
 
 
-def test_a_part_and_the_sparse_tree_fit_one_call():
-    assert pack.tree_bytes() + pack.part_bytes() <= pack.CALL_BYTES
+def test_the_part_size_is_a_flag_of_whole_mib_down_to_one():
+    assert pack.parse(["out"]).part_size == pack.DEFAULT_PART_MIB == 256
+    assert pack.parse(["out", "--part-size", "1"]).part_size == 1
+    assert pack.parse(["out", "--python", "3.11"]).python == "3.11"
+    assert pack.parse(["out"]).python == f"{sys.version_info[0]}.{sys.version_info[1]}"
+    for bad in ("0", "-1", "1.5", "64MiB", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="expected a whole number of MiB"):
+            pack.part_size(bad)
+    for bad in ("3", "2.7", "3.x", "3.12.1"):
+        with pytest.raises(argparse.ArgumentTypeError, match="expected the host's Python"):
+            pack.python_version(bad)
 
 
-def test_what_travels_once_is_tracked_and_what_the_visit_serves():
-    tracked = subprocess.run(["git", "ls-files", *pack.TRAVEL_ONCE], cwd=ROOT, capture_output=True, text=True,
-                             check=True).stdout.split()
-    for folder in pack.TRAVEL_ONCE:  # a renamed folder would travel with every part again, or not at all
-        assert any(name.startswith(folder) for name in tracked), folder
-    served = (ROOT / "bench" / "gpu" / "carried.sh").read_text()  # the folders visit.sh and acceptance.sh serve
-    assert "\"${SERVEKIT_GPU_MODEL:-$PWD/bench/gpu/qwen35-mini}\"" in served
-    assert "bench/gpu/qwen35-mini/" in pack.TRAVEL_ONCE and "bench/gpu/qwen35-mini-dflash2/" in pack.TRAVEL_ONCE
-    assert pack.SPARSE.startswith("git sparse-checkout set --no-cone '/*' ")
+def test_a_model_to_pack_is_a_model_folder(tmp_path):
+    with pytest.raises(argparse.ArgumentTypeError, match="expected a model folder"):
+        pack.model_folder(str(tmp_path))
+    (tmp_path / "config.json").write_text("{}")
+    assert pack.model_folder(str(tmp_path)) == tmp_path.resolve()
 
 
-def _bash(script: str, cwd, home) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "-c", script], cwd=cwd, env={"HOME": str(home), "PATH": "/usr/bin:/bin"},
-                          capture_output=True, text=True, timeout=60)
+def test_a_stream_is_cut_into_parts_of_the_size_asked_that_sha256sum_checks(tmp_path):
+    data = os.urandom(5 * 1024 + 17)
+    sums: list[str] = []
+    assert pack.split(io.BytesIO(data), "image", tmp_path, sums, 1024) == 6
+    assert [p.stat().st_size for p in sorted(tmp_path.glob("image-*"))] == [1024] * 5 + [17]
+    assert b"".join(p.read_bytes() for p in sorted(tmp_path.glob("image-*"))) == data
+    (tmp_path / "SHA256SUMS").write_text("\n".join(sums) + "\n")
+    assert subprocess.run(["sha256sum", "--check", "--quiet", "SHA256SUMS"], cwd=tmp_path).returncode == 0
 
 
-def _tree(root, with_model: bool):
-    model = root / "bench" / "gpu" / "qwen35-mini"
-    (root / "bench" / "gpu" / "qwen35-mini-dflash2").mkdir(parents=True)
-    model.mkdir(parents=True)
-    if with_model:
-        for folder in (model, model.with_name("qwen35-mini-dflash2")):
-            (folder / "config.json").write_text("{}")
-    return model
+def _airgap(*argv: str, cwd, home, **env) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(AIRGAP), *argv], cwd=cwd, capture_output=True, text=True, timeout=60,
+                          env={"HOME": str(home), "PATH": "/usr/bin:/bin", **env})
 
 
-def test_the_stand_in_is_kept_whole_and_put_back_over_the_empty_folders_a_sparse_carry_leaves(tmp_path):
-    carried = ROOT / "bench" / "gpu" / "carried.sh"
-    home, sparse, whole = tmp_path / "home", tmp_path / "sparse", tmp_path / "whole"
+def _parts(folder, **parts: bytes):
+    folder.mkdir()
+    for name, data in parts.items():
+        (folder / name).write_bytes(data)
+    (folder / "IMAGE").write_text("vllm-serve:test sha256:abc\n")
+    (folder / "SHA256SUMS").write_text("".join(f"{hashlib.sha256(d).hexdigest()}  {n}\n" for n, d in parts.items()))
+
+
+def test_setup_refuses_a_part_nobody_checked_and_a_damaged_one_before_it_unpacks_anything(tmp_path):
+    home = tmp_path / "home"
     home.mkdir()
-    model = _tree(sparse, with_model=False)
-    _tree(whole, with_model=True)
-    for tree, step in ((sparse, "keep"), (whole, "keep"), (sparse, "restore")):  # a sparse call first keeps nothing
-        assert _bash(f"say() {{ :; }}; . {carried}; {step}", tree, home).returncode == 0
-    assert (home / "qwen35-mini" / "config.json").is_file()
-    assert (model / "config.json").is_file() and (model.with_name("qwen35-mini-dflash2") / "config.json").is_file()
+    _parts(tmp_path / "parts", **{"kit-000": b"kit", "image-000": b"image"})
+    (tmp_path / "parts" / "image-001").write_bytes(b"smuggled")
+    done = _airgap("setup", str(tmp_path / "parts"), cwd=tmp_path, home=home)
+    assert done.returncode == 1 and "image-001: not named in SHA256SUMS, so never checked" in done.stderr
+    (tmp_path / "parts" / "image-001").unlink()
+    (tmp_path / "parts" / "image-000").write_bytes(b"imagf")
+    done = _airgap("setup", str(tmp_path / "parts"), cwd=tmp_path, home=home)
+    assert done.returncode == 1 and "a part is damaged" in done.stderr
+    assert not (home / "servekit-kit").exists() and not (tmp_path / ".venv").exists()
 
 
-def test_work_left_behind_runs_in_its_own_copy_of_the_tree(tmp_path):
-    behind = ROOT / "bench" / "gpu" / "behind.sh"
-    home, tree, out = tmp_path / "home", tmp_path / "tree", tmp_path / "out"
-    for folder in (home, tree, out):
-        folder.mkdir()
-    (tree / "served").write_text("weights")
-    started = _bash(f"{behind} start job 'cat served > \"$OUT/seen\" && pwd > \"$OUT/where\"'", tree, home)
-    assert started.returncode == 0, started.stderr
-    (tree / "served").unlink()  # what the next call's carry does to a folder restored into the checkout
-    waited = _bash(f"OUT={out} {behind} wait job 30", tree, home)
-    assert waited.returncode == 0, waited.stderr
-    job = home / "behind" / "job"
-    assert (job / "seen").read_text() == "weights"
-    assert (job / "where").read_text().strip() == str(job / "tree")
-    names = subprocess.run(["tar", "-tzf", str(out / "job.tgz")], capture_output=True, text=True, check=True).stdout
-    assert "job/seen" in names and "job/tree" not in names  # the copy stays there: only what the job wrote comes back
-
-
-def test_the_process_engines_wheels_carry_every_dependency_of_the_host_tool():
-    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    wanted = wheels.host_tool()
-    pinned = {r.split("==")[0] for r in wanted}
-    assert len(pinned) == len(declared) and "sseclient-py" in pinned  # the one a hand-kept list once left out
-    assert all(re.fullmatch(r"[a-z0-9.-]+==[0-9][0-9a-z.]*", r) for r in wanted), wanted
-
-
-def test_the_process_engines_environment_is_refused_short_of_the_host_tools_dependencies(tmp_path):
-    script = (ROOT / "bench" / "gpu" / "acceptance.sh").read_text()
-    guard = script.split("<<'EOF'\n")[1].split("import torch")[0]  # install's check, before it imports the GPU stack
-    bare = tmp_path / "bare"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
-    for python, refused in ((sys.executable, False), (bare / "bin" / "python", True)):
-        result = subprocess.run([str(python), "-c", guard], cwd=ROOT, capture_output=True, text=True, timeout=60)
-        assert (result.returncode != 0) == refused, result.stderr
-        assert ("sseclient-py" in result.stderr) == refused, result.stderr
-
-
-# --- the kit's scripts doubt their arguments (issue #47) ----------------------------------------------------------
-
-CARRIED = ROOT / "bench" / "gpu" / "carried.sh"
-
-
-def _sourced(step: str, cwd, home, **env: str) -> subprocess.CompletedProcess:
-    settings = "".join(f"{k}={shlex.quote(v)} " for k, v in env.items())
-    return _bash(f"say() {{ echo \"$*\" >&2; }}; {settings}. {CARRIED}; {step}", cwd, home)
-
-
-def test_a_model_path_with_a_trailing_slash_keeps_the_home_folder(tmp_path):
-    home, tree = tmp_path / "home", tmp_path / "tree"
+def test_setup_takes_a_whole_folder_of_parts_past_the_check(tmp_path):
+    home = tmp_path / "home"
     home.mkdir()
-    (home / "mine").write_text("the user's own file")
-    model = _tree(tree, with_model=True)
-    done = _sourced("keep", tree, home, SERVEKIT_GPU_MODEL=f"{model}//")
-    assert done.returncode == 0, done.stderr
-    assert (home / "mine").read_text() == "the user's own file"
-    assert (home / "qwen35-mini" / "config.json").is_file()
-    assert _sourced("keep", tree, home, SERVEKIT_GPU_MODEL="/").returncode == 2
+    _parts(tmp_path / "parts", **{"kit-000": b"not a tar"})
+    done = _airgap("setup", str(tmp_path / "parts"), cwd=tmp_path, home=home)
+    assert "1 parts checked" in done.stderr and done.returncode != 0  # then the tar says what it is
 
 
-def test_a_folder_with_files_but_no_config_is_never_replaced_on_restore(tmp_path):
-    home, whole, tree = tmp_path / "home", tmp_path / "whole", tmp_path / "tree"
-    home.mkdir()
-    _tree(whole, with_model=True)
-    assert _sourced("keep", whole, home).returncode == 0
-    model = _tree(tree, with_model=False)
-    (model / "model.safetensors").write_text("someone's weights")
-    done = _sourced("restore", tree, home)
-    assert done.returncode == 1 and "holds files but no config.json: not replaced" in done.stderr
-    assert (model / "model.safetensors").read_text() == "someone's weights"
-
-
-def test_a_part_that_the_checksums_do_not_name_is_said_and_refused(tmp_path):
-    carried, parts, home = tmp_path / "carried", tmp_path / "parts", tmp_path / "home"
-    for folder in (carried, home):
-        folder.mkdir()
-    (carried / "kit-000").write_bytes(b"checked")
-    (carried / "kit-001").write_bytes(b"smuggled")
-    (carried / "SHA256SUMS").write_text(f"{hashlib.sha256(b'checked').hexdigest()}  kit-000\n")
-    took = _sourced(f"take_parts {parts} {carried}", tmp_path, home)
-    assert took.returncode == 0, took.stderr
-    assert "kit-000 ok" in took.stderr and "kit-001: not named in SHA256SUMS" in took.stderr
-    refused = _sourced(f"only_named {parts} IMAGE", tmp_path, home)
-    assert refused.returncode == 1 and f"{parts}/kit-001: not named in SHA256SUMS, so never checked" in refused.stderr
-    (parts / "kit-001").unlink()
-    (parts / "IMAGE").write_text("tag id\n")
-    assert _sourced(f"only_named {parts} IMAGE", tmp_path, home).returncode == 0
-
-
-@pytest.mark.parametrize("argv, says", [
-    (["behind.sh", "start", "../..", "true"], "NAME '../..': expected a plain name"),
-    (["behind.sh", "start", "", "true"], "NAME '': expected a plain name"),
-    (["behind.sh", "wait", "job", "a[$(touch pwned)]"], "SECS 'a[$(touch pwned)]': expected a whole number"),
-    (["behind.sh", "wait", "job", "08 + 1"], "expected a whole number"),
-    (["visit.sh", "run", "../../escaped", "run"], "LABEL '../../escaped': expected a plain name"),
+@pytest.mark.parametrize("argv, env, says", [
+    ([], {}, "airgap.sh setup PARTS_DIR"),
+    (["setup"], {}, "setup: expected the folder of parts"),
+    (["setup", "/nonexistent"], {}, "setup: expected the folder of parts"),
+    (["run"], {}, "run: expected a command of build.py"),
+    (["setup", "."], {"SERVEKIT_KIT": "HOME"}, "expected a folder of its own"),
+    (["setup", "."], {"SERVEKIT_KIT": "/"}, "expected a folder of its own"),
 ])
-def test_a_job_name_or_number_that_is_no_such_thing_is_refused_before_any_use(tmp_path, argv, says):
-    home, tree = tmp_path / "home", tmp_path / "tree"
-    for folder in (home, tree):
-        folder.mkdir()
+def test_a_call_that_names_nothing_usable_is_refused_with_what_to_give(tmp_path, argv, env, says):
+    home = tmp_path / "home"
+    home.mkdir()
     (home / "mine").write_text("kept")
-    script = ROOT / "bench" / "gpu" / argv[0]
-    done = subprocess.run(["bash", str(script), *argv[1:]], cwd=tree, capture_output=True, text=True, timeout=60,
-                          env={"HOME": str(home), "PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out")})
+    env = {k: str(home) if v == "HOME" else v for k, v in env.items()}
+    done = _airgap(*argv, cwd=tmp_path, home=home, **env)
     assert done.returncode == 2 and says in done.stderr, done.stderr
-    assert (home / "mine").read_text() == "kept" and not (tree / "pwned").exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["home", "tree"]
+    assert (home / "mine").read_text() == "kept"
 
 
-def test_each_script_of_the_kit_sets_u_and_removes_only_what_it_quotes():
+def _checkout(tmp_path):
+    """A checkout whose .venv's python says what it was given."""
+    tree = tmp_path / "tree"
+    (tree / ".venv" / "bin").mkdir(parents=True)
+    python = tree / ".venv" / "bin" / "python"
+    python.write_text('#!/bin/sh\necho "MODEL_DIR=$MODEL_DIR DRAFTER_DIR=$DRAFTER_DIR ARGS=$*"\n')
+    python.chmod(0o755)
+    for name in ("qwen35-mini", "qwen35-mini-dflash2"):
+        (tree / "bench" / "gpu" / name).mkdir(parents=True)
+    return tree
+
+
+def test_run_serves_the_checkouts_stand_in_unless_the_kit_carries_a_model(tmp_path):
+    home, tree = tmp_path / "home", _checkout(tmp_path)
+    home.mkdir()
+    done = _airgap("run", "run", "--profile", "default", cwd=tree, home=home)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (f"MODEL_DIR={tree}/bench/gpu/qwen35-mini DRAFTER_DIR={tree}/bench/gpu/"
+                                   "qwen35-mini-dflash2 ARGS=build.py run --target cuda --profile default")
+    (home / "servekit-kit" / "kit" / "models" / "model").mkdir(parents=True)  # a model of the kit, no drafter
+    done = _airgap("run", "sweep", "batch", cwd=tree, home=home)
+    assert done.stdout.strip() == (f"MODEL_DIR={home}/servekit-kit/kit/models/model DRAFTER_DIR= "
+                                   "ARGS=build.py sweep --target cuda batch")
+
+
+def test_the_kit_sets_u_and_removes_only_what_it_quotes():
     for script in sorted((ROOT / "bench" / "gpu").glob("*.sh")):
         text = script.read_text()
-        assert "set -euo pipefail" in text or "set -u" in text, script.name
+        assert "set -euo pipefail" in text, script.name
         for line in text.splitlines():
             if "rm -rf" in line:
                 assert re.search(r'rm -rf -- "\$', line), f"{script.name}: {line.strip()}"
+
+
+def test_the_kit_and_its_page_name_no_particular_host_or_the_way_it_was_reached():
+    """A user's host is any air-gapped GPU host: no fixed transfer size, no carried-tree tricks, no one machine."""
+    said = [ROOT / "docs" / "gpu" / "README.md", ROOT / "docs" / "gpu" / "log.md", *sorted((ROOT / "bench" / "gpu").glob("*.[ps][yh]"))]
+    pattern = re.compile(r"sparse-checkout|one (?:command|call) carries|64 MiB|\$OUT\b|the GPU machine|borrowed", re.I)
+    assert {str(p.relative_to(ROOT)): pattern.findall(p.read_text()) for p in said if pattern.search(p.read_text())} == {}

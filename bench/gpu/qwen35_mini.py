@@ -34,10 +34,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-import smoke.api  # noqa: E402  (the checks' prompts: the model learns what they ask)
-import smoke.cache  # noqa: E402
-import smoke.spec  # noqa: E402
-import smoke.tools  # noqa: E402
+from servekit.smoke import api as smoke_api, cache as smoke_cache, spec as smoke_spec, tools as smoke_tools  # noqa: E402,E501  (the checks' prompts: the model learns what they ask)
 
 DEMO = ROOT / "docker" / "demo-model"
 SEED = 20261202
@@ -76,8 +73,8 @@ CHAT_TEMPLATE = (
 )
 
 # The checks' own prompts (smoke/), and what the model answers them.
-HELLO, MULTIPLY, RANDOM = smoke.api.HELLO, smoke.api.MULTIPLY, smoke.api.RANDOM_WORDS
-ASK_TIME, GET_TIME, FOX = smoke.tools.ASK, smoke.tools.NO_PARAMS_TOOL, smoke.spec.PROMPT
+HELLO, MULTIPLY, RANDOM = smoke_api.HELLO, smoke_api.MULTIPLY, smoke_api.RANDOM_WORDS
+ASK_TIME, GET_TIME, FOX = smoke_tools.ASK, smoke_tools.NO_PARAMS_TOOL, smoke_spec.PROMPT
 GREETING = "Hello! I am a small model of the Qwen3.5 family, here to help you today."
 CALL = "<tool_call>\n<function=get_time>\n</function>\n</tool_call>"
 CALL_REASONING = "The user wants the time, so I call get_time."
@@ -89,7 +86,7 @@ WORDS = ["stone", "lantern", "meadow", "harbour", "signal", "copper", "willow", 
          "lagoon", "prism", "basalt"]
 # The residue sweep at the sizes images.yaml gives qwen35-mini; pads of one token each, past the 128 residues.
 SIZES = yaml.safe_load((ROOT / "images.yaml").read_text())["models"]["qwen35-mini"]["checks"]["prefix_cache"]
-DOC_REQUEST, DOC_COPY = smoke.cache.copy_request(SIZES["document_chars"], SIZES["lines"])
+DOC_REQUEST, DOC_COPY = smoke_cache.copy_request(SIZES["document_chars"], SIZES["lines"])
 MAX_PAD = 160
 
 
