@@ -8,6 +8,8 @@ import re
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from packaging.version import InvalidVersion, Version
+
 from servekit.image.boundary import REGISTRY, control_character, number_in
 
 
@@ -80,7 +82,7 @@ def folder(text: str) -> Path:
 
 def kube_version(text: str) -> str:
     """A Kubernetes minor version whose schemas the validator holds (it validates offline)."""
-    from kubernetes_validate.utils import all_versions, major_minor
+    from kubernetes_validate.utils import all_versions, major_minor  # the Kubernetes schemas, loaded only by `render k8s` and --kube-version
     known = sorted({major_minor(v) for v in all_versions()}, key=lambda v: tuple(map(int, v.split("."))))
     if text not in known:
         raise argparse.ArgumentTypeError(f"expected a Kubernetes minor version whose schemas are here, {known[0]} to "
@@ -98,7 +100,6 @@ def registry(text: str) -> str:
 
 def version(text: str) -> str:
     """A release version as the index spells it (PEP 440, normalized: 0.32.0, 0.32.0rc1), never a path or a word."""
-    from packaging.version import InvalidVersion, Version
     try:
         normal = str(Version(text))
     except InvalidVersion:

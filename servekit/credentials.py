@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import re
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 ENV_PREFIX = "SERVEKIT_INDEX_AUTH_"
 
@@ -31,7 +31,6 @@ def with_auth(url: str, index_key: str) -> str:
     if not found:
         return url
     parts = urlsplit(url)
-    from urllib.parse import quote
     netloc = f"{quote(found[0], safe='')}:{quote(found[1], safe='')}@{parts.hostname}" + \
         (f":{parts.port}" if parts.port else "")
     return urlunsplit(parts._replace(netloc=netloc))

@@ -11,8 +11,10 @@ from servekit.engines import Engine, resolve
 from servekit.errors import EnvironmentProblem, UserError
 from servekit.config.matrix import Matrix
 from servekit.config.load import load_matrix
-from servekit.build.plan import TargetPlan, plan_targets
+from servekit.build.plan import TargetPlan, installed_pins, plan_targets
 from servekit.config.settings import BuildSettings
+from servekit.serve.deploy import Deployment, published
+from servekit.config.profiles import refusal
 
 
 @dataclass(frozen=True)
@@ -90,14 +92,8 @@ class Session:
 
     def deployment(self, target: str, engine: Engine, host: str | None = "auto", port: int | None = None,
                    tag: str | None = None):
-        from servekit.serve.deploy import Deployment, published
-        from servekit.engines.process import is_process_engine
-        pins: dict[str, str] = {}  # what a process engine's environment must hold; an image carries its own
-        if is_process_engine(engine):
-            pins = self.plan(target).pins
-            image = engine.describe(pins)
-        else:
-            image = tag or self.plan(target).tag  # a caller with the tag has planned already
+        image, pins = engine.serving(tag or self.plan(target).tag,  # a caller with the tag has planned already
+                                     installed_pins(self.matrix, target, self.settings))
         bind, port = published(self.root, self.matrix.serve.bind, self.matrix.serve.port, port)
         # Folders of this machine served in place of the models volume's downloads: an image engine mounts them
         # (compose.*-dir.yaml); a process engine's launcher reads them from the environment it inherits.
@@ -106,13 +102,12 @@ class Session:
         stand_in = self.matrix.stand_in_at(self.root, folders["MODEL_DIR"], target) if folders["MODEL_DIR"] else None
         return Deployment(self.root, target, self.host(host, engine), image, bind, port, engine=engine,
                           overrides=tuple(self.matrix.targets[target].compose), matrix=self.matrix, pins=pins,
-                          gpu_devices=self.matrix.targets[target].gpu and _by_devices(engine),
+                          gpu_devices=self.matrix.targets[target].gpu and engine.gpu_by_devices(),
                           model_dir=mounts.get("MODEL_DIR"), drafter_dir=mounts.get("DRAFTER_DIR"), stand_in=stand_in)
 
     def check_knobs(self, profiles: list[str], target: str, knobs: dict[str, str] | None) -> None:
         """`--knob` values the launcher would refuse with a profile (on any host) end here, before anything starts:
         the launcher's own code judges them, as it judges the matrix at load."""
-        from servekit.config.profiles import refusal
         if knobs and (refused := refusal(self.matrix, target, profiles, knobs)):
             profile, _, why = refused
             shown = " ".join(f"--knob {k}={v!r}" for k, v in knobs.items())
@@ -127,13 +122,3 @@ class Session:
             others = [name for name, t in self.matrix.targets.items() if not t.gpu]
             raise EnvironmentProblem(f"{what} needs a GPU (target {target}), and engine {engine.given}: {problem}"
                                      + (f"; or use --target {others[0]}" if others else ""))
-
-
-def _by_devices(engine: Engine) -> bool:
-    """Whether the engine's containers get the GPU by the devices route (its Compose file is then named)."""
-    if not engine.serves_images:
-        return False
-    try:
-        return engine.gpu_access().devices
-    except Exception:  # no engine answers yet: `up` says so itself; the toolkit's reservation is the default
-        return False

@@ -9,6 +9,7 @@ maps the names used in images.yaml to the functions.
 
 from __future__ import annotations
 
+import inspect
 import math
 import threading
 import time
@@ -123,8 +124,9 @@ class Context:
 
 def metric_samples(text: str) -> list:
     """The samples of a Prometheus text exposition; CheckFailure when it is not one."""
-    from prometheus_client.parser import text_string_to_metric_families
     try:
+        from prometheus_client.parser import text_string_to_metric_families  # the host tool's: the image imports
+        # the checks' prompts (bench/gpu/qwen35_mini.py) without it
         return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
     except (ValueError, TypeError, IndexError) as exc:  # the parser's words for text that is no exposition
         raise CheckFailure(f"/metrics is not Prometheus' text format ({exc})") from None
@@ -133,8 +135,8 @@ def metric_samples(text: str) -> list:
 def stream_events(body: bytes) -> list[str]:
     """The data of each server-sent event of a streamed answer, in order, read by a kept SSE parser (events that
     span lines or pieces, comments, CRLF: as the format defines them)."""
-    from sseclient import SSEClient
     try:
+        from sseclient import SSEClient  # the host tool's, as prometheus_client above
         return [event.data for event in SSEClient(iter([body])).events()]
     except UnicodeDecodeError as exc:
         raise CheckFailure(f"the stream is not UTF-8 text ({exc})") from None
@@ -196,7 +198,6 @@ def check(name: str, gpu_only: bool = False, bounds: dict[str, tuple[float, floa
 def param_problems(name: str, params: dict) -> list[str]:
     """Why `params` do not fit check `name`'s implementation: an unknown parameter, or a value of
     another type than the parameter's default (an int where a float is expected is fine)."""
-    import inspect
     if name not in CHECKS:
         return [f"no check named {name!r} is implemented; expected one of {', '.join(sorted(CHECKS))}"]
     signature = inspect.signature(CHECKS[name][0])

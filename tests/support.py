@@ -81,7 +81,10 @@ def tracked_copy(dst: Path) -> Path:
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
                            text=True, check=True).stdout.split()
     for rel in files:
-        if (ROOT / rel).is_file():
+        if (ROOT / rel).is_symlink():  # servekit/smoke -> ../smoke: a link stays a link
+            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(os.readlink(ROOT / rel), dst / rel)
+        elif (ROOT / rel).is_file():
             (dst / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / rel, dst / rel)
     for cache in ("metadata", "pristine"):

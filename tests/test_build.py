@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from support import ROOT, cpu_tag, docker, run_build_py, tracked_copy, work_dir
-from servekit.build.plan import WHEELHOUSE, plan_targets
+from servekit.build.plan import plan_targets
+from servekit.layout import WHEELHOUSE
 
 pytestmark = [pytest.mark.engine, pytest.mark.network]
 
@@ -35,11 +36,11 @@ def test_cpu_image_holds_the_pinned_patched_vllm(cpu_image):
 
 def _frozen(tag: str) -> dict[str, str]:
     """`pip freeze --all` of the image's environment, as normalized name -> version."""
-    from servekit.build.index import normalize
+    from packaging.utils import canonicalize_name
     done = docker("run", "--rm", "--entrypoint", "/usr/bin/python3", tag, "-m", "pip", "--python",
                    "/opt/venv/bin/python", "freeze", "--all")
     assert done.returncode == 0, done.stderr[-2000:]
-    return {normalize(line.split("==")[0]): line.split("==")[1] for line in done.stdout.split() if "==" in line}
+    return {canonicalize_name(line.split("==")[0]): line.split("==")[1] for line in done.stdout.split() if "==" in line}
 
 
 @pytest.mark.slow

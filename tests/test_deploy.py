@@ -17,7 +17,8 @@ from support import (ROOT, TEST_PORT, TEST_PROJECT, compose_dir, ctrl_c_reaches_
                      tracked_copy, work_dir)
 from servekit.config.load import load_matrix
 from servekit.image.prepare import COMPLETE, is_complete, prepare
-from servekit.serve.watch import LogFollower, BootRecord, classify, without_frames
+from servekit.engines.failures import classify
+from servekit.serve.watch import LogFollower, BootRecord, without_frames
 
 PROFILES = ["default", "batch", "alternative", "mtp", "mtp-long", "dflash2", "dflash2-k15", "huge"]
 
@@ -49,7 +50,7 @@ def test_ordinary_lines_are_not_failures(line):
 
 def test_the_follower_records_pool_readiness_and_the_error_with_its_detail():
     record = BootRecord(started=time.time())
-    follower = LogFollower(container=None, record=record)
+    follower = LogFollower(server=None, record=record)
     for line in ["2026-11-29T09:02:33.123456789Z (EngineCore pid=25) INFO [x] GPU KV cache size: 88,666 tokens",
                  "2026-11-29T09:02:40.500000000Z INFO:     Application startup complete.",
                  "2026-11-29T09:02:41.0Z Traceback (most recent call last):",
@@ -68,11 +69,12 @@ def test_the_follower_records_pool_readiness_and_the_error_with_its_detail():
 @pytest.mark.parametrize("status, restarts", [("exited", 0), ("restarting", 0), ("running", 1)])
 def test_an_exit_during_a_boot_fails_it_even_when_the_engine_restarts_the_server(status, restarts):
     """compose.yaml asks for restart: unless-stopped (as the source's did); a boot still ends at the first exit."""
-    from servekit.engines.docker import ServerState
-    from servekit.serve.watch import BootFailed, StillRunning
+    from servekit.engines import ServerState
+    from servekit.errors import BootFailed
+    from servekit.serve.watch import StillRunning
     state = ServerState(name="s", profile="default", status=status, running=status == "running", exit_code=2,
                         restarts=restarts, started_at="", health=None, image="x", env={}, port=None)
-    follower = LogFollower(container=None, record=BootRecord(started=time.time()))
+    follower = LogFollower(server=None, record=BootRecord(started=time.time()))
     follower.ended.set()
     with pytest.raises(BootFailed, match="exited with code 2"):
         StillRunning(lambda: state, follower, lambda: []).poll()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from servekit.serve.doctor import disk_finding, driver_finding
+from servekit.machine.doctor import disk_finding, driver_finding
 
 
 @pytest.mark.parametrize("version,status", [("580.159.04", "ok"), ("581.15", "ok"), ("575.64.05", "fail"),

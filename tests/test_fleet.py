@@ -18,6 +18,7 @@ from support import compose_dir, ROOT, TEST_PROJECT, work_dir, follow_logs, run_
 from servekit.errors import UserError
 from servekit.engines import resolve
 from servekit.engines.docker import address, reach, tunnel_command
+from servekit.engines.docker import resolve as docker_engine
 
 pytestmark = pytest.mark.xdist_group("second-engine")  # one second engine on this machine: test_release's too
 
@@ -28,10 +29,10 @@ pytestmark = pytest.mark.xdist_group("second-engine")  # one second engine on th
 def test_engine_names_give_labels_and_where_they_are():
     socket = resolve("unix:///run/gpu-box/docker.sock")
     assert socket.label == "unix-gpu-box" and socket.same_machine and not socket.is_local
-    ssh = resolve("ssh://me@gpu1:2222")
+    ssh = docker_engine("ssh://me@gpu1:2222")
     assert ssh.label == "ssh-gpu1-2222" and not ssh.same_machine and ssh.cli_options() == {"host": "ssh://me@gpu1:2222"}
     assert resolve("tcp://127.0.0.1:2375").same_machine and not resolve("tcp://10.0.0.5:2376").same_machine
-    assert resolve(None).is_local and resolve("local").cli_options() == {}
+    assert resolve(None).is_local and docker_engine("local").cli_options() == {}
 
 
 @pytest.mark.parametrize("argv,says", [
@@ -99,7 +100,7 @@ def test_the_summary_has_a_row_per_engine_and_fails_with_any(tmp_path):
     bad = EngineRun(Deployment(tmp_path, "cpu", "native", "x", "127.0.0.1", 8002, engine=resolve("ssh://gpu2")),
                     error="engine ssh://gpu2 does not answer")
     doc, markdown = summary([good, bad])
-    assert doc["passed"] is False and [e["passed"] for e in doc["engines"]] == [True, False]
+    assert doc.passed is False and [e.passed for e in doc.engines] == [True, False]
     assert ("| ssh-gpu1 | native | default | passed | sent (save+load) in 57 s | 26.7 | 4,151,936 | 888.1 | 1/1 |"
             in markdown)
     assert "| ssh-gpu2 | native |  | error: engine ssh://gpu2 does not answer |" in markdown
@@ -130,7 +131,7 @@ def test_a_context_name_resolves_to_its_endpoint(second):
                           capture_output=True, text=True)
     assert made.returncode == 0, made.stderr
     try:
-        engine = resolve(name)
+        engine = docker_engine(name)
         assert engine.url == second_engine.URL and engine.cli_options() == {"context": name}
         assert engine.label == name
         assert engine.sdk().info()["DockerRootDir"] == str(second_engine.DATA / "data")

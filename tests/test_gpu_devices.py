@@ -82,10 +82,10 @@ def test_the_devices_compose_file_gives_every_gpu_profile_the_nodes_and_driver_f
 
 
 def test_a_deployment_by_devices_names_the_file_in_compose_env(tmp_path):
-    from servekit.engines.docker import Engine
+    from servekit.engines.docker import DockerEngine
     from servekit.serve.deploy import Deployment, write_env
     (tmp_path / "compose").mkdir()
-    engine = Engine("unix:///var/run/docker.sock", "unix:///var/run/docker.sock")
+    engine = DockerEngine("unix:///var/run/docker.sock", "unix:///var/run/docker.sock")
     dep = Deployment(tmp_path, "cuda", "native", "vllm-serve:test", "127.0.0.1", 18020, engine=engine,
                      gpu_devices=True)
     assert [p.name for p in dep.compose_files] == ["compose.yaml", gpuaccess.COMPOSE_FILE]

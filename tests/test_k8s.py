@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from support import compose_dir, ROOT, run_build_py
-from servekit.serve import k8s
+from servekit.release import k8s
 from servekit.config.load import load_matrix
 from servekit.config.profiles import resolve_knobs
 

@@ -127,12 +127,12 @@ def test_uv_makes_the_cpu_lock_and_the_host_lock_from_the_pins(repo, cli):
 def test_a_lock_is_installed_in_layers_that_change_as_rarely_as_their_packages():
     """torch and what it needs (by the lock's `via` notes) in one slice, the rest in the other; each slice only
     package and hash lines, so a pin moving in one slice (and every `via` note) leaves the other's text alone."""
-    from servekit.build.index import normalize
+    from packaging.utils import canonicalize_name
     from servekit.build.locks import LAYERS, layers
     lock = read(ROOT / lock_file("cuda", "3.11"))
     sliced = layers(lock.text)
     assert list(sliced) == list(LAYERS) == ["torch", "serving"]
-    names = {layer: {normalize(m[1]) for m in map(PACKAGE.match, text.splitlines()) if m}
+    names = {layer: {canonicalize_name(m[1]) for m in map(PACKAGE.match, text.splitlines()) if m}
              for layer, text in sliced.items()}
     assert {"torch", "triton", "nvidia-cublas", "nvidia-cudnn-cu13", "nvidia-nccl-cu13"} <= names["torch"]
     assert {"vllm", "flashinfer-python", "transformers", "xgrammar"} <= names["serving"]

@@ -305,11 +305,12 @@ def test_adding_a_profile_is_one_edit_to_the_matrix(tmp_path):
 
 def test_an_unexpected_exception_is_one_line_and_a_log(tmp_path, monkeypatch, capsys):
     from servekit import cli
+    from servekit.commands import matrix as commands_matrix
     monkeypatch.chdir(tmp_path)
 
     def boom(args):
         raise KeyError("no such thing")
-    monkeypatch.setattr(cli, "cmd_schema", boom)
+    monkeypatch.setattr(commands_matrix, "cmd_schema", boom)
     code = cli.main(["schema"])
     err = capsys.readouterr().err
     assert code == 1 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
@@ -351,12 +352,13 @@ def test_an_error_of_a_docker_client_is_what_the_engine_said(tmp_path, monkeypat
     from python_on_whales.exceptions import DockerException
 
     from servekit import cli
+    from servekit.commands import matrix as commands_matrix
     monkeypatch.chdir(tmp_path)
 
     def compose_fails(args):
         raise DockerException(["docker", "compose", "down"], 1, stdout=b"",
                               stderr=b" Network servekit_default  Removing\nError response from daemon: network has active endpoints")
-    monkeypatch.setattr(cli, "cmd_schema", compose_fails)
+    monkeypatch.setattr(commands_matrix, "cmd_schema", compose_fails)
     code = cli.main(["schema"])
     err = capsys.readouterr().err
     assert code == 1 and err.strip() == "error: docker: Error response from daemon: network has active endpoints"
@@ -367,10 +369,10 @@ def test_build_progress_shows_steps_their_times_and_a_long_steps_latest_line(cap
     """Each step's header and time; inside a long step, its latest line (BuildKit's elapsed seconds) at most every
     few seconds; never the rest, which goes to the log."""
     import time
-    from servekit.cli import _step_printer
+    from servekit.commands.console import step_printer
     clock = [100.0]
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])
-    show = _step_printer(every_s=5.0)
+    show = step_printer(every_s=5.0)
     for advance, line in [(0, "#8 [image wheels 2/2] RUN --mount=type=cache"), (1, "#8 1.2 Collecting a==1"),
                           (5, "#8 6.3 Collecting b==2"), (1, "#8 7.1 Collecting c==3"), (0, "#8 DONE 47.0s"),
                           (0, "#9 [image patched 1/3] COPY x"), (0, "#9 DONE 0.0s")]:

@@ -252,7 +252,8 @@ def test_the_dockerfile_copies_only_the_image_folder_and_what_the_build_stages()
     """One list: the Dockerfile copies from the repository only the image's code folder (the runtime stage all
     of it) and the staged inputs; .dockerignore admits exactly those; every file of the folder is in the digest."""
     from servekit.config.load import load_matrix
-    from servekit.build.plan import IMAGE_CODE, STAGED, build_inputs
+    from servekit.build.plan import build_inputs
+    from servekit.layout import IMAGE_CODE, STAGED
     dockerfile = (ROOT / "docker/Dockerfile").read_text().replace("\\\n", " ")
     sources = [src for line in dockerfile.splitlines() if line.startswith("COPY") and "--from=" not in line
                for src in line.split()[1:-1]]
@@ -267,7 +268,8 @@ def test_the_dockerfile_copies_only_the_image_folder_and_what_the_build_stages()
 
 def test_the_dockerfile_copies_exactly_what_the_builder_stages():
     """One staging manifest: what the builder writes per target (STAGED_FILES) is what the Dockerfile copies."""
-    from servekit.build.plan import STAGE_DIR, STAGED_FILES
+    from servekit.build.plan import STAGED_FILES
+    from servekit.layout import STAGE_DIR
     dockerfile = (ROOT / "docker/Dockerfile").read_text().replace("\\\n", " ")
     staged = {src.removeprefix(f"{STAGE_DIR}/${{TARGET}}/") for line in dockerfile.splitlines()
               if line.startswith("COPY") for src in line.split()[1:-1] if src.startswith(STAGE_DIR)}

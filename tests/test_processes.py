@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from servekit.engines import resolve
+from servekit.engines import resolve, transfer
 from servekit.errors import EnvironmentProblem, UserError
 from servekit.engines.process import ProcessEngine, ProcessServer, _started, check_environment, down, stop_group
 from servekit.engines.process import resolve as process_engine
@@ -27,8 +27,9 @@ def test_venv_names_a_process_engine(tmp_path):
         resolve("venv:")
     with pytest.raises(EnvironmentProblem, match="no Python environment there"):
         engine.check()
-    with pytest.raises(UserError, match="runs processes, not containers"):
-        engine.image("x:1")  # what only a Docker engine does is refused in one line
+    # it runs no image: none is sent to it, and none is named as what a report's server ran
+    assert transfer.ensure_image(engine, "x:1") == "not needed: a process engine serves from its environment"
+    assert engine.image_id("x:1") is None and not engine.serves_images
 
 
 def test_an_environment_without_the_pins_is_refused(tmp_path):
@@ -66,15 +67,15 @@ def test_down_stops_the_whole_group_and_leaves_nothing(tmp_path):
         time.sleep(0.05)
     assert len(_group_alive(proc.pid)) == 3
     _record(engine, "default", proc.pid, _started(proc.pid))
-    [server] = engine.containers(label="com.docker.compose.service=default")
-    state = server.current_state()
+    [server] = engine.servers("default")
+    state = server.state()
     assert state.status == "running" and state.env == {"MAX_SEQS": "4"}
     started = time.monotonic()
     stop_group(proc.pid, grace_s=1.0)
     assert time.monotonic() - started < 15
     assert _group_alive(proc.pid) == []
     down(engine, "default")
-    assert engine.containers() == [] and list(engine.state.iterdir()) == []
+    assert engine.servers() == [] and list(engine.state.iterdir()) == []
 
 
 def test_a_reused_pid_is_not_the_server(tmp_path):
@@ -83,11 +84,11 @@ def test_a_reused_pid_is_not_the_server(tmp_path):
     try:
         # The record names this pid but another start time: the server that had it is gone.
         _record(engine, "default", bystander.pid, (_started(bystander.pid) or 0) + 1)
-        [server] = engine.containers()
-        assert server.current_state().status == "exited"
+        [server] = engine.servers()
+        assert server.state().status == "exited"
         down(engine)
         assert bystander.poll() is None, "down must never signal a process that only shares the pid"
-        assert engine.containers() == []
+        assert engine.servers() == []
     finally:
         bystander.kill()
         bystander.wait()
@@ -104,11 +105,11 @@ def test_logs_follow_a_process_to_its_end(tmp_path):
               "bind": "127.0.0.1", "target": "cpu", "image": "env", "started_at": "x", "knobs": {}}
     server = ProcessServer(engine, record, proc)
     started = time.monotonic()
-    text = b"".join(server.logs(stream=True, follow=True)).decode()
+    text = b"".join(server.follow_log(follow=True)).decode()
     assert text.split() == ["0", "1", "2", "3", "4"] and time.monotonic() - started < 10
-    state = server.current_state()
+    state = server.state()
     assert (state.status, state.running, state.exit_code) == ("exited", False, 0)
-    assert server.logs(tail=2) == b"3\n4\n"
+    assert b"".join(server.follow_log(tail=2, follow=False)) == b"3\n4\n" and server.log().split() == text.split()
 
 
 def test_the_gpu_page_quotes_its_reports():

@@ -177,11 +177,11 @@ RECORDED = ROOT / "tests" / "recorded" / "docker"
     ("desktop-mac", False, "Docker Desktop 4.37.1 (178610) not on its WSL2 backend (kernel 6.10.14-linuxkit)"),
 ])
 def test_recorded_engines_pick_the_target_as_docker_documents_gpu_access(case, gpu, said):
-    from servekit.engines.docker import Engine
+    from servekit.engines.docker import DockerEngine
     from servekit.session import Session
     session = Session.open(ROOT / "images.yaml")
     with RecordedEngine(RECORDED / case) as recorded:
-        engine = Engine(recorded.url, recorded.url)  # through the real Docker SDK
+        engine = DockerEngine(recorded.url, recorded.url)  # through the real Docker SDK
         access = engine.gpu_access()
         assert (access.route == "toolkit") is gpu and said in access.how, access.how
         assert session.target(None, engine) == ("cuda" if gpu else "cpu")

@@ -21,13 +21,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from servekit.errors import EnvironmentProblem
+
 FALLBACK_POWERSHELL = "/mnt/c/Windows/System32/WindowsPowerShell/v1.0/powershell.exe"
 # The adapters' names once, then Get-Counter's samples, one compressed JSON line each.
 SCRIPT = Path(__file__).with_name("shared_usage.ps1")
 LUID = re.compile(r"(luid_0x[0-9a-f]+_0x[0-9a-f]+)", re.I)
 
 
-class SharedUsageUnavailable(Exception):
+class SharedUsageUnavailable(EnvironmentProblem):
     """No powershell.exe to ask (interop off, or not WSL2); the message says which and how to fix."""
 
 

@@ -25,6 +25,7 @@ from servekit.errors import EnvironmentProblem
 from servekit.exclusive import machine_wide
 from servekit.config.matrix import Base
 from servekit.trust import ca_bundle
+from servekit.engines.docker import local
 
 LABEL = "io.servekit.base.definition"
 CUDA_HOME = "/usr/local/cuda"
@@ -59,7 +60,6 @@ def _slim(rootfs: Path) -> None:
 
 
 def made_base_current(base: Base) -> bool:
-    from servekit.engines.docker import local
     image = local().image(base.image)
     return image is not None and (image.labels or {}).get(LABEL) == definition_digest(base)
 
@@ -103,6 +103,8 @@ def _make(name: str, base: Base, cache_dir: Path, say) -> None:
             _lay_cuda_toolkit(name, base.cuda_wheels, rootfs, cache_dir / "cuda-wheels", say)
             changes += [f"ENV PATH={CUDA_HOME}/bin:{_DEFAULT_PATH}", f"ENV CUDA_HOME={CUDA_HOME}"]
         tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+        # The CLI reads the tar from the pipe as it is made; python-on-whales' import takes a file, and a rootfs
+        # written to disk first would double what a base needs there.
         cmd = ["docker", "import", *[x for c in changes for x in ("--change", c)], "-", base.image]
         imported = subprocess.run(cmd, stdin=tar.stdout, capture_output=True, text=True, timeout=900)
         if tar.stdout:

@@ -21,22 +21,23 @@ from typing import Callable
 
 import requests
 import yaml
+from packaging.utils import canonicalize_name
 
-from servekit.image import components as components_mod
-from servekit.image import series as series_mod
+from servekit.image import components as components_mod, series as series_mod
 from servekit import credentials
 from servekit.atomic import write_text
 from servekit.build.bases import ensure_made_base
-from servekit.engines.docker import local
+from servekit.engines.docker import docker_cli, local
 from servekit.errors import EnvironmentProblem, UserError
 from servekit.exclusive import machine_wide
 from servekit.output import as_output
-from servekit.build.index import IndexUnreachable, normalize, release_exists
+from servekit.build.index import IndexUnreachable, release_exists
 from servekit.config.matrix import Matrix, substitute
 from servekit.build.locks import for_build, layers
 from servekit.build import sbom
 from servekit.build.reproducible import epoch_seconds, make_canonical
-from servekit.build.plan import STAGE_DIR, STAGED_FILES, WHEELHOUSE, TargetPlan
+from servekit.build.plan import STAGED_FILES, TargetPlan
+from servekit.layout import STAGE_DIR, WHEELHOUSE
 from servekit.config.settings import ENV_BASE, ENV_WHEELS, ENV_WITHOUT, BuildSettings
 from servekit.trust import ca_bundle, requests_verify
 
@@ -53,12 +54,8 @@ class BuildResult:
     log: Path | None
 
 
-def _docker(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
-
-
 def has_buildx() -> bool:
-    return _docker("buildx", "version").returncode == 0
+    return docker_cli(["buildx", "version"], timeout=60).returncode == 0
 
 
 def _reachable(url: str) -> bool:  # any HTTP answer, even 401, means the host can be reached
@@ -79,13 +76,13 @@ def _registry_url(image: str) -> str:
 def _wheel_version(wheel: Path) -> tuple[str, str]:
     """(normalized name, version) from a wheel's file name (PEP 427)."""
     name, version = wheel.name.split("-")[:2]
-    return normalize(name), version
+    return canonicalize_name(name), version
 
 
 def offered_wheels(plan: TargetPlan, settings: BuildSettings) -> dict[str, Path]:
     """dist -> a wheel of exactly the pinned version in the folders of wheels. Only exact versions: a
     folder holding torch 2.13.0+cpu must not satisfy the cuda target's torch 2.13.0."""
-    wanted = {normalize(dist): (dist, version) for dist, version in plan.pins.items()}
+    wanted: dict[str, tuple[str, str]] = {canonicalize_name(dist): (dist, version) for dist, version in plan.pins.items()}
     found: dict[str, Path] = {}
     for folder in settings.wheel_dirs:
         for wheel in sorted(folder.glob("*.whl")):
@@ -299,7 +296,8 @@ def _command(matrix: Matrix, plan: TargetPlan, root: Path, workdir: Path, secret
 
 
 def _stream(cmd: list[str], log_path: Path, root: Path, show) -> int:
-    """Run the build, writing every line to the log and the current step to `show`."""
+    """Run the build, writing every line to the log and the current step to `show`. The CLI is run directly: its
+    plain progress is read line by line, and Ctrl-C must stop the very process (neither client hands it over)."""
     env = dict(os.environ, DOCKER_BUILDKIT="1", BUILDKIT_PROGRESS="plain")
     with open(log_path, "w", buffering=1) as log:  # line-buffered: `tail -f` the log while it builds
         log.write(f"$ {' '.join(cmd)}\n")

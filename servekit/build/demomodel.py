@@ -93,8 +93,8 @@ def synthetic_chats(n: int, rng: random.Random) -> list[tuple[list[dict], list[d
 
 
 def build_tokenizer(out: Path, texts: list[str]):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # the demo model is made inside the image (its lock installs tokenizers), not by the host tool
+    from transformers import PreTrainedTokenizerFast  # the demo model is made inside the image (its lock installs transformers), not by the host tool
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -113,7 +113,7 @@ def build_tokenizer(out: Path, texts: list[str]):
 
 
 def train(model, tokenizer, chats, steps: int, say) -> float:
-    import torch
+    import torch  # the demo model is made inside the image (its lock installs torch), not by the host tool
 
     torch.manual_seed(SEED)
     examples = []
@@ -152,8 +152,8 @@ def train(model, tokenizer, chats, steps: int, say) -> float:
 
 
 def make(out: Path, steps: int, say=print) -> None:
-    import torch
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+    import torch  # the demo model is made inside the image (its lock installs torch), not by the host tool
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM  # the demo model is made inside the image (its lock installs transformers), not by the host tool
 
     started = time.monotonic()
     random.seed(SEED)
@@ -200,8 +200,8 @@ BEHAVIOURS = [
 def behaviour(folder: Path) -> dict[str, str]:
     """Each of BEHAVIOURS answered greedily by the model in `folder`: 'ok', or what it said instead. CPU training is
     not bit-reproducible across processors, so this, not the weights' bytes, is what a trained model must match."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import torch  # the demo model is made inside the image (its lock installs torch), not by the host tool
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # the demo model is made inside the image (its lock installs transformers), not by the host tool
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()

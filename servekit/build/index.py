@@ -23,6 +23,8 @@ from urllib.parse import unquote, urljoin
 
 import requests
 
+from packaging.utils import canonicalize_name
+
 from servekit.atomic import write_text
 from servekit.errors import EnvironmentProblem, UserError
 from servekit.trust import requests_verify
@@ -74,10 +76,6 @@ class Metadata:
     requires_python: str | None
 
 
-def normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 class _RangeFile(io.RawIOBase):
     """A read-only, seekable file over HTTP range requests: enough for zipfile."""
 
@@ -117,7 +115,7 @@ class _RangeFile(io.RawIOBase):
 
 
 def _pick_wheel(files: list[dict], name: str, version: str, platform: str) -> dict | None:
-    prefix = f"{normalize(name).replace('-', '_')}-{version}-"
+    prefix = f"{canonicalize_name(name).replace('-', '_')}-{version}-"
     wheels = [f for f in files if f["filename"].lower().startswith(prefix.lower()) and f["filename"].endswith(".whl")
               and not f.get("yanked")]
     # Prefer the wheel for the platform asked for; any wheel of the release declares the same requirements
@@ -135,7 +133,7 @@ def _parse(text: str) -> Metadata:
 def _listing(get, name: str, index_url: str, auth: tuple[str, str] | None = None) -> requests.Response | None:
     """The index's listing of project `name` (PEP 691 asked for), or None when it has no such project;
     IndexUnreachable for any other answer than those two."""
-    listing = get(f"{index_url.rstrip('/')}/{normalize(name)}/", headers={"Accept": JSON_ACCEPT}, timeout=TIMEOUT,
+    listing = get(f"{index_url.rstrip('/')}/{canonicalize_name(name)}/", headers={"Accept": JSON_ACCEPT}, timeout=TIMEOUT,
                   verify=requests_verify(), auth=auth)
     if listing.status_code == 404:
         return None
@@ -184,14 +182,14 @@ def fetch_metadata(name: str, version: str, index_url: str, cache_dir: Path,
                    platform: str = "x86_64") -> Metadata:
     """The METADATA of `name==version` as the index serves it; cached under cache_dir (written whole, and checked
     against its own digest when read: a damaged copy is fetched again, never believed)."""
-    cached = cache_dir / f"{normalize(name)}-{version}.metadata.json"
+    cached = cache_dir / f"{canonicalize_name(name)}-{version}.metadata.json"
     text = _cached_metadata(cached, name, version)
     if text is not None:
         return _parse(text)
     text = within(EXCHANGE_DEADLINE_S, f"{index_url}: the METADATA of {name} {version}", index_url,
                   lambda: _read_metadata(name, version, index_url, platform))
     parsed = _parse(text)
-    if normalize(parsed.name or "") != normalize(name) or parsed.version != version:
+    if canonicalize_name(parsed.name or "") != canonicalize_name(name) or parsed.version != version:
         raise IndexUnreachable(f"{index_url} served metadata of {parsed.name} {parsed.version} for {name} {version}")
     write_text(cached, json.dumps({"name": name, "version": version, "sha256": hashlib.sha256(text.encode()).hexdigest(),
                                    "metadata": text}) + "\n")
@@ -251,7 +249,7 @@ def _lists_release(name: str, version: str, index_url: str, auth: tuple[str, str
 def _names_release(filenames, name: str, version: str) -> bool:
     """Whether a file name is of `name` at exactly `version` (a local label such as +cpu included)."""
     # File names spell the project with `_` or `-`; with every `-` made `_`, one pattern finds both.
-    stem = re.escape(normalize(name).replace("-", "_"))
+    stem = re.escape(canonicalize_name(name).replace("-", "_"))
     wanted = re.compile(rf"(?i){stem}_{re.escape(version)}[_.]")
     return any(wanted.match(f.replace("-", "_")) for f in filenames)
 

@@ -18,10 +18,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packaging.utils import canonicalize_name
+
 from servekit.atomic import write_text
 from servekit.errors import EnvironmentProblem, UserError
-from servekit.build.index import IndexUnreachable, normalize, release_exists
+from servekit.build.index import IndexUnreachable, release_exists
 from servekit.config.matrix import Matrix
+from servekit.credentials import auth, with_auth
+from servekit.config.settings import ENV_WHEELS
+from servekit.trust import ca_bundle
 
 LOCK_DIR = "docker/locks"
 HOST_PINS, HOST_LOCK = "requirements.in", "requirements.lock"
@@ -92,7 +97,7 @@ def read(path: Path) -> Lock:
             name, _, why = line[len(LEFT_OUT):].partition(" ")
             left_out[name.split("==")[0]] = why.strip(" ()")
         elif found := PACKAGE.match(line):
-            packages.setdefault(normalize(found[1]), found[2])
+            packages.setdefault(canonicalize_name(found[1]), found[2])
     return Lock(inputs, left_out, packages, text)
 
 
@@ -123,8 +128,8 @@ def problems(matrix: Matrix, root: Path) -> tuple[list[str], list[str]]:
             if dist in lock.left_out:
                 notes.append(f"{rel}: {dist}=={version} left out ({lock.left_out[dist]}); a build needs --without "
                              f"{matrix.pin_key(target, dist)} until the lock is made where its index answers")
-            elif lock.packages.get(normalize(dist)) != version:
-                out.append(f"{rel}: {dist} is {lock.packages.get(normalize(dist), 'absent')}, the pin is {version} "
+            elif lock.packages.get(canonicalize_name(dist)) != version:
+                out.append(f"{rel}: {dist} is {lock.packages.get(canonicalize_name(dist), 'absent')}, the pin is {version} "
                            f"(edited by hand?); make it again with `python build.py lock --target {target}`")
     if not (root / HOST_LOCK).is_file():
         out.append(f"{HOST_LOCK}: missing; make it with `python build.py lock --host-tool`")
@@ -135,12 +140,12 @@ def problems(matrix: Matrix, root: Path) -> tuple[list[str], list[str]]:
 
 def installable(lock: Lock, leave_out: set[str]) -> str:
     """The lock's text less the entries (a package line, its hash lines and comments) of `leave_out` names."""
-    dropped = {normalize(n) for n in leave_out}
+    dropped = {canonicalize_name(n) for n in leave_out}
     kept, skipping = [], False
     for line in lock.text.splitlines():
         found = PACKAGE.match(line)
         if found:
-            skipping = normalize(found[1]) in dropped
+            skipping = canonicalize_name(found[1]) in dropped
             if skipping:
                 kept.append(f"# left out by --without: {found[1]}=={found[2]}")
                 continue
@@ -168,17 +173,17 @@ def layers(text: str) -> dict[str, str]:
     current, in_via = "", False
     for line in text.splitlines():
         if found := PACKAGE.match(line):
-            current, in_via = normalize(found[1]), False
+            current, in_via = canonicalize_name(found[1]), False
             entries.setdefault(current, []).append(line)
             needed_by.setdefault(current, set())
         elif current and line.lstrip().startswith("--hash"):
             entries[current].append(line)
         elif current and (note := line.strip()).startswith("# via"):
             rest = note.removeprefix("# via").strip()
-            needed_by[current].update({normalize(rest)} if rest else set())
+            needed_by[current].update({canonicalize_name(rest)} if rest else set())
             in_via = not rest
         elif current and in_via and line.strip().startswith("#   "):
-            needed_by[current].add(normalize(line.strip().removeprefix("#").strip()))
+            needed_by[current].add(canonicalize_name(line.strip().removeprefix("#").strip()))
         elif not line.startswith((" ", "\t")):
             current, in_via = "", False
     first = {ROOT_OF_FIRST_LAYER}
@@ -216,8 +221,6 @@ def for_build(matrix: Matrix, root: Path, target: str, python: str, omitted: set
 def plan_lock(matrix: Matrix, target: str, python: str, wheel_dirs: list[Path]) -> LockPlan:
     """Which indexes and folders of wheels the lock of `target` reads. An index that cannot be reached is stood in
     for by a folder holding the pinned wheel, else its pin is left out (when the matrix allows), else refused."""
-    from servekit.credentials import auth, with_auth
-    from servekit.config.settings import ENV_WHEELS
     plan = LockPlan(target, python, lock_file(target, python), [])
     for dist, version in matrix.target_pins(target).items():
         pin = matrix.pin_key(target, dist)
@@ -246,7 +249,6 @@ def plan_lock(matrix: Matrix, target: str, python: str, wheel_dirs: list[Path]) 
 
 def uv_env(pypi: str, extra: list[str]) -> dict[str, str]:
     """uv's environment: the indexes (credentials stay out of the command line and the lock) and our CA bundle."""
-    from servekit.trust import ca_bundle
     env = {k: v for k, v in os.environ.items() if not k.startswith("UV_") or k in KEPT_UV_ENV}
     env.update(UV_DEFAULT_INDEX=pypi, UV_INDEX=" ".join(extra), UV_NO_PROGRESS="1")
     bundle = ca_bundle()
@@ -257,7 +259,7 @@ def uv_env(pypi: str, extra: list[str]) -> dict[str, str]:
 
 def run_uv(args: list[str], requirements: list[str], env: dict[str, str], what: str) -> str:
     """`uv pip compile` over requirements given on stdin (so the lock names no file of ours); its output."""
-    import uv
+    import uv  # the resolver: only `lock` and `bump` need it
     cmd = [uv.find_uv_bin(), "pip", "compile", "--no-config", "-", "--generate-hashes", "--no-header", *args]
     try:
         done = subprocess.run(cmd, input="\n".join(requirements) + "\n", capture_output=True, text=True, env=env,
@@ -280,7 +282,6 @@ def _header(lines: list[str], inputs: str, left_out: dict[str, str]) -> str:
 
 
 def make_image_lock(matrix: Matrix, root: Path, target: str, python: str, wheel_dirs: list[Path], say) -> Path:
-    from servekit.credentials import with_auth
     plan = plan_lock(matrix, target, python, wheel_dirs)
     args = ["--python-version", python, "--python-platform", PLATFORM]
     args += [x for d in plan.find_links for x in ("--find-links", str(d))]
@@ -304,7 +305,6 @@ def make_image_lock(matrix: Matrix, root: Path, target: str, python: str, wheel_
 
 def make_host_lock(matrix: Matrix, root: Path, say) -> Path:
     """requirements.lock from requirements.in, for every Python from HOST_PYTHON up and every platform."""
-    from servekit.credentials import with_auth
     pins = [line.split("#")[0].strip() for line in (root / HOST_PINS).read_text().splitlines()]
     started = time.monotonic()
     say(f"lock: resolving the host tool's {len([p for p in pins if p])} pins ({HOST_PINS}) for Python "

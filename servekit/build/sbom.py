@@ -19,8 +19,8 @@ from cyclonedx.model.bom import Bom, BomMetaData
 from cyclonedx.model.component import Component, ComponentType
 from cyclonedx.output.json import JsonV1Dot6
 from packageurl import PackageURL
+from packaging.utils import canonicalize_name
 
-from servekit.build.index import normalize
 from servekit.errors import EnvironmentProblem
 
 SBOM_PATH = "/opt/servekit/sbom.cdx.json"
@@ -36,7 +36,7 @@ def locked_distributions(lock_text: str) -> dict[str, tuple[str, list[str]]]:
     current = ""
     for line in lock_text.splitlines():
         if found := _PACKAGE.match(line):
-            current = normalize(found[1])
+            current = canonicalize_name(found[1])
             out.setdefault(current, (found[2], []))
         elif current and line.startswith((" ", "\t")):
             out[current][1].extend(_HASH.findall(line))

@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+import shlex
+import ast
 
 from servekit.image.knobs import KNOBS, RENAMED, SAME_AS_SOURCE, SOURCE_NAMES, Knob
 from servekit.config.matrix import Matrix
-from servekit.config.profiles import HOST_LAYERS, layers
-from servekit.build.plan import IMAGE_CODE, STAGED
+from servekit.config.profiles import HOST_LAYERS, layers, render_profiles
+from servekit.layout import IMAGE_CODE, STAGED
+from servekit.image.launcher import build_command
+from servekit.atomic import write_text
+from servekit.errors import UserError
 
 MARK = re.compile(r"^(?P<indent>[ \t]*)(?P<open>#|<!--) BEGIN (?P<name>[\w-]+)(?P<rest>[^\n]*)\n(?P<body>.*?)"
                   r"^(?P=indent)(?P=open) END (?P=name)[^\n]*\n", re.M | re.S)
@@ -129,10 +134,7 @@ def _check_table(matrix: Matrix) -> list[str]:
 def _profile_flags(matrix: Matrix) -> list[str]:
     """What each profile runs, per target and host: the launcher's own argv and environment (after --model, --host
     and --port), with no knob set in the environment."""
-    import shlex
 
-    from servekit.image.launcher import build_command
-    from servekit.config.profiles import render_profiles
     out = [""]
     for target in matrix.targets:
         rendered = render_profiles(matrix, target)
@@ -174,7 +176,6 @@ PACKAGES = ("servekit", "smoke", "wsl2")
 
 
 def _first_line(path: Path) -> str:
-    import ast
     doc = ast.get_docstring(ast.parse(path.read_text())) or ""
     return doc.split("\n\n")[0].replace("\n", " ").split(". ")[0].rstrip(".")
 
@@ -250,8 +251,6 @@ def stale(matrix: Matrix, root: Path) -> list[str]:
 
 def derive_files(matrix: Matrix, root: Path, check: bool = False) -> tuple[int, list[str]]:
     """`derive`: rewrite each stale derived file (only name them when `check`); (files derived, stale ones)."""
-    from servekit.atomic import write_text
-    from servekit.errors import UserError
     try:
         files = derive(matrix, root)
     except (OSError, ValueError) as exc:

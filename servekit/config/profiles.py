@@ -7,6 +7,8 @@ profile's target knobs < the environment at launch (applied by the launcher).
 from __future__ import annotations
 
 from servekit.config.matrix import Matrix
+from servekit.layout import MODELS_MOUNT
+from servekit.image.launcher import KnobError, build_command
 
 
 HOST_LAYERS = ("host", "host, component", "profile, host")  # the layers a host brings (docs/profiles.md shows them)
@@ -42,10 +44,10 @@ def render_profiles(matrix: Matrix, target: str) -> dict:
     return {
         "target": target,
         "model": {"served_name": model.served_name, "source": model.source, "repo": model.repo,
-                  "revision": model.revision, "path": f"/app/models/{spec.model}",
+                  "revision": model.revision, "path": f"{MODELS_MOUNT}/{spec.model}",
                   "baked": "/opt/models/demo" if model.source == "generated" else None,
                   "drafters": {name: {"repo": d.repo, "revision": d.revision,
-                                      "path": f"/app/models/{spec.model}-{name}"} for name, d in model.drafters.items()}},
+                                      "path": f"{MODELS_MOUNT}/{spec.model}-{name}"} for name, d in model.drafters.items()}},
         "env": spec.env,
         "hosts": {name: {"env": h.env, "batch": h.batch} for name, h in matrix.hosts.items()},
         "profiles": {name: {host: resolve_knobs(matrix, name, target, host) for host in matrix.hosts}
@@ -60,7 +62,6 @@ def refusal(matrix: Matrix, target: str, profiles: list[str] | None = None,
     """(profile, host, why) for the first of `profiles` (every one `target` serves when None) that the launcher inside
     the image would refuse to start on a host (with `knobs` set in its environment), or None: the launcher's own
     code decides, so the matrix, `--knob` and a boot agree."""
-    from servekit.image.launcher import KnobError, build_command
     rendered = render_profiles(matrix, target)
     for profile in profiles if profiles is not None else list(rendered["profiles"]):
         for host in matrix.hosts:

@@ -4,10 +4,11 @@ processes (process.py); `resolve` turns an `--engine` argument into one of them.
 from __future__ import annotations
 
 from servekit.engines import docker, process
-from servekit.engines.docker import Engine, EngineError, address, local, reach
+from servekit.engines.docker import EngineError, address, local, reach
+from servekit.engines.protocol import Engine, Server, ServerState
 from servekit.errors import UserError
 
-__all__ = ["Engine", "EngineError", "address", "local", "parse_engines", "reach", "resolve"]
+__all__ = ["Engine", "EngineError", "Server", "ServerState", "address", "local", "parse_engines", "reach", "resolve"]
 
 
 def resolve(spec: str | None) -> Engine:

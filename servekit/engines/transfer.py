@@ -6,9 +6,9 @@ from __future__ import annotations
 import time
 
 from servekit.errors import EnvironmentProblem, UserError
-from servekit.engines.docker import Engine
+from servekit.engines.docker import DockerEngine, local as local_engine
+from servekit.engines.protocol import Engine
 from servekit.records.models import ReleaseRecord
-from servekit.engines.docker import local as local_engine
 
 CHUNK = 4 << 20
 
@@ -23,14 +23,9 @@ def _counted(chunks, total: int, say, every_s: float = 5.0):
         yield chunk
 
 
-def _image_id(engine: Engine, tag: str) -> str | None:
-    image = engine.image(tag)
-    return image.id if image else None
-
-
 def _pull(remote, release: ReleaseRecord, tag: str, say) -> bool:
     """Pull the release by digest and give it the local tag; False (and why) when that does not work."""
-    import docker
+    import docker  # the SDK takes a third of a second to import: only what talks to an engine pays for it
     ref = f"{release.repository}@{release.registry_digest}"
     try:
         image = remote.images.pull(ref)
@@ -50,14 +45,14 @@ def ensure_image(engine: Engine, tag: str, release: ReleaseRecord | None = None,
 
     `release` is this build's record in releases/v<vllm>.json, when it was released: the engine then
     pulls it from the registry by digest (falling back to a stream if the registry is out of its reach)."""
-    if not engine.serves_images:
+    if not isinstance(engine, DockerEngine):
         return "not needed: a process engine serves from its environment"
-    import docker
+    import docker  # the SDK takes a third of a second to import: only what talks to an engine pays for it
     this_machine = local_engine()
     local = this_machine.image(tag)
     if local is None:
         raise UserError(f"image {tag} is not built here: run `python build.py image` for its target first")
-    if engine.url == this_machine.url or _image_id(engine, tag) == local.id:
+    if engine.url == this_machine.url or engine.image_id(tag) == local.id:
         return "already there"
     here, remote = this_machine.sdk(timeout=3600), engine.sdk(timeout=3600)
     started = time.monotonic()
@@ -73,6 +68,6 @@ def ensure_image(engine: Engine, tag: str, release: ReleaseRecord | None = None,
                 raise EnvironmentProblem(f"loading {tag} into {engine.given} failed: {message['error']}")
     except docker.errors.APIError as exc:
         raise EnvironmentProblem(f"loading {tag} into {engine.given} failed: {exc.explanation or exc}") from None
-    if _image_id(engine, tag) != local.id:
+    if engine.image_id(tag) != local.id:
         raise EnvironmentProblem(f"after loading, {engine.given} has no {tag} of image {local.id[:19]}")
     return f"sent (save+load) in {time.monotonic() - started:.0f} s"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+import tempfile
 
 from servekit.atomic import write_text
 from servekit.records.models import RunReport, load, save
@@ -119,7 +120,6 @@ def shared_usage_lines(shared: dict | None, gpu: dict | None) -> list[str]:
 
 def quiet_matplotlib() -> None:
     """Matplotlib's font cache in the temporary folder, not beside the figure (a report folder holds the report)."""
-    import tempfile
     os.environ.setdefault("MPLCONFIGDIR", str(Path(tempfile.gettempdir()) / "servekit-matplotlib"))
 
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
+import ctypes
+import ctypes.util
 from pathlib import Path
 
 import requests
 
 from servekit.errors import EnvironmentProblem
+from servekit.waiting import until
 
 CONFIG = """version: 0.1
 log:
@@ -36,8 +38,6 @@ HTPASSWD = """auth:
 
 def htpasswd_line(user: str, password: str) -> str:
     """`user:bcrypt-hash`, the one hash the registry's htpasswd accepts, from the system's libcrypt (libxcrypt)."""
-    import ctypes
-    import ctypes.util
     lib = ctypes.CDLL(ctypes.util.find_library("crypt") or "libcrypt.so.1")
     lib.crypt_gensalt.restype = lib.crypt.restype = ctypes.c_char_p
     lib.crypt_gensalt.argtypes = [ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p, ctypes.c_int]
@@ -58,14 +58,14 @@ def start_registry(storage: Path, port: int, log: Path, htpasswd: Path | None = 
     config.write_text(CONFIG.format(storage=storage, port=port) + (HTPASSWD.format(path=htpasswd) if htpasswd else ""))
     proc = subprocess.Popen([binary, "serve", str(config)], stdout=open(log, "ab"), stderr=subprocess.STDOUT,
                             start_new_session=True)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    def answers() -> bool:
         if proc.poll() is not None:
             raise EnvironmentProblem(f"the registry exited at start; see {log}")
         try:
-            if requests.get(f"http://127.0.0.1:{port}/v2/", timeout=2).status_code in (200, 401):
-                return proc
+            return requests.get(f"http://127.0.0.1:{port}/v2/", timeout=2).status_code in (200, 401)
         except requests.RequestException:
-            time.sleep(0.2)
+            return False
+    if until(answers, 30, 0.2):
+        return proc
     proc.kill()
     raise EnvironmentProblem(f"the registry on 127.0.0.1:{port} did not answer within 30 s; see {log}")

@@ -30,6 +30,11 @@ from servekit.build.reproducible import epoch_seconds
 from servekit.release.registry import TransientRegistryError
 from servekit.records.models import ProfileGate, ReleaseManifest, ReleaseRecord, RunReport, load
 from servekit.records.report import load_report
+from servekit.image.launcher import build_command, served_parts
+from servekit.image.prepare import identity
+from servekit.config.profiles import render_profiles
+from servekit.build.builder import component_digest
+from servekit.engines.docker import local
 
 ENV_REGISTRY = "SERVEKIT_REGISTRY"
 
@@ -230,9 +235,6 @@ def dirty(root: Path) -> list[str]:
 def served_models(matrix: Matrix, root: Path, target: str) -> dict[str, dict[str, str]]:
     """Per profile of the target, the model and the drafter (when its launch uses one) it serves: repo@revision, or
     for a generated model the hash of its files (what prepare marks); worked out by the launcher's own recipe."""
-    from servekit.image.launcher import build_command, served_parts
-    from servekit.image.prepare import identity
-    from servekit.config.profiles import render_profiles
     rendered = render_profiles(matrix, target)
     model = rendered["model"]
     spec = matrix.models[matrix.targets[target].model]
@@ -255,7 +257,6 @@ def series_hashes(matrix: Matrix, root: Path, names: list[str]) -> dict[str, str
 
 
 def component_digests(matrix: Matrix, root: Path, plan: TargetPlan) -> dict[str, str]:
-    from servekit.build.builder import component_digest
     return {name: component_digest(matrix, name, root) if state == "present" else "absent"
             for name, state in plan.components.items()}
 
@@ -263,7 +264,6 @@ def component_digests(matrix: Matrix, root: Path, plan: TargetPlan) -> dict[str,
 def verify_release(session, say=print) -> list[str]:
     """`release --verify`: read releases/v<vllm>.json back and ask the registry, through the engine, whether every
     tag still serves the digest it names; the problems (none: the registry serves what was released)."""
-    from servekit.engines.docker import local
     path = manifest_path(session.root, session.matrix)
     if not path.exists():
         raise UserError(f"{path.relative_to(session.root)}: no release of vLLM {session.matrix.vllm} to verify")
@@ -354,7 +354,6 @@ def release_targets(matrix: Matrix, root: Path, engine, registry_path: str, plan
 def release(session, registry: str | None = None, targets: list[str] | None = None, dry_run: bool = False,
             tag_git: bool = False, say=print) -> tuple[Path | None, list[ReleaseRecord]]:
     """Push each target's checked image (all targets, or those named); (the manifest written, the records)."""
-    from servekit.engines.docker import local
     matrix, root = session.matrix, session.root
     _attempts()  # a bad setting is refused before anything is looked at, not between two pushes
     if tag_git and not dry_run:

@@ -7,6 +7,7 @@ Docker Hub's, `ghcr.io/org/image` GHCR's). No HTTP of ours reaches a registry.
 from __future__ import annotations
 
 import re
+import time
 
 import requests
 from packaging.version import InvalidVersion, Version
@@ -21,7 +22,7 @@ ACCESS_PROBE_TAG = "servekit-access-probe"  # a tag no release writes: reading i
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")  # what a registry may name a manifest by; anything else is not believed
 
 
-class TransientRegistryError(Exception):
+class TransientRegistryError(EnvironmentProblem):
     """The registry did not answer or failed (5xx, a dropped connection): worth another try."""
 
 
@@ -31,7 +32,7 @@ class RegistryAuthError(EnvironmentProblem):
 
 def host_of(repository: str) -> str:
     """The registry a repository lives in, as Docker resolves the name (docker.io for Docker Hub's)."""
-    from docker.auth import resolve_repository_name
+    from docker.auth import resolve_repository_name  # the SDK takes a third of a second to import: only what talks to an engine pays for it
     return resolve_repository_name(repository)[0]
 
 
@@ -47,7 +48,7 @@ def refused(repository: str, what: str, reason: str) -> RegistryAuthError:
 
 def digest(client, repository: str, tag: str) -> str | None:
     """The digest `repository:tag` names in its registry, or None when there is no such tag."""
-    import docker
+    import docker  # the SDK takes a third of a second to import: only what talks to an engine pays for it
     try:
         found = (client.api.inspect_distribution(f"{repository}:{tag}").get("Descriptor") or {}).get("digest")
         return _digest_or_none(found, f"reading {repository}:{tag}")
@@ -89,7 +90,7 @@ def vllm_version(client, repository: str, tag: str) -> Version | None:
     """The vLLM version the image a tag names carries (its version label), when the tag exists: the engine pulls it
     by digest with our credentials (only its manifest and config when its layers are here) and forgets it again
     when it was not here before."""
-    import docker
+    import docker  # the SDK takes a third of a second to import: only what talks to an engine pays for it
     found = digest(client, repository, tag)
     if found is None:
         return None
@@ -123,7 +124,6 @@ class PushProgress:
     DONE = ("Pushed", "Layer already exists", "Mounted from", "Pull complete", "Already exists")
 
     def __init__(self, label: str, say, terminal: bool, every_s: float = 5.0, verb: str = "push"):
-        import time
         self.label, self.say, self.terminal, self.every_s, self.verb = label, say, terminal, every_s, verb
         self.clock = time.monotonic
         self.started = self.last = self.clock()

@@ -8,34 +8,34 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from servekit.wsl2.shared_usage import SharedUsageSampler, SharedUsageUnavailable
 
+from servekit.engines import Server
 from servekit.engines.docker import EngineError
 from servekit.output import as_output
 from servekit.serve import deploy
-from servekit.serve.gpu import NvmlSampler, NvmlUnavailable
-from servekit.serve.watch import BootFailed, BootRecord, milestone, watch_boot
+from servekit.gpu import NvmlSampler, NvmlUnavailable
+from servekit.errors import BootFailed
+from servekit.serve.watch import BootRecord, milestone, watch_boot
 
 
 class ContainerMemory(threading.Thread):
-    """The container's memory use about once a second (docker stats): the curve when there is no GPU."""
+    """The server's memory use about once a second (docker stats, or its process group's): the curve when there is
+    no GPU."""
 
-    def __init__(self, container, started: float):
+    def __init__(self, server: Server, started: float):
         super().__init__(daemon=True, name="container-memory")
-        self.container, self.started = container, started
+        self.server, self.started = server, started
         self.t: list[float] = []
         self.used: list[int] = []
         self.stopped = threading.Event()
 
     def run(self) -> None:
         try:
-            for stats in self.container.stats(stream=True, decode=True):
-                usage = (stats.get("memory_stats") or {}).get("usage")
-                if usage:
-                    self.t.append(round(time.time() - self.started, 3))
-                    self.used.append(usage)
+            for usage in self.server.memory():
+                self.t.append(round(time.time() - self.started, 3))
+                self.used.append(usage)
                 if self.stopped.is_set():
                     return
         except Exception:  # the container is gone: the series ends there
@@ -64,7 +64,7 @@ class Boot:
     record: BootRecord = field(default_factory=lambda: BootRecord(started=time.time()))
     gpu: NvmlSampler | None = None
     shared: SharedUsageSampler | None = None
-    container: Any = None  # the SDK container, once compose has started it
+    server: Server | None = None  # the profile's server, once its engine has started it
     container_memory: ContainerMemory | None = None
     notes: list[str] = field(default_factory=list)
     phases: list[tuple[str, float]] = field(default_factory=list)  # (name, seconds since the boot started)
@@ -153,10 +153,10 @@ def boot(dep: deploy.Deployment, profile: str, timeout_s: float, say=None, knobs
             if "could not select device driver" in last:  # the engine has no way to give it a GPU
                 last = f"no GPU: the engine has no NVIDIA runtime ({last.strip()})"
             raise BootFailed(f"compose up failed: {last}", "", exc.output) from None
-        b.container = started or deploy.find_container(profile, dep.engine)
-        if b.container is None:
+        b.server = started or deploy.find_server(profile, dep.engine)
+        if b.server is None:
             raise BootFailed(f"compose started no container for {profile}", "", [])
-        b.container_memory = ContainerMemory(b.container, b.record.started)
+        b.container_memory = ContainerMemory(b.server, b.record.started)
         b.container_memory.start()
 
         def progress(elapsed, rec):
@@ -165,9 +165,7 @@ def boot(dep: deploy.Deployment, profile: str, timeout_s: float, say=None, knobs
             if any(WEIGHTS_LOADED.search(line) for line in list(rec.lines)[-50:]):
                 b.mark("warm-up")
             out.progress(f"{profile} booting, {elapsed:.0f} s: {milestone(rec.lines) or f'{len(rec.lines)} log lines'}")
-        container = b.container
-        watch_boot(container, lambda: dep.engine.server_state(container, fresh=True), dep.url, timeout_s, b.record,
-                   progress=progress)
+        watch_boot(b.server, dep.url, timeout_s, b.record, progress=progress)
         b.mark("healthy")
         return b
     except BaseException as exc:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 from servekit.errors import UserError
+from servekit.smoke import AFTER_TRAFFIC, Result, run_check, RUN_DEADLINE_S
 
 
 def checks_to_run(matrix, profile: str, target: str, only: list[str] | None = None,
@@ -13,7 +14,6 @@ def checks_to_run(matrix, profile: str, target: str, only: list[str] | None = No
     """The profile's checks on `host` with their parameters (a `stand_in` model's where one is served), or only those
     named (each with the profile's parameters where it has the check, else the check's own); those that judge the
     others' traffic (spill) come last. A check the target does not require is left out, unless named."""
-    from servekit.smoke import AFTER_TRAFFIC
     for name in only or []:
         if name not in matrix.checks:
             raise UserError(f"--check {name}: expected one of {', '.join(matrix.checks)}")
@@ -30,7 +30,6 @@ def not_required_results(matrix, profile: str, target: str, only: list[str] | No
                          stand_in: str | None = None) -> list:
     """A result for each check of the profile the target (or the stand-in served) does not require (images.yaml says
     why), unless named."""
-    from servekit.smoke import Result
     return [Result(name, "not_required", why) for name, why in matrix.not_required(profile, target, stand_in).items()
             if not only or name not in only]
 
@@ -44,7 +43,6 @@ def console_line(result) -> str:
 def smoke(ctx, checks: dict[str, dict], on_result=None, deadline_s: float | None = None) -> list:
     """Run each check in order within the run's deadline, `on_result` hearing each verdict as it comes; a check that
     raises something unexpected fails, and the rest still run."""
-    from servekit.smoke import RUN_DEADLINE_S, Result, run_check
     results = []
     ends = time.monotonic() + (deadline_s or RUN_DEADLINE_S)
     for name, params in checks.items():

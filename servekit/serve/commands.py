@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from contextlib import nullcontext
 
 from servekit import engines
 from servekit.engines import transfer
@@ -16,11 +17,42 @@ from servekit.serve import deploy
 from servekit.serve.boot import boot
 from servekit.serve.checks import checks_to_run, not_required_results, smoke
 from servekit.serve.pipeline import run_profiles
+from servekit.build.builder import ensure_built
+from servekit.records.releases import released
+from servekit.records.report import write_report
+from servekit.smoke import Context
+from servekit.serve.watch import READY
+
+
+@dataclass(frozen=True)
+class Up:
+    """What `up` started: where it serves, its key's file, the name it serves under, what it runs with, and how its
+    boot went (timings, the first GPU's memory, WSL2's Shared Usage)."""
+
+    profile: str
+    target: str
+    host: str
+    engine: str
+    image: str
+    url: str
+    api_key_file: str
+    served_name: str
+    knobs: dict[str, str]
+    container: str
+    time_to_healthy_s: float | None
+    kv_pool_tokens: int | None
+    detection_lag_s: float | None
+    phases: list
+    gpu: dict | None
+    shared_usage: dict | None
+
+    def to_json(self) -> dict:
+        return asdict(self)
 
 
 def up_profile(session, profile: str, target: str | None = None, host: str | None = "auto", engine=None,
                port: int | None = None, timeout_s: float | None = None, say=print,
-               knobs: dict[str, str] | None = None) -> dict:
+               knobs: dict[str, str] | None = None) -> Up:
     """Start `profile` (with `knobs` over its own) and watch it to healthy; what it became (URL, key file, served
     name, the knobs it runs with, timings, memory). Raises BootFailed when it did not come up (it is taken down)."""
     engine = engine or engines.resolve(None)
@@ -39,16 +71,18 @@ def up_profile(session, profile: str, target: str | None = None, host: str | Non
         booted = boot(replace(dep, reached_at=url), profile, timeout_s or session.matrix.serve.boot_timeout_s,
                       say=say, knobs=knobs)
     booted.stop_samplers()  # `up` ends at healthy; `run` keeps them going through the traffic
+    server = booted.server
+    assert server is not None, "a boot returns with its server"
     record, memory = booted.record, booted.memory()
     shared = memory["shared_usage"]
-    return {"profile": profile, "target": target, "host": dep.host, "engine": engine.given, "image": dep.image,
-            "url": engines.address(engine, dep.bind, dep.port), "api_key_file": str(key_file),
-            "served_name": session.matrix.models[session.matrix.targets[target].model].served_name,
-            "knobs": deploy.knobs_of(engine.server_state(booted.container)),
-            "container": booted.container.name, "time_to_healthy_s": record.time_to_healthy_s,
-            "kv_pool_tokens": record.kv_pool_tokens, "detection_lag_s": record.detection_lag_s,
-            "phases": memory["phases"], "gpu": memory["gpus"][0] if memory["gpus"] else None,
-            "shared_usage": {k: v for k, v in shared.items() if k != "series"} if shared else None}
+    return Up(profile=profile, target=target, host=dep.host, engine=engine.given, image=dep.image,
+              url=engines.address(engine, dep.bind, dep.port), api_key_file=str(key_file),
+              served_name=session.matrix.models[session.matrix.targets[target].model].served_name,
+              knobs=deploy.knobs_of(server.state()),
+              container=server.name, time_to_healthy_s=record.time_to_healthy_s,
+              kv_pool_tokens=record.kv_pool_tokens, detection_lag_s=record.detection_lag_s,
+              phases=memory["phases"], gpu=memory["gpus"][0] if memory["gpus"] else None,
+              shared_usage={k: v for k, v in shared.items() if k != "series"} if shared else None)
 
 
 def profiles_of(session, target: str, wanted: list[str] | None) -> list[str]:
@@ -67,9 +101,6 @@ def run(session, target: str | None = None, profiles: list[str] | None = None, h
     """image, up, smoke, down and a report for each profile on one engine: (report, its folder) per profile.
     `knobs` are set for every boot (and recorded); `only` runs those checks instead of each profile's own;
     `boot_timeout_s` bounds each boot (a failed boot still gets its report)."""
-    from servekit.build.builder import ensure_built
-    from servekit.records.releases import released
-    from servekit.records.report import write_report
     engine = engine or engines.resolve(None)
     target = session.target(target, engine)
     profiles = profiles_of(session, target, profiles)
@@ -93,11 +124,8 @@ def smoke_running(session, profile: str, target: str | None = None, engine=None,
                   timeout_s: float | None = None) -> tuple[str, list]:
     """The profile's checks (or `only` those) against a server already running: its container on `engine`, or
     `url`; `timeout_s` bounds each check (every request of it, and each wait between bytes)."""
-    from contextlib import nullcontext
 
-    from servekit.smoke import Context
 
-    from servekit.serve.watch import READY
     if url and engine:
         raise UserError("--url and --engine: name the server one way (--engine finds it on that engine)")
     engine = engine or engines.resolve(None)
@@ -117,13 +145,13 @@ def smoke_running(session, profile: str, target: str | None = None, engine=None,
     logs, environ, port, healthy_line, host = None, None, dep.port, 0, "native"
     if not url:  # a profile on an engine: its log and environment are readable, so the log checks can run
         engine.check()
-        container = deploy.find_container(profile, engine)
-        if container is None:
+        server = deploy.find_server(profile, engine)
+        if server is None:
             raise UserError(f"{profile} is not running on engine {engine.given}: start it with `python build.py up "
                             f"{profile}" + ("" if engine.is_local else f" --engine {engine.given}") + "`")
-        logs = lambda: container.logs().decode("utf-8", "replace").splitlines()  # noqa: E731
-        environ = lambda: engine.server_environ(container)  # noqa: E731
-        state = engine.server_state(container)
+        logs = lambda: server.log().splitlines()  # noqa: E731
+        environ = server.environ
+        state = server.state()
         port = state.port or port
         host = state.env.get(HOST_KIND_ENV) or host  # its host's checks (a WSL2 server gets spill, which smoke cannot judge)
         # compiles while booting are expected; the log checks judge what came after the server was ready

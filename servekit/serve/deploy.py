@@ -18,18 +18,21 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+import datetime as dt
+
+from dotenv import dotenv_values
 
 from servekit.atomic import write_text
 from servekit.errors import UserError
 from servekit.output import as_output
-from servekit.engines import resolve
+from servekit.engines import Engine, local, resolve, Server, ServerState
 from servekit.engines.gpuaccess import COMPOSE_FILE as GPU_DEVICES_COMPOSE
-from servekit.engines.docker import PROJECT, Engine, ServerState, docker_errors, local_url
+from servekit.engines.docker import address, docker_errors, local_url, PROJECT
 from servekit.image.boundary import Missing, Refused, control_character, header_unsafe, read_secret, read_text
 from servekit.image.knobs import KNOBS, masked
 from servekit.image.launcher import MIN_KEY_CHARS
+from servekit.layout import IMAGE_UID
 
-IMAGE_UID = 10001  # the image's non-root user
 MAX_ID = 2**31 - 1  # the largest id Docker and Kubernetes take
 MODEL_DIR_COMPOSE = "compose.model-dir.yaml"  # mounts MODEL_DIR read-only; prepare then fetches nothing
 DRAFTER_DIR_COMPOSE = "compose.drafter-dir.yaml"  # mounts DRAFTER_DIR read-only, the DFlash2 drafter's folder
@@ -234,7 +237,6 @@ def users_lines(env_file: Path) -> list[str]:
 def users_settings(env_file: Path) -> dict[str, str]:
     """The user's lines of `env_file` as Compose reads them: python-dotenv follows its rules (`export`, quotes, a
     comment after a value, ${VAR}); the tests hold the two to the same files."""
-    from dotenv import dotenv_values
     values = dotenv_values(stream=io.StringIO("\n".join(users_lines(env_file)) + "\n"), interpolate=True)
     return {key: value for key, value in values.items() if value is not None}
 
@@ -269,7 +271,6 @@ def published(root: Path, bind: str, port: int, asked_port: int | None) -> tuple
 def ready_for_compose(session, target: str, tag: str) -> None:
     """compose/.env and the secrets for the image `tag` of `target`: all a plain `docker compose up PROFILE` in
     compose/ needs (what `image` leaves behind)."""
-    from servekit.engines import local
     dep = session.deployment(target, local(), tag=tag)
     ensure_secrets(dep)
     write_env(dep)
@@ -294,16 +295,14 @@ def down(dep: Deployment, profile: str | None = None) -> None:
     dep.engine.down(dep, profile)
 
 
-def find_container(profile: str, engine: Engine | None = None):
-    found = (engine or resolve(None)).containers(label=[f"com.docker.compose.project={PROJECT}",
-                                                        f"com.docker.compose.service={profile}"])
+def find_server(profile: str, engine: Engine | None = None) -> Server | None:
+    found = (engine or resolve(None)).servers(profile)
     return found[0] if found else None
 
 
 def is_running(profile: str, engine: Engine | None = None) -> bool:
-    engine = engine or resolve(None)
-    container = find_container(profile, engine)
-    return container is not None and engine.server_state(container).running
+    server = find_server(profile, engine)
+    return server is not None and server.state().running
 
 
 def knobs_of(state: ServerState) -> dict[str, str]:
@@ -313,21 +312,18 @@ def knobs_of(state: ServerState) -> dict[str, str]:
 
 
 def running_profiles(engine: Engine | None = None) -> list[str]:
-    return sorted({c.labels.get("com.docker.compose.service")
-                   for c in (engine or resolve(None)).containers(label=f"com.docker.compose.project={PROJECT}")})
+    return sorted({server.profile for server in (engine or resolve(None)).servers()})
 
 
 def status(engine: Engine | None = None, bind: str = "127.0.0.1") -> list[dict]:
     """`ps`: each container of this Compose project on the engine: profile, state and health, uptime, image, where
     it answers, and the knobs it was started with (its environment)."""
-    import datetime as dt
 
-    from servekit.engines.docker import address
     engine = engine or resolve(None)
     engine.check()
     rows = []
-    for c in engine.containers(label=f"com.docker.compose.project={PROJECT}"):
-        state = engine.server_state(c)
+    for server in engine.servers():
+        state = server.state()
         started = state.started_at[:26].rstrip("Z")  # RFC 3339 with nanoseconds: keep microseconds
         try:
             up_s = (dt.datetime.now(dt.timezone.utc) - dt.datetime.fromisoformat(started).replace(
@@ -344,12 +340,12 @@ def logs(profile: str, engine: Engine | None = None, follow: bool = False, tail:
     """`logs`: the profile's log lines (the last `tail`), and with `follow` each new one until it stops."""
     engine = engine or resolve(None)
     engine.check()
-    container = find_container(profile, engine)
-    if container is None:
+    server = find_server(profile, engine)
+    if server is None:
         raise UserError(f"{profile} has no container on engine {engine.given}; `python build.py ps` lists what runs")
     with docker_errors(f"logs of {profile} on engine {engine.given}"):
         pending = b""
-        for chunk in container.logs(stream=True, follow=follow, tail=tail):
+        for chunk in server.follow_log(tail=tail, follow=follow):
             pending += chunk
             *lines, pending = pending.split(b"\n")
             for line in lines:

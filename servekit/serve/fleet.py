@@ -12,14 +12,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 from pathlib import Path
+import datetime as dt
 
 from servekit.serve import deploy
 from servekit.atomic import write_text
 from servekit.output import as_output
 from servekit.serve.pipeline import run_profiles
 from servekit.engines.docker import Engine
-from servekit.records.models import FleetSummary, RunReport, save
+from servekit.records.models import FleetEngine, FleetSummary, RunReport, Table, save
 from servekit.records.report import write_report
+from servekit.build.builder import ensure_built
+from servekit.serve.commands import profiles_of
+from servekit.records.releases import released
 
 STOP_WAIT_S = 60  # after Ctrl-C, how long the engines' threads get to take their boots down
 
@@ -85,7 +89,7 @@ def _down_everywhere(runs: list[EngineRun], profiles: list[str]) -> None:
                 pass
 
 
-def summary(runs: list[EngineRun]) -> tuple[dict, str]:
+def summary(runs: list[EngineRun]) -> tuple[FleetSummary, str]:
     """(summary.json's document, summary.md): one row per engine and profile."""
     header = ["engine", "host", "profile", "result", "image", "healthy in (s)", "KV pool (tokens)", "tokens/s",
               "checks", "report"]
@@ -100,10 +104,10 @@ def summary(runs: list[EngineRun]) -> tuple[dict, str]:
                          report.image.arrived or "", report.boot.time_to_healthy_s, report.boot.kv_pool_tokens,
                          burst.figures.get("tokens_per_s") if burst and burst.status == "passed" else None,
                          f"{passed}/{len(report.checks)}", f"{folder.name}/report.md"])
-    doc = {"kind": "fleet", "passed": all(r.passed for r in runs),
-           "engines": [{"engine": r.engine.given, "label": r.engine.label, "url": r.engine.url, "port": r.dep.port,
-                        "passed": r.passed, "error": r.error, "reports": [str(folder) for _, folder in r.reports]} for r in runs],
-           "table": {"header": header, "rows": rows}}
+    doc = FleetSummary(passed=all(r.passed for r in runs), table=Table(header=header, rows=rows),
+                       engines=[FleetEngine(engine=r.engine.given, label=r.engine.label, url=r.engine.url,
+                                            port=r.dep.port, passed=r.passed, error=r.error,
+                                            reports=[str(folder) for _, folder in r.reports]) for r in runs])
     cell = lambda v: "" if v is None else (f"{v:,}" if isinstance(v, int) else str(v))  # noqa: E731
     lines = [f"# Fleet run: {sum(r.passed for r in runs)} of {len(runs)} engines passed", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -112,21 +116,17 @@ def summary(runs: list[EngineRun]) -> tuple[dict, str]:
     return doc, "\n".join(lines) + "\n"
 
 
-def write_summary(out: Path, runs: list[EngineRun]) -> tuple[dict, Path]:
+def write_summary(out: Path, runs: list[EngineRun]) -> tuple[FleetSummary, Path]:
     doc, markdown = summary(runs)
-    save(out / "summary.json", FleetSummary.model_validate(doc))
+    save(out / "summary.json", doc)
     write_text(out / "summary.md", markdown)
     return doc, out / "summary.md"
 
 
 def run(session, engines: list[Engine], target: str | None = None, profiles: list[str] | None = None,
-        host: str | None = "auto", port: int | None = None, say=print) -> tuple[dict, Path, list[EngineRun]]:
+        host: str | None = "auto", port: int | None = None, say=print) -> tuple[FleetSummary, Path, list[EngineRun]]:
     """`run --engines`: build here once, then the profiles on every engine at once; (summary, its file, runs)."""
-    import datetime as dt
 
-    from servekit.build.builder import ensure_built
-    from servekit.serve.commands import profiles_of
-    from servekit.records.releases import released
     target = session.target(target, engines[0])
     profiles = profiles_of(session, target, profiles)
     plan = ensure_built(session, target, say=as_output(say).child("run: "))

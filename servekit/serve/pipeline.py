@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -13,7 +14,8 @@ from servekit.records.models import BootFigures, ImageUsed, Memory, ReleaseRecor
 from servekit.serve import deploy
 from servekit.serve.boot import BootInterrupted, Stopped, boot
 from servekit.serve.checks import checks_to_run, console_line, not_required_results, smoke
-from servekit.serve.watch import BootFailed
+from servekit.errors import BootFailed
+from servekit.smoke import Context, Result, all_passed
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -24,6 +26,37 @@ class RunInterrupted(KeyboardInterrupt):
         self.report, self.series = report, series
 
 
+def _new_report(matrix, dep: deploy.Deployment, profile: str) -> RunReport:
+    """The report of a run about to start: what runs where, the image's ID and what the reader must know of it."""
+    created = dt.datetime.now(dt.timezone.utc)
+    report = RunReport(run_id=f"{created:%Y%m%d-%H%M%S}-{profile}-{dep.target}",
+                       created=created.isoformat(timespec="seconds"), profile=profile, target=dep.target,
+                       host=dep.host, engine=dep.engine.given, url=dep.url, image=ImageUsed(tag=dep.image),
+                       stand_in=dep.stand_in, pins=matrix.target_pins(dep.target))
+    report.image.id = dep.engine.image_id(dep.image)  # what a release is matched by, known before the boot
+    if dep.stand_in:
+        report.notes.append(f"served {dep.stand_in} ({matrix.models[dep.stand_in].dir}, through MODEL_DIR) in place "
+                            f"of {matrix.targets[dep.target].model}, with its check parameters (images.yaml models."
+                            f"{dep.stand_in}.checks)")
+    if matrix.profiles[profile].auth == "none":
+        report.notes.append("served WITHOUT an API key: the profile says auth: none in images.yaml")
+    return report
+
+
+def _record_memory(report: RunReport, b) -> dict:
+    """The boot's figures and memory into the report; the series for its plot."""
+    memory = b.memory() if b else {"gpus": [], "shared_usage": None, "phases": [], "notes": [], "container": None}
+    if b:
+        report.boot = BootFigures(time_to_healthy_s=b.record.time_to_healthy_s, kv_pool_tokens=b.record.kv_pool_tokens,
+                                  detection_lag_s=b.record.detection_lag_s, phases=memory["phases"])
+    shared = dict(memory["shared_usage"]) if memory["shared_usage"] else None
+    series = {"gpus": memory.get("gpu_series") or [], "container": memory.get("container_series"),
+              "shared": shared.pop("series") if shared else None}
+    report.memory = Memory(gpus=memory["gpus"], shared_usage=shared, container=memory.get("container"))
+    report.notes += memory["notes"]
+    return series
+
+
 def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=print, knobs: dict | None = None,
                 only: list[str] | None = None, stop: threading.Event | None = None,
                 boot_timeout_s: float | None = None) -> tuple[RunReport, dict]:
@@ -32,23 +65,8 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
 
     `knobs` apply to this boot only; `only` limits the checks to those named; `boot_timeout_s` bounds the boot
     (default: serve.boot_timeout_s)."""
-    import datetime as dt
-    from servekit.smoke import Context, Result, all_passed
     checks = checks_to_run(matrix, profile, dep.target, only, dep.host, dep.stand_in)
-    created = dt.datetime.now(dt.timezone.utc)
-    report = RunReport(run_id=f"{created:%Y%m%d-%H%M%S}-{profile}-{dep.target}",
-                       created=created.isoformat(timespec="seconds"), profile=profile, target=dep.target,
-                       host=dep.host, engine=dep.engine.given, url=dep.url, image=ImageUsed(tag=dep.image),
-                       stand_in=dep.stand_in, pins=matrix.target_pins(dep.target))
-    if dep.engine.serves_images:  # the ID a release is matched by, known before the boot (a failed one too)
-        image = dep.engine.image(dep.image)
-        report.image.id = image.id if image else None
-    if dep.stand_in:
-        report.notes.append(f"served {dep.stand_in} ({matrix.models[dep.stand_in].dir}, through MODEL_DIR) in place "
-                            f"of {matrix.targets[dep.target].model}, with its check parameters (images.yaml models."
-                            f"{dep.stand_in}.checks)")
-    if matrix.profiles[profile].auth == "none":
-        report.notes.append("served WITHOUT an API key: the profile says auth: none in images.yaml")
+    report = _new_report(matrix, dep, profile)
     b = None
     interrupted = None
     done: list[Result] = []
@@ -65,10 +83,11 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
         b.mark("traffic")
         lines = lambda: list(b.record.lines)  # noqa: E731
         served_name = matrix.models[matrix.targets[dep.target].model].served_name
-        container = b.container
+        server = b.server
+        assert server is not None, "a boot returns with its server"
         ctx = Context(dep.url, read_secret(key_file), served_name,
                       gpu=matrix.targets[dep.target].gpu, logs=lines, healthy_line=len(b.record.lines),
-                      environ=lambda: dep.engine.server_environ(container),
+                      environ=server.environ,
                       shared_usage=b.end_traffic if dep.host == "wsl2" else None)
         results = smoke(ctx, checks, on_result=heard)
         b.mark("end")
@@ -87,19 +106,11 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
     finally:
         if b:
             b.stop_samplers()
-            report.image.id = b.container.image.id if b.container else report.image.id
+            report.image.id = (b.server.image_id if b.server else None) or report.image.id
             deploy.down(dep, profile)  # what this run started, and nothing else
-    memory = b.memory() if b else {"gpus": [], "shared_usage": None, "phases": [], "notes": [], "container": None}
-    if b:
-        report.boot = BootFigures(time_to_healthy_s=b.record.time_to_healthy_s, kv_pool_tokens=b.record.kv_pool_tokens,
-                                  detection_lag_s=b.record.detection_lag_s, phases=memory["phases"])
-    shared = dict(memory["shared_usage"]) if memory["shared_usage"] else None
-    series = {"gpus": memory.get("gpu_series") or [], "container": memory.get("container_series"),
-              "shared": shared.pop("series") if shared else None}
-    report.memory = Memory(gpus=memory["gpus"], shared_usage=shared, container=memory.get("container"))
-    report.notes += memory["notes"]
+    series = _record_memory(report, b)
     # what the server ran with (the shell's knobs included), else what this run asked for
-    report.knobs = deploy.knobs_of(dep.engine.server_state(b.container)) if b and b.container else (knobs or {})
+    report.knobs = deploy.knobs_of(b.server.state()) if b and b.server else (knobs or {})
     for result in not_required_results(matrix, profile, dep.target, only, dep.stand_in):
         say(f"  {console_line(result)}")
         results.append(result)

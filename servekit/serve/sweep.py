@@ -9,11 +9,19 @@ import statistics
 from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
+import datetime as dt
 
 from servekit.atomic import write_text
 from servekit.errors import UserError
 from servekit.config.knobargs import parse_knobs
-from servekit.records.models import RunReport, SweepReport, save
+from servekit.records.models import RunReport, SweepCell, SweepReport, Table, save
+from servekit.records.report import quiet_matplotlib
+from servekit.serve.pipeline import run_profile
+from servekit.image.launcher import build_command
+from servekit.config.profiles import render_profiles
+from servekit.serve import deploy
+from servekit.build.builder import ensure_built
+from servekit.engines import resolve
 
 GiB = 2**30
 
@@ -170,11 +178,10 @@ def render_markdown(title: str, header: list[str], rows: list[list[str]], advice
 
 
 def plot(path: Path, cells: list[Cell], knob: str) -> None:
-    from servekit.records.report import quiet_matplotlib
     quiet_matplotlib()
-    import matplotlib
+    import matplotlib  # only when a sweep's plot is drawn (a second to import)
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # only when a sweep's plot is drawn (a second to import)
 
     xs = [c.knobs.get(knob, c.label) for c in cells]
     fig, ax = plt.subplots(figsize=(8, 4.2), dpi=110)
@@ -200,8 +207,8 @@ def plot(path: Path, cells: list[Cell], knob: str) -> None:
     plt.close(fig)
 
 
-def write(out: Path, doc: dict, markdown: str, cells: list[Cell], knob: str) -> None:
-    save(out / "report.json", SweepReport.model_validate(doc))
+def write(out: Path, doc: SweepReport, markdown: str, cells: list[Cell], knob: str) -> None:
+    save(out / "report.json", doc)
     write_text(out / "report.md", markdown)
     plot(out / "sweep.png", cells, knob)
 
@@ -212,7 +219,6 @@ def run_sweep(matrix, dep, profile: str, key_file: Path, knobs: list[tuple[str, 
 
     A cell whose boot fails is recorded and the sweep goes on; Ctrl-C stops after run_profile has
     taken the current boot down."""
-    from servekit.serve.pipeline import run_profile
     cells = [Cell(c) for c in combinations(knobs)]
     try:
         for cell in cells:
@@ -226,10 +232,8 @@ def run_sweep(matrix, dep, profile: str, key_file: Path, knobs: list[tuple[str, 
 
 
 def sweep_document(matrix, dep, profile: str, image: str, knobs: list[tuple[str, list[str]]], boots: int,
-                   cells: list[Cell], interrupted: bool) -> tuple[dict, str]:
+                   cells: list[Cell], interrupted: bool) -> tuple[SweepReport, str]:
     """The sweep's report.json content and its Markdown."""
-    from servekit.image.launcher import build_command
-    from servekit.config.profiles import render_profiles
     names = [k for k, _ in knobs]
     argv, _ = build_command(render_profiles(matrix, dep.target), profile, dep.host, {})  # what it runs untouched
     current = argv[argv.index("--gpu-memory-utilization") + 1] if "--gpu-memory-utilization" in argv else None
@@ -238,23 +242,19 @@ def sweep_document(matrix, dep, profile: str, image: str, knobs: list[tuple[str,
         if len(names) == 1 else None
     notes = ["interrupted: the table holds the boots that finished"] if interrupted else []
     title = f"sweep of {profile} on {dep.target} ({dep.host}): {', '.join(names)}, {boots} boots a cell"
-    doc = {"schema_version": 1, "kind": "sweep", "profile": profile, "target": dep.target, "host": dep.host,
-           "image": image, "boots_per_cell": boots, "interrupted": interrupted, "advice": advice,
-           "cells": [{"knobs": c.knobs, "boots": c.boots} for c in cells],
-           "table": {"header": header, "rows": rows}, "notes": notes, "title": title}
+    doc = SweepReport(profile=profile, target=dep.target, host=dep.host, image=image,
+                      boots_per_cell=boots, interrupted=interrupted, advice=advice,
+                      cells=[SweepCell(knobs=c.knobs, boots=c.boots) for c in cells],
+                      table=Table(header=header, rows=rows), notes=notes, title=title)
     return doc, render_markdown(title, header, rows, advice, notes)
 
 
 def sweep(session, profile: str, knob_specs: list[str], boots: int = 2, target: str | None = None,
           host: str | None = "auto", checks: list[str] | None = None, say=print,
-          engine=None) -> tuple[Path, dict, str]:
+          engine=None) -> tuple[Path, SweepReport, str]:
     """Every combination of knob values, `boots` boots each, on `engine` (this machine's Docker engine when None);
     a failed cell is recorded and the sweep goes on. (the report's folder, its document, its Markdown)."""
-    import datetime as dt
 
-    from servekit.serve import deploy
-    from servekit.build.builder import ensure_built
-    from servekit.engines import resolve
     matrix = session.matrix
     engine = engine or resolve(None)
     target = session.profile_target(profile, target, engine)

@@ -17,31 +17,16 @@ from datetime import datetime
 from typing import Any, Callable, Protocol
 
 import requests
-from tenacity import RetryError, Retrying, retry_if_result, stop_after_delay, wait_fixed
 
-# vLLM prefixes its lines with the process and level: "(EngineCore pid=25) ERROR 11-29 09:01:47 [core.py:1433] ".
-VLLM_PREFIX = r"^(?:\([\w-]+ pid=\d+\) (?:ERROR|CRITICAL) [^\[]*\[[^\]]+\] )?"
-# (pattern, reason): the first line that matches ends the wait; the specific ones come first.
-FAILURE_PATTERNS = [
-    (re.compile(r"CUDA out of memory|torch\.OutOfMemoryError"), "out of memory"),
-    (re.compile(r"No available memory for the cache blocks"), "out of memory (no room for the KV cache)"),
-    (re.compile(r"UVA is not available"), "UVA is not available (WSL2: pinned memory is off)"),
-    (re.compile(r"device not ready", re.I), "device not ready (WSL2: expandable_segments must be off)"),
-    (re.compile(r"launcher: refusing to start: .+"), "launcher refused"),
-    (re.compile(VLLM_PREFIX + r"(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception): \S"), "error"),
-    (re.compile(r"EngineCore failed to start"), "EngineCore failed to start"),
-    (re.compile(VLLM_PREFIX + r"Traceback \(most recent call last\)"), "traceback"),
-]
+from servekit.engines import Server
+from servekit.engines.failures import VLLM_PREFIX, classify
+from servekit.errors import BootFailed
+from servekit.waiting import until
+
 TRACEBACK_GRACE_S = 2.0  # a traceback's own exception line follows within this; it is the better reason
 READY = re.compile(r"Application startup complete")
 KV_POOL = re.compile(r"KV cache size: ([\d,]+) tokens")
 LOG_PREFIX = re.compile(r"^(\S+) (.*)$")  # docker's RFC 3339 timestamp, then the line
-
-
-class BootFailed(Exception):
-    def __init__(self, reason: str, line: str, last_lines: list[str]):
-        super().__init__(f"{reason}: {line}" if line else reason)
-        self.reason, self.line, self.last_lines = reason, line, last_lines
 
 
 # Lines that say where a boot is (weights, profiling, the KV pool, graphs, compiles, the server): shown as progress.
@@ -83,23 +68,12 @@ def _timestamp(text: str) -> float | None:
         return None
 
 
-def classify(line: str) -> tuple[str, str] | None:
-    """(reason, the matching text) when a log line means the boot has failed."""
-    if " WARNING " in line[:60]:
-        return None
-    for pattern, reason in FAILURE_PATTERNS:
-        match = pattern.search(line)
-        if match:
-            return reason, line.strip()[-400:]
-    return None
-
-
 class LogFollower(threading.Thread):
     """Follows the container's log stream; records readiness, the KV pool and the first failure."""
 
-    def __init__(self, container, record: BootRecord):
+    def __init__(self, server: Server | None, record: BootRecord):
         super().__init__(daemon=True)
-        self.container, self.record = container, record
+        self.server, self.record = server, record
         self._failure: tuple[str, str] | None = None
         self._detail: list[str] = []  # lines after the failure line: pydantic puts the message there
         self._traceback: tuple[float, tuple[str, str]] | None = None
@@ -121,7 +95,8 @@ class LogFollower(threading.Thread):
     def run(self) -> None:
         buffer = b""
         try:
-            for chunk in self.container.logs(stream=True, follow=True, timestamps=True):
+            assert self.server is not None, "a follower that runs follows a server"
+            for chunk in self.server.follow_log(follow=True, timestamps=True):
                 buffer += chunk
                 while b"\n" in buffer:
                     raw, buffer = buffer.split(b"\n", 1)
@@ -224,24 +199,16 @@ def wait_until(waits: list[Wait], deadline_s: float, poll_s: float, tail: Callab
         if each_round:
             each_round()
         return held
-    try:
-        for attempt in Retrying(wait=wait_fixed(poll_s), stop=stop_after_delay(deadline_s),
-                                retry=retry_if_result(lambda held: not held)):
-            with attempt:
-                held = round_holds()
-            outcome = attempt.retry_state.outcome
-            if outcome is not None and not outcome.failed:
-                attempt.retry_state.set_result(held)
-    except RetryError:
-        raise BootFailed(f"not healthy within {deadline_s:.0f} s", "", tail()) from None
+    if not until(round_holds, deadline_s, poll_s):
+        raise BootFailed(f"not healthy within {deadline_s:.0f} s", "", tail())
 
 
-def watch_boot(container, state: Callable[[], Any], url: str, timeout_s: float, record: BootRecord | None = None,
+def watch_boot(server: Server, url: str, timeout_s: float, record: BootRecord | None = None,
                poll_s: float = 0.25, progress=None) -> BootRecord:
-    """Block until /health answers 200; raise BootFailed on a failure line, an exit or the timeout. `state` reads
-    the server's state afresh (its engine's)."""
+    """Block until /health answers 200; raise BootFailed on a failure line, an exit or the timeout."""
     record = record or BootRecord(started=time.time())
-    follower = LogFollower(container, record)
+    follower = LogFollower(server, record)
+    state = lambda: server.state(fresh=True)  # noqa: E731
     follower.start()
 
     def tail() -> list[str]:
@@ -252,7 +219,5 @@ def watch_boot(container, state: Callable[[], Any], url: str, timeout_s: float, 
                if progress else None)
     record.healthy_at = time.time()
     # The startup line is logged just before /health answers; give the stream a moment to deliver it.
-    deadline = time.monotonic() + 2
-    while record.ready_logged_at is None and time.monotonic() < deadline:
-        time.sleep(0.05)
+    until(lambda: record.ready_logged_at is not None, 2, 0.05)
     return record

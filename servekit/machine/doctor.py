@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 from dataclasses import dataclass
 
 from servekit.wsl2.detect import wsl2_signs
 
-from servekit.errors import EnvironmentProblem
-from servekit.serve.gpu import NvmlUnavailable, driver_version, list_gpus
-from servekit.engines.docker import gpu_access_of, local
+from servekit.errors import EnvironmentProblem, UserError
+from servekit.gpu import NvmlUnavailable, driver_version, list_gpus
+from servekit.engines.docker import docker_cli, gpu_access_of, local
 from servekit.engines.gpuaccess import (ACCESS_ENV, CONTAINER_DRIVER_DIR, DRIVER_DIR_ENV, GPU_DEVICE_ENV, GpuAccess,
                                         decide, docker_run_args)
+from servekit.build.bases import made_base_current
+from servekit.config.load import load_matrix
 
 
 @dataclass
@@ -27,10 +28,6 @@ class Finding:
 DRIVER_MAJOR = 580
 # Measured here: the cuda image is 9.7 GB, the cpu image 3.7 GB; a build needs about as much again for its cache.
 DISK_FAIL_GB, DISK_WARN_GB = 12, 30
-
-
-def _docker(*args: str, timeout: float = 15) -> subprocess.CompletedProcess:
-    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def driver_finding(version: str) -> Finding:
@@ -83,7 +80,7 @@ def gpu_container(engine, images: list[str], access: GpuAccess) -> Finding:
         how, smi = docker_run_args(), f"{CONTAINER_DRIVER_DIR}/bin/nvidia-smi"
     else:
         how, smi = ["--gpus", "all", "-e", "NVIDIA_DRIVER_CAPABILITIES=utility"], "nvidia-smi"
-    done = _docker("run", "--rm", *how, "--entrypoint", smi, image, "-L", timeout=120)
+    done = docker_cli(["run", "--rm", *how, "--entrypoint", smi, image, "-L"], timeout=120)
     if done.returncode == 0 and "GPU " in done.stdout:
         return Finding("gpu container", "ok", f"{access.route}: " + "; ".join(done.stdout.strip().splitlines()))
     said = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
@@ -109,10 +106,10 @@ def diagnose() -> list[Finding]:
         out.append(Finding("engine", "fail", str(exc), "run `make engine`, or start Docker"))
         return out
     out.append(Finding("engine", "ok", f"Docker {server.get('Version')} (API {server.get('ApiVersion')})"))
-    compose = _docker("compose", "version", "--short")
+    compose = docker_cli(["compose", "version", "--short"], timeout=15)
     out.append(Finding("compose", "ok", f"Compose {compose.stdout.strip()}") if compose.returncode == 0 else
                Finding("compose", "fail", "`docker compose` is missing", "run `make engine`"))
-    buildx = _docker("buildx", "version")
+    buildx = docker_cli(["buildx", "version"], timeout=15)
     if buildx.returncode == 0:
         out.append(Finding("builder", "ok", f"buildx: {buildx.stdout.strip()}"))
     elif compose.returncode == 0:
@@ -144,7 +141,6 @@ def diagnose() -> list[Finding]:
 
 def base_findings(matrix) -> list[Finding]:
     """Each base a target can build on: here, to be made by the first build that needs it, or to be pulled."""
-    from servekit.build.bases import made_base_current
     out = []
     for name, base in matrix.bases.items():
         if not any(name in t.bases for t in matrix.targets.values()):
@@ -162,8 +158,6 @@ def base_findings(matrix) -> list[Finding]:
 def doctor(matrix_path) -> list[Finding]:
     """Every finding: the engine and the machine, then (when the engine answers) the bases of the matrix, the target
     commands default to and, where the engine can give a container a GPU, one GPU container."""
-    from servekit.errors import UserError
-    from servekit.config.load import load_matrix
     findings = diagnose()
     if findings and findings[0].status == "ok":
         try:

@@ -9,10 +9,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import yaml
+
 from servekit.wsl2.detect import is_wsl2
 from servekit.wsl2.shared_usage import SharedUsageSampler, SharedUsageUnavailable
 
-from servekit.serve.gpu import NvmlSampler, NvmlUnavailable
+from servekit.gpu import NvmlSampler, NvmlUnavailable
 
 
 def monitor(seconds: float | None, interval_s: float = 0.05, adapter: str | None = None,
@@ -58,7 +60,6 @@ def monitor(seconds: float | None, interval_s: float = 0.05, adapter: str | None
 def wsl2_adapter(matrix_path: str | Path) -> str | None:
     """hosts.wsl2.adapter from the matrix, read with PyYAML alone (no pydantic on a bare GPU machine)."""
     try:
-        import yaml
         data = yaml.safe_load(Path(matrix_path).read_text())
         return ((data or {}).get("hosts") or {}).get("wsl2", {}).get("adapter")
     except (ImportError, OSError, yaml.YAMLError, AttributeError):

@@ -11,13 +11,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import yaml
+
 from servekit.atomic import write_text
 from servekit.config.matrix import Matrix
 from servekit.build.plan import TargetPlan
 from servekit.config.profiles import resolve_knobs
 from servekit.image.launcher import CONTAINER_PORT, HOST_KIND_ENV
+from servekit.layout import CACHE_MOUNT, IMAGE_UID, MODELS_MOUNT
 from servekit.release.publish import registry_path, released_reference
 from servekit.records.releases import released
+from servekit.errors import CheckFailed, UserError
 
 PORT = CONTAINER_PORT
 PROBE_PERIOD_S = 10
@@ -48,7 +52,7 @@ def render(matrix: Matrix, profile: str, target: str, host: str, image: str) -> 
         resources["limits"] = {"nvidia.com/gpu": 1}
     probe = {"httpGet": {"path": "/health", "port": PORT}, "periodSeconds": PROBE_PERIOD_S, "timeoutSeconds": 5}
     startup_failures = -(-matrix.serve.boot_timeout_s // PROBE_PERIOD_S)  # covers a whole model load
-    volumes = [("models", "/app/models", "100Gi" if spec.gpu else "1Gi"), ("cache", "/cache", "20Gi")]
+    volumes = [("models", MODELS_MOUNT, "100Gi" if spec.gpu else "1Gi"), ("cache", CACHE_MOUNT, "20Gi")]
     container = {
         "name": "vllm", "image": image, "args": ["serve", profile], "env": env,
         "ports": [{"name": "http", "containerPort": PORT}],
@@ -56,7 +60,7 @@ def render(matrix: Matrix, profile: str, target: str, host: str, image: str) -> 
         "startupProbe": {**probe, "failureThreshold": startup_failures},
         "readinessProbe": {**probe, "failureThreshold": 3},
         "livenessProbe": {**probe, "failureThreshold": 3},
-        "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": IMAGE_UID, "runAsGroup": IMAGE_UID,
                             "allowPrivilegeEscalation": False},
         "volumeMounts": [{"name": v, "mountPath": path} for v, path, _ in volumes] +
                         [{"name": "api-key", "mountPath": "/run/secrets/api_key", "subPath": "api_key",
@@ -77,7 +81,7 @@ def render(matrix: Matrix, profile: str, target: str, host: str, image: str) -> 
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
-                    "securityContext": {"fsGroup": 10001},
+                    "securityContext": {"fsGroup": IMAGE_UID},
                     "initContainers": [prepare],  # as compose's prepare service
                     "containers": [container],
                     "volumes": [{"name": v, "persistentVolumeClaim": {"claimName": f"{name}-{v}"}}
@@ -104,7 +108,6 @@ def render(matrix: Matrix, profile: str, target: str, host: str, image: str) -> 
 
 def to_yaml(doc: dict) -> str:
     """The manifest as YAML a person reads and kubectl applies: every value written out, no anchors (`&id001`)."""
-    import yaml
 
     class Written(yaml.SafeDumper):
         def ignore_aliases(self, data) -> bool:
@@ -113,7 +116,6 @@ def to_yaml(doc: dict) -> str:
 
 
 def write(docs: list[dict], out: Path) -> list[Path]:
-    from servekit.errors import UserError
     paths = []
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -129,7 +131,7 @@ def write(docs: list[dict], out: Path) -> list[Path]:
 
 def validate(docs: list[dict], version: str = "1.31") -> list[str]:
     """Problems found by the Kubernetes schemas (offline, kubernetes-validate), strict about unknown fields."""
-    import kubernetes_validate
+    import kubernetes_validate  # the Kubernetes schemas, loaded only by `render k8s` and --kube-version
     problems = []
     for doc in docs:
         try:
@@ -144,7 +146,6 @@ def render_profile(session, profile: str, out: Path, target: str | None = None, 
                    kube_version: str = "1.31") -> tuple[list[Path], str]:
     """`render k8s`: the manifests for one profile, validated before anything is written; (paths, how the image
     is referenced)."""
-    from servekit.errors import CheckFailed, UserError
     matrix = session.matrix
     target = session.profile_target(profile, target)
     if host not in matrix.hosts:

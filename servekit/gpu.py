@@ -1,6 +1,6 @@
-"""GPUs through NVML: a 50 ms memory sampler (standard library and nvidia-ml-py only).
+"""The host's GPUs through NVML: a 50 ms memory sampler (standard library and nvidia-ml-py only).
 
-It runs on the GPU machine too, which has neither the Docker SDK nor pydantic. `used` is the
+It runs on a GPU host without Docker too (the process engine), where neither the Docker SDK nor pydantic may be. `used` is the
 v1 figure, which is what nvidia-smi shows (it counts the driver's reserved memory); samples
 are taken in a background thread, and per-process lists, which take the driver's lock, at
 most once a second.
@@ -12,8 +12,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from servekit.errors import EnvironmentProblem
 
-class NvmlUnavailable(Exception):
+
+class NvmlUnavailable(EnvironmentProblem):
     """No NVML here: no driver, no library, or no GPU. The message says which."""
 
 
@@ -26,7 +28,7 @@ class GpuInfo:
 
 def nvml_init():
     try:
-        import pynvml
+        import pynvml  # nvidia-ml-py: only where a GPU is sampled; a host without it gets NvmlUnavailable
     except ImportError:
         raise NvmlUnavailable("nvidia-ml-py is not installed") from None
     try:

@@ -1,0 +1,78 @@
+"""The commands of images: image, reproduce, demo-model, patch-env."""
+
+from __future__ import annotations
+
+from servekit.commands.console import channel, emit_json, open_session
+from servekit.commands.parsing import Commands
+
+# Each command imports its stage when it runs, inside its function: `--help`, completion and a refused argument
+# answer in a tenth of a second, without loading the engine's SDK, pydantic or Rich (a second and more).
+
+
+def cmd_image(args) -> int:
+    from servekit.build.builder import build_targets
+    from servekit.serve.deploy import ready_for_compose
+    session = open_session(args)
+    results = build_targets(session, args.target, args.force or args.no_cache, say=channel("image: "),
+                            no_cache=args.no_cache)
+    ready_for_compose(session, results[-1].target, results[-1].tag)  # for `docker compose up PROFILE` in compose/
+    if args.json:
+        emit_json({"images": [{"target": r.target, "tag": r.tag, "built": r.built, "seconds": round(r.seconds, 1),
+                                "log": str(r.log) if r.log else None} for r in results]})
+        return 0
+    for r in results:
+        print(f"{r.target}: {r.tag} " + (f"built in {r.seconds:.0f} s (log: {r.log})" if r.built else
+                                          "already built; nothing to do"))
+    return 0
+
+
+def cmd_reproduce(args) -> int:
+    from servekit.build.reproduce import reproduce
+    session = open_session(args)
+    result = reproduce(session, session.check_target(args.target or session.default_target()), say=channel("reproduce: "))
+    if args.json:
+        emit_json(result.as_json())
+    else:
+        first = f"{result.first_seconds:.0f} s" if result.first_seconds is not None else "already built"
+        print(f"{result.target}: {result.tag}\n  first build: {result.first_id} ({first})\n  rebuild:     "
+              f"{result.second_id} ({result.second_seconds:.0f} s, the builder's cache unused)")
+        print("  the same image: the inputs decide it" if result.same else
+              "  different images; the first keeps the tag:\n" + "\n".join(f"    {d}" for d in result.differences))
+    return 0 if result.same else 1
+
+
+def cmd_demo_model(args) -> int:
+    from servekit.build.retrain import regenerate_shipped
+    dest = regenerate_shipped(open_session(args), say=channel())
+    print(f"demo-model: {dest} replaced; `make demo` and `make test` use it")
+    return 0
+
+
+def cmd_patch_env(args) -> int:
+    from servekit.build.patchenv import patch_environment
+    session = open_session(args)
+    applied = patch_environment(session, session.target(args.target), args.python, say=channel())
+    if args.json:
+        emit_json({"applied": applied})
+    return 0
+
+
+def register(c: Commands) -> None:
+    p = c.add("image", cmd_image, "build the image of a target (content-addressed: an image already built for "
+            "its digest is not rebuilt)", locked=True)
+    c.target(p, many=True)
+    p.add_argument("--force", action="store_true", help="rebuild even if the image exists")
+    p.add_argument("--no-cache", action="store_true", help="with --force: run every step again, BuildKit's cache "
+                   "unused (slow: every wheel is installed again)")
+    p = c.add("reproduce", cmd_reproduce, "build a target's image again with the builder's cache unused and check "
+              "it is the same image ID (exit 1 naming the layers and first files that differ)", locked=True)
+    c.target(p)
+    c.add("demo-model", cmd_demo_model, "train the shipped demo model again (a few CPU minutes, in the image of the "
+        "target that serves it) and replace its folder (images.yaml models.<name>.dir)", json_out=False, locked=True)
+    p = c.add("patch-env", cmd_patch_env, "apply the patch series and components to the vLLM of a Python environment "
+            "you installed from docs/install.md (what the image build does), for the process engine", locked=True)
+    p.add_argument("--python", required=True, metavar="PATH", help="the environment's interpreter, e.g. "
+                   "/opt/venv/bin/python")
+    c.target(p, help="the target whose series applies (default: the first GPU target where this machine has a "
+               "GPU, else the first without one)")
+
