@@ -45,7 +45,7 @@ def read_file(client, image: str, path: str) -> bytes:
 def attach_sbom(client, image, repository: str, registry_digest: str, epoch: int, push, say) -> SbomRecord:
     """Push the SBOM `image` carries beside it; `push(client, image, repository, tag, say)` is the release's own
     push (retried, read back)."""
-    import docker
+    import docker  # the SDK takes a third of a second to import: only what talks to an engine pays for it
     try:
         document = read_file(client, image.id, SBOM_PATH)
     except docker.errors.NotFound:
@@ -61,9 +61,19 @@ def attach_sbom(client, image, repository: str, registry_digest: str, epoch: int
     try:
         pushed = push(client, client.images.get(carrier_id), repository, tag, say)
     finally:
-        client.images.remove(local_tag, noprune=False)
+        _untag(client, local_tag)
     return SbomRecord(tag=tag, registry_digest=pushed, sha256=hashlib.sha256(document).hexdigest(),
                       media_type=MEDIA_TYPE)
+
+
+def _untag(client, reference: str) -> None:
+    """Take our name off a carrier, never the image by its ID: the same SBOM is the same image ID, so another
+    release (another checkout, another registry) may hold it under its own name at this moment."""
+    import docker  # the SDK takes a third of a second to import: only what talks to an engine pays for it
+    try:
+        client.images.remove(reference, noprune=False)
+    except docker.errors.ImageNotFound:
+        pass  # already gone: nothing of ours is left
 
 
 def verify_sbom(client, record: ReleaseRecord) -> list[str]:
@@ -78,7 +88,7 @@ def verify_sbom(client, record: ReleaseRecord) -> list[str]:
     try:
         document = read_file(client, pulled.id, f"/{FILE}")
     finally:
-        client.images.remove(pulled.id, force=True)
+        _untag(client, ref)
     problems = []
     if hashlib.sha256(document).hexdigest() != record.sbom.sha256:
         problems.append(f"{record.target}: {ref} holds an SBOM whose sha256 is not the release's {record.sbom.sha256}")
