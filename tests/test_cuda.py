@@ -9,6 +9,8 @@ BuildKit cache makes the second run of the suite a no-op build.
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import subprocess
 import time
@@ -235,3 +237,18 @@ def test_doctor_says_the_same_before_you_try(without_gpu):
     assert "no NVIDIA runtime" in findings["gpu access"]["detail"]
     assert findings["base cuda-local"]["status"] == "ok"
 
+
+@pytest.mark.slow
+def test_the_shell_examples_of_docs_profiles_run_as_printed(cuda_image, tmp_path):
+    """Each ```bash block of docs/profiles.md, as printed, against the cuda image users build (PRINT_ARGV: no GPU,
+    no key, no engine of its own): it runs and prints the command line; the wsl2 host's knobs reach it."""
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "docs" / "profiles.md").read_text(), re.S)
+    assert blocks
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "DOCKER_HOST", "DOCKER_CONFIG")}
+    for block in blocks:
+        done = subprocess.run(["bash", "-euo", "pipefail", "-c", block], env={**env, "SERVEKIT_IMAGE": cuda_image},
+                              cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, f"{block}\n{done.stderr[-2000:]}"
+        assert done.stdout.startswith("vllm serve "), done.stdout[:500]
+        if "SERVEKIT_HOST=wsl2" in block and "serve alternative" in block:
+            assert "--max-num-seqs 4 " in done.stdout and "VLLM_WSL2_ENABLE_PIN_MEMORY=1" in done.stdout

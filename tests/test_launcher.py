@@ -113,7 +113,7 @@ def test_no_key_no_server(tmp_path, key_text, why):
     """vLLM serves an open API when its key is empty: the launcher refuses before it starts, in one line."""
     profiles = tmp_path / "profiles.json"
     profiles.write_text(json.dumps(CPU))
-    env = {"SERVEKIT_PROFILES": str(profiles), "PRINT_ARGV": "1", "PATH": "/usr/bin:/bin"}
+    env = {"SERVEKIT_PROFILES": str(profiles), "PATH": "/usr/bin:/bin"}
     if key_text is not None:
         key = tmp_path / "key"
         if key_text != "missing":
@@ -124,6 +124,18 @@ def test_no_key_no_server(tmp_path, key_text, why):
     assert done.returncode == 2 and done.stdout == ""
     assert len(done.stderr.strip().splitlines()) == 1 and "refusing to start: no API key" in done.stderr
     assert why in done.stderr
+
+
+def test_print_argv_needs_no_key_and_says_that_serve_would_refuse(tmp_path):
+    """PRINT_ARGV serves nothing, so it prints without a key, as the source's did (docs/profiles.md's first example
+    is a plain `docker run` with no key mounted); serve itself still refuses."""
+    profiles = tmp_path / "profiles.json"
+    profiles.write_text(json.dumps(CPU))
+    env = {"SERVEKIT_PROFILES": str(profiles), "PRINT_ARGV": "1", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, str(ROOT / "servekit/image/launcher.py")], env=env, capture_output=True,
+                          text=True)
+    assert done.returncode == 0 and done.stdout.startswith("vllm serve ") and "VLLM_API_KEY" not in done.stdout
+    assert "no API key: API_KEY_FILE is not set; serve would refuse to start without one" in done.stderr
 
 
 def test_a_profile_that_says_auth_none_serves_without_a_key_and_says_so(tmp_path):

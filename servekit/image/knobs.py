@@ -61,6 +61,9 @@ class Knob:
     minimum: float | None = None
     maximum: float | None = None
     passthrough: bool = True  # Compose passes it from the shell to the container (compose.yaml lists it)
+    # What the knob set empty (`KNOB=`) means. None: unset, the default applies (the source's `${KNOB:-default}`);
+    # a value: that value (the source's `${KNOB-default}`, where set-but-empty drops the flag).
+    empty: str | None = None
 
     def check(self, raw: str) -> str | None:
         """Return why `raw` is not a valid value of this knob, or None when it is."""
@@ -75,6 +78,8 @@ class Knob:
         a boolean as 1 or 0 whatever its spelling, a number as Python writes it, text stripped. ValueError says
         why `raw` is not a value of this knob."""
         value = raw.strip()
+        if value == "" and self.empty is not None:
+            value = self.empty
         problem = self._problem(value)
         if problem:
             raise ValueError(problem)
@@ -136,8 +141,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "count", choices=("fast", "long", "huge")),
     Knob("KV", "enum", "batch's KV cache: fp8, kvarn (KVarN pool) or int4pth (int4 per token and head)",
          choices=("fp8", "kvarn", "int4pth")),
-    Knob("KV_MEM", "int", "--kv-cache-memory in bytes where the recipe pins it (dflash2); 0 sizes from GPU_UTIL",
-         minimum=0),
+    Knob("KV_MEM", "int", "--kv-cache-memory in bytes where the recipe pins it (dflash2); 0 or empty sizes from "
+         "GPU_UTIL", minimum=0, empty="0"),
     Knob("PREFIX_RETENTION", "str", "--prefix-cache-retention-interval (default by profile: None, 0 on "
          "alternative, 13056/14592 at CTX=huge with dflash2 k7/k15)"),
     Knob("CUDAGRAPH_MODE", "enum", "cudagraph_mode of the compilation config (PIECEWISE at CTX=huge without "
@@ -147,8 +152,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          choices=("int8", "off")),
     Knob("INT4_MQ_3D", "bool", "VLLM_INT4_MQ_3D on alternative"),
     Knob("VISION", "bool", "serve images too (drops --language-model-only)"),
-    Knob("SSE_KEEP_ALIVE", "int", "--sse-keep-alive-interval in seconds on the single-user launcher; 0 drops it",
-         minimum=0),
+    Knob("SSE_KEEP_ALIVE", "int", "--sse-keep-alive-interval in seconds on the single-user launcher; 0 or empty "
+         "drops it", minimum=0, empty="0"),
     Knob("PREFIX_CACHE", "bool", "--enable-prefix-caching, with Mamba alignment"),
     Knob("MAX_SEQS", "int", "--max-num-seqs", minimum=1),
     Knob("MAX_LEN", "int", "--max-model-len", minimum=1),
@@ -156,7 +161,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("TOOL_STRICT", "enum", "--tool-strict-level; parameter by default, since auto (upstream's default) let "
          "0.31.0 invent arguments for a tool with none",
          choices=("parameter", "auto")),
-    Knob("TOOLS", "bool", "--enable-auto-tool-choice"),
+    Knob("TOOLS", "bool", "--enable-auto-tool-choice, --tool-call-parser and --tool-strict-level; 0 drops all three "
+         "(alternative.sh keeps its tool flags whatever TOOLS says)"),
     Knob("TOOL_PARSER", "str", "--tool-call-parser (qwen3_coder; hermes returns no tool_calls for it)"),
     Knob("KV_OFFLOAD_GB", "float", "--kv-offloading-size in GiB (a CPU KV tier)", minimum=0),
     Knob("LOOKUP", "bool", "VLLM_DFLASH2_LOOKUP"),

@@ -42,15 +42,20 @@ class KnobError(Exception):
     pass
 
 
-def merged_knobs(profile_knobs: dict[str, str], environ: dict[str, str]) -> dict[str, str]:
+def merged_knobs(profile_knobs: dict[str, str], environ: dict[str, str], host_kinds=()) -> dict[str, str]:
     """The profile's knobs under the environment's, each in its one normalized form (knobs.py): whatever spelling a
-    user chose, the recipe sees 1/0, plain numbers and stripped text."""
+    user chose, the recipe sees 1/0, plain numbers and stripped text. A HOST that names one of `host_kinds` (the
+    hosts of images.yaml) is refused, naming SERVEKIT_HOST."""
     for old, new in RENAMED.items():  # the source's name for a knob: refused, naming the one to set
         if environ.get(old):
             raise KnobError(f"{old}={environ[old]!r} is the source repository's name; set {new} instead")
+    if environ.get("HOST", "").strip() in host_kinds:  # the host kind under the source's name of the bind address
+        raise KnobError(f"HOST={environ['HOST']!r} is the address vLLM listens on (the source's HOST); the host "
+                        f"kind is {HOST_KIND_ENV}={environ['HOST'].strip()}")
     knobs = dict(profile_knobs)
-    # An empty variable is unset: `KNOB=` in a compose file or shell must not override a default.
-    knobs.update({k: v for k, v in environ.items() if k in KNOBS and v != ""})
+    # An empty variable is unset (`KNOB=` in a compose file or shell must not override a default), but where the
+    # source gives empty a meaning of its own (knobs.py: Knob.empty).
+    knobs.update({k: v for k, v in environ.items() if k in KNOBS and (v != "" or KNOBS[k].empty is not None)})
     out = {}
     for name, value in knobs.items():
         try:
@@ -108,7 +113,7 @@ def build_command(profiles: dict, profile: str, host: str, environ: dict[str, st
         raise KnobError(f"PROFILE={profile!r}: expected one of {', '.join(profiles['profiles'])}")
     if host not in profiles["hosts"]:
         raise KnobError(f"SERVEKIT_HOST={host!r}: expected one of {', '.join(profiles['hosts'])}")
-    k = merged_knobs(profiles["profiles"][profile][host], environ)
+    k = merged_knobs(profiles["profiles"][profile][host], environ, profiles["hosts"])
     extra_args = _extra_args(k)
     model = profiles["model"]
     try:
@@ -236,6 +241,8 @@ def main(argv: list[str]) -> int:
         env["VLLM_API_KEY"] = key
     elif profile in profiles.get("without_key", []):
         print(f"launcher: profile {profile} serves WITHOUT an API key (images.yaml says auth: none)", file=sys.stderr)
+    elif os.environ.get("PRINT_ARGV") == "1":  # prints, serves nothing: the source's PRINT_ARGV needs no key either
+        print(f"launcher: {problem}; serve would refuse to start without one", file=sys.stderr)
     else:  # vLLM adds its auth only for a non-empty key: without one it would serve an open API
         print(f"launcher: refusing to start: {problem}; mount a key file of at least {MIN_KEY_CHARS} characters "
               "and set API_KEY_FILE to it (compose/ does), or give the profile auth: none in images.yaml",
@@ -249,7 +256,7 @@ def main(argv: list[str]) -> int:
         return 2
     shown = {name: "***" if "KEY" in name or "TOKEN" in name else env[name] for name in sorted(env)}
     if os.environ.get("PRINT_ARGV") == "1":
-        print(masked(shlex.join(VLLM[2:] + args)))
+        print(masked(shlex.join(["vllm", "serve", *args])))  # what `-m vllm.entrypoints.cli.main serve` is
         print("\n".join(f"{name}={value}" for name, value in shown.items()))
         return 0
     os.environ.update(env)

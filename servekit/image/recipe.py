@@ -199,9 +199,8 @@ def command(k: dict[str, str], host: str, model: dict, batch_defaults: dict[str,
         compilation["cudagraph_mode"] = mode_of_graphs
     args += ["--compilation-config", json.dumps(compilation), "--reasoning-parser", "qwen3",
              "--enable-prompt-tokens-details"]
-    if mode == "alternative" or _on(k.get("TOOLS")):
-        args += ["--enable-auto-tool-choice", "--tool-call-parser", k.get("TOOL_PARSER", "qwen3_coder")]
-    args += ["--tool-strict-level", k.get("TOOL_STRICT", "parameter")]
+    if mode == "alternative" or _on(k.get("TOOLS")):  # alternative.sh passes its tool flags whatever TOOLS says
+        args += _tool_flags(k)
     if mode == "single" and k.get("SSE_KEEP_ALIVE", "0") != "0":
         args += ["--sse-keep-alive-interval", k["SSE_KEEP_ALIVE"]]
     if "ENABLE_THINKING" in k:
@@ -245,6 +244,12 @@ def every_flag() -> list[str]:
     return sorted(found)
 
 
+def _tool_flags(k: dict[str, str]) -> list[str]:
+    """The three tool flags, which TOOLS=0 drops together (the source's launchers)."""
+    return ["--enable-auto-tool-choice", "--tool-call-parser", k.get("TOOL_PARSER", "qwen3_coder"),
+            "--tool-strict-level", k.get("TOOL_STRICT", "parameter")]
+
+
 def _retention(k: dict[str, str], mode: str, spec: str, drafts: int) -> str:
     if k.get("PREFIX_RETENTION"):
         return k["PREFIX_RETENTION"]
@@ -265,9 +270,8 @@ def _plain(k: dict[str, str]) -> list[str]:
             args += [flag, k[knob]]
     if "PREFIX_CACHE" in k:
         args.append("--enable-prefix-caching" if _on(k["PREFIX_CACHE"]) else "--no-enable-prefix-caching")
-    args += ["--tool-strict-level", k.get("TOOL_STRICT", "parameter")]
     if _on(k.get("TOOLS", "1")):
-        args += ["--enable-auto-tool-choice", "--tool-call-parser", k.get("TOOL_PARSER", "qwen3_coder")]
+        args += _tool_flags(k)
     if "ENABLE_THINKING" in k:
         args += ["--default-chat-template-kwargs", json.dumps({"enable_thinking": _on(k["ENABLE_THINKING"])})]
     if _on(k.get("ASYNC_SCHED", "0")):
