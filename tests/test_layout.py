@@ -27,7 +27,7 @@ def test_compose_runs_as_the_images_user_with_its_volumes_where_the_image_has_th
     assert services
     for service in services:
         assert service["user"] == f"${{SERVEKIT_UID:-{IMAGE_UID}}}:${{SERVEKIT_GID:-{IMAGE_UID}}}"
-        assert f"models:{MODELS_MOUNT}" in service["volumes"]
+        assert f"${{MODELS_DIR:-models}}:{MODELS_MOUNT}" in service["volumes"]  # the source's MODELS_DIR, else ours
     for override in ("compose.model-dir.yaml", "compose.drafter-dir.yaml"):
         text = (ROOT / "compose" / override).read_text()
         assert re.findall(r"/app/\S*", text) and all(p.startswith(MODELS_MOUNT + "/") for p in re.findall(r"/app/\S*", text))

@@ -277,6 +277,48 @@ def test_a_model_you_already_have_is_used_where_it_is_and_checked_whole(tmp_path
     assert prepared.returncode == 1 and "not a whole model" in prepared.stderr and shard.name in prepared.stderr
 
 
+def test_a_models_folder_of_the_sources_is_served_where_it_is_and_never_fetched_again(tmp_path, hub):
+    """MODELS_DIR (the source's ./models, mounted as the volume) holding its prepare's folders: a whole one is
+    served where it is and prepare fetches nothing for it; one cut short is left alone and ours is fetched."""
+    from servekit.config.load import load_matrix
+    from servekit.config.profiles import render_profiles
+    rendered = render_profiles(load_matrix(ROOT / "images.yaml"), "cuda")
+    theirs = {"model": Path(rendered["model"]["source_path"]).name,
+              "drafter": Path(rendered["model"]["drafters"]["dflash"]["source_path"]).name}
+    assert theirs == {"model": "Qwen3.8-27B-W4A16-AutoRound", "drafter": "Qwen3.8-27B-DFlash2-W4A16"}
+    models = tmp_path / "models"  # what /app/models is in the container
+    for part, repo in (("model", "org/model"), ("drafter", "org/drafter")):
+        (models / theirs[part]).mkdir(parents=True)
+        for name, body in Hub.repos[repo].items():
+            (models / theirs[part] / name).write_bytes(body)
+    model = rendered["model"]
+    model.update(repo="org/model", revision=COMMIT, path=str(models / "ours"),
+                 source_path=str(models / theirs["model"]))
+    model["drafters"]["dflash"].update(repo="org/drafter", revision=COMMIT, path=str(models / "ours-dflash"),
+                                       source_path=str(models / theirs["drafter"]))
+    profiles, key = tmp_path / "profiles.json", tmp_path / "key"
+    profiles.write_text(json.dumps(rendered))
+    key.write_text("sk-a-key-long-enough-to-serve")
+    env = {"SERVEKIT_PROFILES": str(profiles), "API_KEY_FILE": str(key), "PATH": os.environ["PATH"],
+           "HF_ENDPOINT": "http://127.0.0.1:9"}  # nothing answers: a fetch would fail
+    prepared = subprocess.run([sys.executable, str(LAUNCHER), "prepare"], env=env, capture_output=True, text=True,
+                              timeout=60)
+    assert prepared.returncode == 0, prepared.stderr
+    assert not (models / "ours").exists() and not (models / "ours-dflash").exists()
+    printed = subprocess.run([sys.executable, str(LAUNCHER), "serve", "alternative"], env={**env, "PRINT_ARGV": "1"},
+                             capture_output=True, text=True, timeout=60)
+    assert printed.returncode == 0, printed.stderr
+    assert f"--model {models / theirs['model']} " in printed.stdout
+    assert f'"model": "{models / theirs["drafter"]}"' in printed.stdout
+    shard = next((models / theirs["model"]).glob("*.safetensors"))
+    shard.write_bytes(shard.read_bytes()[:-10])  # the source's download cut short: not served, not written into
+    fetched = subprocess.run([sys.executable, str(LAUNCHER), "prepare"], env={**env, "HF_ENDPOINT": hub},
+                             capture_output=True, text=True, timeout=120)
+    assert fetched.returncode == 0, fetched.stderr
+    assert (models / "ours" / ".servekit-complete").is_file() and not (models / "ours-dflash").exists()
+    assert len(shard.read_bytes()) == len(Hub.repos["org/model"][shard.name]) - 10
+
+
 def test_prepare_for_a_profile_fetches_only_what_it_serves(tmp_path, hub):
     """The process engine prepares per profile: mtp needs no drafter (nothing fetched for it, so a machine without
     network serves it from MODEL_DIR); alternative's drafter is fetched."""

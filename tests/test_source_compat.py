@@ -68,6 +68,25 @@ def test_compose_publishes_on_the_sources_bind_and_port(tmp_path, clean_env):
     assert (port["host_ip"], port["published"]) == ("0.0.0.0", "18030")
 
 
+@pytest.mark.engine
+def test_models_dir_puts_your_folder_where_the_models_volume_was(tmp_path, clean_env):
+    """The source's Compose file bind-mounted ${MODELS_DIR:-./models} at /app/models: set, the folder is mounted
+    there for prepare and every profile; unset, the models volume is."""
+    root = tracked_copy(tmp_path)
+    write_env(Deployment(root, "cuda", "native", "vllm-serve:x", "127.0.0.1", 18020))
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("COMPOSE_", "SERVEKIT_")) and k != "MODELS_DIR"}
+
+    def models_mounts(**env) -> dict[str, tuple[str, str]]:
+        done = subprocess.run(["docker", "compose", "--profile", "default", "config", "--format", "json"],
+                              cwd=root / "compose", env={**clean, **env}, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        services = json.loads(done.stdout)["services"]
+        return {name: next((v["type"], v["source"]) for v in services[name]["volumes"] if v["target"] == "/app/models")
+                for name in ("prepare", "default")}
+    assert {kind for kind, _ in models_mounts().values()} == {"volume"}
+    assert set(models_mounts(MODELS_DIR="/data/models").values()) == {("bind", "/data/models")}
+
+
 def test_vllm_api_key_or_api_key_txt_becomes_the_key_file(tmp_path, clean_env, monkeypatch):
     root = _root(tmp_path)
     dep = Deployment(root, "cuda", "native", "x", "127.0.0.1", 18020)

@@ -101,10 +101,16 @@ class Base(Strict):
 COMMIT = r"^[0-9a-f]{40}$"
 
 
+FOLDER_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+SOURCE_FOLDER = ("the folder the source repository's prepare fetches it into, under its models folder (MODELS_DIR, "
+                 "mounted at /app/models): where that folder is whole, it is served where it is and never written into")
+
+
 class Drafter(Strict):
     repo: str = Field(pattern=HF_REPO, description="Hugging Face repository of the draft model")
     revision: str | None = Field(None, pattern=COMMIT, description="the commit to fetch (40 hex digits; a branch "
                                  "moves)")
+    source_folder: str | None = Field(None, pattern=FOLDER_NAME, description=SOURCE_FOLDER)
 
 
 class Model(Strict):
@@ -115,6 +121,7 @@ class Model(Strict):
                                  "moves)")
     drafters: dict[Literal["dflash"], Drafter] = Field({}, description="draft models a profile may need: dflash "
                                                        "for SPEC=dflash2")
+    source_folder: str | None = Field(None, pattern=FOLDER_NAME, description=SOURCE_FOLDER)
     max_len: int | None = Field(None, ge=1, description="the longest context the model allows")
     dir: str | None = Field(None, description="for source: generated, the folder of this repository that holds the "
                             "model, baked into the image (`make demo-model` regenerates it)")

@@ -37,6 +37,11 @@ def resolve_knobs(matrix: Matrix, profile: str, target: str, host: str) -> dict[
     return knobs
 
 
+def _source_path(folder: str | None) -> str | None:
+    """Where the source repository's models folder, mounted as the models volume (MODELS_DIR), holds a part."""
+    return f"{MODELS_MOUNT}/{folder}" if folder else None
+
+
 def render_profiles(matrix: Matrix, target: str) -> dict:
     """What the launcher inside the image reads: every profile of the target, resolved per host."""
     spec = matrix.targets[target]
@@ -45,9 +50,12 @@ def render_profiles(matrix: Matrix, target: str) -> dict:
         "target": target,
         "model": {"served_name": model.served_name, "source": model.source, "repo": model.repo,
                   "revision": model.revision, "path": f"{MODELS_MOUNT}/{spec.model}",
+                  "source_path": _source_path(model.source_folder),
                   "baked": "/opt/models/demo" if model.source == "generated" else None,
                   "drafters": {name: {"repo": d.repo, "revision": d.revision,
-                                      "path": f"{MODELS_MOUNT}/{spec.model}-{name}"} for name, d in model.drafters.items()}},
+                                      "path": f"{MODELS_MOUNT}/{spec.model}-{name}",
+                                      "source_path": _source_path(d.source_folder)}
+                               for name, d in model.drafters.items()}},
         "env": spec.env,
         "hosts": {name: {"env": h.env, "batch": h.batch} for name, h in matrix.hosts.items()},
         "profiles": {name: {host: resolve_knobs(matrix, name, target, host) for host in matrix.hosts}

@@ -51,14 +51,23 @@ def identity(model: dict) -> str:
 
 def provided(model: dict, environ: dict[str, str]) -> dict:
     """The model with the folders you already have in place of the volume's: MODEL_DIR for the model,
-    DRAFTER_DIR for the DFlash2 drafter (bind-mounted, read-only is fine); each is checked, never downloaded into."""
-    out = dict(model)
-    if environ.get("MODEL_DIR"):
-        out.update(path=environ["MODEL_DIR"], provided=True)
+    DRAFTER_DIR for the DFlash2 drafter (bind-mounted, read-only is fine), else the folder the source repository's
+    prepare made in a models folder mounted as the volume (MODELS_DIR), where it is whole; each is checked, never
+    downloaded into."""
+    out = {**model, **_yours(model, environ.get("MODEL_DIR"))}
     drafter = (model.get("drafters") or {}).get("dflash")
-    if environ.get("DRAFTER_DIR") and drafter:
-        out["drafters"] = {**model["drafters"], "dflash": {**drafter, "path": environ["DRAFTER_DIR"], "provided": True}}
+    if drafter:
+        out["drafters"] = {**model["drafters"], "dflash": {**drafter, **_yours(drafter, environ.get("DRAFTER_DIR"))}}
     return out
+
+
+def _yours(part: dict, named: str | None) -> dict:
+    """The path and the provided flag of a folder you have for `part`, or nothing (the volume's own folder)."""
+    if named:
+        return {"path": named, "provided": True}
+    if part.get("source_path") and folder_problem(Path(part["source_path"])) is None:
+        return {"path": part["source_path"], "provided": True}
+    return {}
 
 
 def folder_problem(folder: Path) -> str | None:
