@@ -467,3 +467,11 @@ def test_profiles_that_are_missing_or_not_profiles_are_refused_in_one_line(tmp_p
         assert done.returncode == 2
         assert _last_line(done).startswith(f"launcher: refusing to start: {profiles}: ")
         assert _last_line(done).endswith("(SERVEKIT_PROFILES names the file; the image bakes it)")
+
+
+def test_compose_hands_prepare_every_conversion_setting():
+    """Each step of convert.py can be skipped through plain `docker compose` too: its setting reaches prepare."""
+    from servekit.image.convert import STEPS
+    prepare = yaml.safe_load((ROOT / "compose" / "compose.yaml").read_text())["services"]["prepare"]
+    assert {setting: prepare["environment"].get(setting) for setting, _, _ in STEPS.values()} == {
+        setting: f"${{{setting}:-1}}" for setting, _, _ in STEPS.values()}

@@ -20,9 +20,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 try:
-    from . import hub
+    from . import convert, hub
     from .boundary import Refused, number_setting, read_secret
 except ImportError:  # run as a script inside the image, beside hub.py
+    import convert  # type: ignore[no-redef]
     import hub  # type: ignore[no-redef]
     from boundary import Refused, number_setting, read_secret  # type: ignore[no-redef]
 
@@ -71,9 +72,12 @@ def _yours(part: dict, named: str | None) -> dict:
 
 
 def folder_problem(folder: Path) -> str | None:
-    """Why a model folder is not whole (no config, a shard its index names is missing or short), or None."""
+    """Why a model folder is not whole (no config, a conversion a crash interrupted, a shard its index names is
+    missing or short), or None."""
     if not (folder / "config.json").is_file():
         return f"{folder} has no config.json"
+    if step := convert.interrupted(folder):
+        return f"{folder}: its {step} conversion was interrupted; run prepare again, which finishes it"
     index = folder / hub.INDEX
     try:
         shards = hub.indexed_shards(index) if index.is_file() else sorted(p.name for p in folder.glob("*.safetensors"))
@@ -131,8 +135,9 @@ def _prepare_one(part: dict, say) -> None:
             raise PrepareError(f"the folder you provide is not a whole model: {problem}")
         say(f"prepare: {dest} is yours and whole; nothing to fetch")
         return
-    if is_complete(part):
+    if _marked(part):
         say(f"prepare: {dest} is complete")
+        _converted(dest, part, say)
         return
     if (dest / COMPLETE).is_file():
         say(f"prepare: {dest} holds another model than this image's ({identity(part)}); replacing it")
@@ -164,7 +169,18 @@ def _prepare_one(part: dict, say) -> None:
             raise PrepareError(f"{part['repo']} as the hub sent it is not a whole model: {problem}; nothing was "
                                "marked complete")
         _mark(dest, part, started)
+        _converted(dest, part, say)
     say(f"prepare: {dest} ready in {time.monotonic() - started:.1f} s")
+
+
+def _converted(dest: Path, part: dict, say) -> None:
+    """The source's conversions of a fetched compressed-tensors checkpoint (convert.py), each once; a folder of
+    yours is never written into."""
+    if part["source"] == "huggingface" and convert.applies(dest):
+        try:
+            convert.convert(dest, dict(os.environ), say=say)
+        except convert.ConvertError as exc:
+            raise PrepareError(str(exc)) from None
 
 
 def _mark(folder: Path, part: dict, started: float) -> None:
@@ -175,14 +191,20 @@ def _mark(folder: Path, part: dict, started: float) -> None:
 
 
 def is_complete(model: dict) -> bool:
-    """The folder holds all of this very model (its marker names it; a folder you provide is checked whole)."""
+    """The folder holds all of this very model (its marker names it and no conversion is half done; a folder you
+    provide is checked whole)."""
     if model.get("provided"):
         return folder_problem(Path(model["path"])) is None
+    return _marked(model) and convert.interrupted(Path(model["path"])) is None
+
+
+def _marked(model: dict) -> bool:
+    """The marker, written once every file is fetched and whole, names this very model."""
     try:
         marker = json.loads((Path(model["path"]) / COMPLETE).read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):
         return False
-    return marker.get("identity") == identity(model)
+    return isinstance(marker, dict) and marker.get("identity") == identity(model)
 
 
 if __name__ == "__main__":
