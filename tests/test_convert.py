@@ -4,10 +4,13 @@ and MTP linears, `ignore` fixed, each step skippable, idempotent, and resumed af
 uninterrupted run writes.
 
 What this cannot show on the cpu target: vLLM serving the result. Its CPU kernels for compressed-tensors
-weight-only layers take 4-bit weights only (CPUWNA16: uint4, uint4b8), and its quantized-embedding lookup is a
-Triton kernel; on a GPU, Marlin (or Machete) takes the int8 groups and the embedding kernel runs. Here the tests hold
-the tensors to what vLLM's parameters for them are, the config to what vLLM's own CompressedTensorsConfig makes of
-each module, and the numbers to a stated tolerance.
+weight-only layers take 4-bit weights only (CPUWNA16: uint4, uint4b8; a test holds that, so that the day it changes
+is seen), its quantized-embedding lookup is a Triton kernel, and the cpu image cannot even inspect Qwen3.5 (vLLM's
+model module imports transformers' Qwen2-VL image processor, which needs torchvision, which the cpu image's torch
+has no build of here). On a GPU, Marlin (or Machete) takes the int8 groups and the embedding kernel runs. Here the
+tests load the embeddings through vLLM's own embedding method, hold lm_head's tensors to the shapes vLLM's
+parameters take, the config to what vLLM's own CompressedTensorsConfig makes of each module, and the numbers to a
+stated tolerance.
 """
 
 from __future__ import annotations
@@ -63,6 +66,17 @@ def test_the_round_trip_and_the_logits_stay_within_one_percent(facts):
     assert all(0 < error < ROUND_TRIP for error in numbers["round_trip"].values()), numbers
     assert numbers["logits"] < ROUND_TRIP, numbers  # 64 random hidden states through lm_head, relative to BF16
     assert numbers["same_top1"] >= 0.95, numbers  # random weights: near ties may swap, most do not
+
+
+def test_vllms_own_embedding_method_loads_the_int8_embeddings_and_looks_them_up_within_one_percent(facts):
+    assert facts["vllm"]["embedding_lookup"] < ROUND_TRIP, facts["vllm"]
+
+
+def test_vllm_on_the_cpu_still_has_no_kernel_for_an_int8_lm_head(facts):
+    """Why the cpu target cannot serve the converted checkpoint: when this fails, vLLM's CPU path takes 8-bit
+    weights, and the test should load lm_head through it instead."""
+    said = facts["vllm"]["lm_head_on_cpu"]
+    assert "Failed to find a kernel" in said and "uint8b128" in said, said
 
 
 def test_a_step_left_out_leaves_its_tensors_as_published_and_the_bf16_mtp_loads(facts):

@@ -204,6 +204,53 @@ convert.convert(Path(sys.argv[1]), {})
 """
 
 
+def _vllm_takes(folder: Path) -> dict:
+    """The converted tensors through vLLM's own methods on this CPU: the quantized embedding's parameters loaded by
+    their own weight loaders and looked up as its kernel computes (in torch: its kernel is Triton's), and what vLLM
+    says of an int8 lm_head here."""
+    import socket
+    from compressed_tensors.quantization import QuantizationArgs
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_embedding import (
+        CompressedTensorsEmbeddingWNA16Int)
+    from vllm.model_executor.layers.quantization.compressed_tensors.schemes.compressed_tensors_wNa16 import (
+        CompressedTensorsWNA16)
+    from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))
+    port = free.getsockname()[1]
+    free.close()
+    vocab, hidden = TEXT["vocab_size"], TEXT["hidden_size"]
+    with set_current_vllm_config(VllmConfig()):
+        init_distributed_environment(world_size=1, rank=0, distributed_init_method=f"tcp://127.0.0.1:{port}",
+                                     local_rank=0, backend="gloo")
+        initialize_model_parallel(1, 1)
+        stem = "model.language_model.embed_tokens"
+        method = CompressedTensorsEmbeddingWNA16Int(QuantizationArgs(num_bits=8, type="int", symmetric=True,
+                                                                     strategy="group", group_size=128))
+        layer = torch.nn.Module()
+        method.create_weights(layer, hidden, [vocab], hidden, vocab, torch.bfloat16,
+                              weight_loader=default_weight_loader)
+        for part in ("packed", "scale", "shape"):
+            param = getattr(layer, f"weight_{part}")
+            param.weight_loader(param, _tensor(folder, f"{stem}.weight_{part}"))
+        ids = torch.randint(0, vocab, (256,))
+        packed = layer.weight_packed[ids]
+        columns = torch.arange(hidden)
+        q = ((packed[:, columns // 4] >> ((columns % 4) * 8)) & 0xFF) - 128  # the kernel's own unpacking
+        rows = q.float() * layer.weight_scale[ids].float().repeat_interleave(128, dim=1)
+        lookup = _relative(rows, _original(folder, f"{stem}.weight").float()[ids])
+        try:
+            CompressedTensorsWNA16(strategy="group", num_bits=8, group_size=128, symmetric=True).create_weights(
+                torch.nn.Module(), output_size=vocab, input_size=hidden, output_partition_sizes=[vocab],
+                input_size_per_partition=hidden, params_dtype=torch.bfloat16, weight_loader=default_weight_loader)
+            lm_head = "created"
+        except ValueError as exc:
+            lm_head = str(exc)
+    return {"embedding_lookup": lookup, "lm_head_on_cpu": lm_head}
+
+
 def _interrupted(folder: Path, how: str) -> dict:
     """The conversion killed mid-step (`how`: SIGKILL once its journal is there, or dying right before its index is
     written), what the folder says then, and the plain run after it."""
@@ -272,6 +319,7 @@ def main(work: Path) -> None:
     logits, converted = hidden @ lm_head.T, hidden @ _dequantized(all_, "lm_head").T
     facts["numbers"] = {"round_trip": errors, "logits": _relative(converted, logits),
                         "same_top1": float((converted.argmax(-1) == logits.argmax(-1)).float().mean())}
+    facts["vllm"] = _vllm_takes(all_)
     shutil.copytree(published, work / "via-prepare")
     facts["through_prepare"] = _through_prepare(work / "via-prepare")
     for how in ("kill", "before_the_index"):
