@@ -6,8 +6,8 @@ uninterrupted run writes.
 What this cannot show on the cpu target: vLLM serving the result. Its CPU kernels for compressed-tensors
 weight-only layers take 4-bit weights only (CPUWNA16: uint4, uint4b8; a test holds that, so that the day it changes
 is seen), its quantized-embedding lookup is a Triton kernel, and the cpu image cannot even inspect Qwen3.5 (vLLM's
-model module imports transformers' Qwen2-VL image processor, which needs torchvision, which the cpu image's torch
-has no build of here). On a GPU, Marlin (or Machete) takes the int8 groups and the embedding kernel runs. Here the
+model module imports transformers' Qwen2-VL image processor, which needs torchvision, which the cpu image does not
+carry). On a GPU, Marlin (or Machete) takes the int8 groups and the embedding kernel runs. Here the
 tests load the embeddings through vLLM's own embedding method, hold lm_head's tensors to the shapes vLLM's
 parameters take, the config to what vLLM's own CompressedTensorsConfig makes of each module, and the numbers to a
 stated tolerance.

@@ -1,9 +1,10 @@
-"""prepare's conversions of a compressed-tensors checkpoint, ours, from the source's description of its own
-(prepare/quant_lm_head.py, quant_embed.py, quant_mtp.py): `lm_head`, the token embeddings and the MTP head's
-linears to int8 (symmetric, groups of 128 along the input, scales fp16 for linears and the model's dtype for the
-embeddings, packed as compressed-tensors packs them, a config group of their own); and, while the MTP linears
-are still BF16, their names added to `ignore`, which the published checkpoint leaves out (speculative decoding
-does not load it without).
+"""prepare's conversions of a fetched compressed-tensors checkpoint: `lm_head`, the embeddings and the MTP head to
+int8, and the BF16 MTP linears added to `ignore`.
+
+Ours, from the source's description of its prepare/quant_lm_head.py, quant_embed.py and quant_mtp.py: symmetric
+int8 in groups of 128 along the input, scales fp16 for linears and the model's dtype for the embeddings, packed as
+compressed-tensors packs them, a config group each. While the MTP linears are still BF16 their names go into
+`ignore`, which the published checkpoint leaves them out of (speculative decoding does not load it without).
 
 Each step is done when the index names no target of it as a plain `.weight`, so it is idempotent; it refuses
 when the round trip loses 1% or more (the source measured 0.64% for `lm_head`). A step writes in this order: a
