@@ -204,9 +204,10 @@ SOURCE_NAMES: dict[str, SourceName] = {
     "GPU_COUNT": SourceName("how many GPUs Compose gives the server (default 1)", "the same (default 1)"),
     "MODELS_DIR": SourceName("the folder Compose bind-mounts at /app/models (default ./models)",
                              "the same, in the shell or compose/.env, in place of the models volume (unset: the "
-                             "volume); a whole model or drafter folder the source's prepare left there (under the name images.yaml's "
-                             "source_folder gives) is served where it is, never fetched again or written into; a "
-                             "relative path is taken from compose/, and prepare writes there as SERVEKIT_UID"),
+                             "volume); a whole model or drafter folder the source's prepare left there (under the "
+                             "name images.yaml's source_folder gives) is served where it is, never fetched again or "
+                             "written into; a relative path is taken from compose/, and prepare writes there as "
+                             "SERVEKIT_UID"),
     "VLLM_API_KEY": SourceName("the API key; an exported one wins over api_key.txt",
                                "the same: `image`/`up` write it to compose/secrets/api_key, which the container "
                                "mounts; the launcher also takes an exported one first"),
