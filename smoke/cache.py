@@ -77,8 +77,8 @@ def long_conversations(ctx: Context, conversations: int = 2, tokens: int = 60000
     if low and has_tier and figures["offload_gpu_to_cpu_bytes"] > 0 and figures["offload_cpu_to_gpu_bytes"] == 0:
         raise CheckFailure(f"the CPU tier stored {figures['offload_gpu_to_cpu_bytes'] / 1e9:.2f} GB and read 0 bytes "
                            f"back while turn 2 reused {', '.join(str(p['share']) for p in per)}: the tier stores but "
-                           "never serves (the source's regression from upstream #51787; the series carries #61050 "
-                           "for it)", **figures)
+                           "never serves (the source's regression from upstream #51787; the source carries upstream's "
+                           "open PR #61050 for it, which this image's series does not yet)", **figures)
     ensure(not low, f"turn-2 cached share {', '.join(str(p['share']) for p in per)} below {min_cached_share}",
            **figures)
     return figures
