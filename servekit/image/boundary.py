@@ -75,9 +75,10 @@ def number_in(value: float, low: float | None = None, high: float | None = None)
     return None
 
 
-def number_setting(environ, name: str, default: float, low: float, high: float, unit: str = "") -> float:
-    """The environment setting `name` as a finite number in [low, high] (`default` when unset or empty); Refused,
-    naming the setting, when it is anything else."""
+def number_setting(environ, name: str, default: float, low: float, high: float, unit: str = "",
+                   whole: bool = False) -> float:
+    """The environment setting `name` as a finite number in [low, high] (`default` when unset or empty), a whole one
+    where `whole`; Refused, naming the setting, when it is anything else."""
     raw = (environ.get(name) or "").strip()
     if not raw:
         return float(default)
@@ -85,7 +86,7 @@ def number_setting(environ, name: str, default: float, low: float, high: float, 
         value = float(raw)
     except ValueError:
         value = float("nan")
-    if problem := number_in(value, low, high):
+    if problem := number_in(value, low, high) or ("a whole number" if whole and value != int(value) else None):
         raise Refused(f"{name}={raw[:40]!r}: expected {problem}{f' ({unit})' if unit else ''}")
     return value
 

@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 try:
-    from .boundary import number_setting
+    from .boundary import number_setting, read_text
 except ImportError:  # run as a script inside the image, beside boundary.py
-    from boundary import number_setting  # type: ignore[no-redef]
+    from boundary import number_setting, read_text  # type: ignore[no-redef]
 
 INDEX = "model.safetensors.index.json"  # names the shards; a folder you provide is judged by it
 COMMIT = re.compile(r"[0-9a-f]{40}")
@@ -35,11 +35,10 @@ POLL_S = 2.0
 class HubError(Exception):
     """The repository cannot be fetched, or a file of it is not whole; the message says which and why."""
 
-    abandoned = False  # True when a transfer was left running (its threads hold the process until it ends)
-
 
 class Stalled(HubError):
-    abandoned = True
+    """A transfer that gained too little in PREPARE_STALL_S, abandoned: it is left running (its threads hold the
+    process until it ends)."""
 
 
 def shard_problem(path: Path, name: str | None = None) -> str | None:
@@ -82,7 +81,7 @@ def _data_ends(header) -> list[int] | None:
 def indexed_shards(index: Path) -> list[str]:
     """The shard files an index names, each a plain file name in the index's folder; ValueError when it is not an
     index (JSON with a weight_map of tensor names to such file names)."""
-    weight_map = json.loads(index.read_text()).get("weight_map") if index.stat().st_size < MAX_HEADER_BYTES else None
+    weight_map = json.loads(read_text(index, MAX_HEADER_BYTES)).get("weight_map")  # Refused: a ValueError
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise ValueError("no weight_map of tensor names to shard files")
     shards = sorted(set(weight_map.values()))

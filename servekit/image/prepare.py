@@ -162,7 +162,7 @@ def _prepare_one(part: dict, say) -> None:
         try:
             hub.download(part["repo"], part.get("revision"), dest, token or None, say=say)
         except hub.HubError as exc:
-            raise PrepareError(str(exc), abandoned=exc.abandoned) from None
+            raise PrepareError(str(exc), abandoned=isinstance(exc, hub.Stalled)) from None
         except Refused as exc:  # PREPARE_STALL_S
             raise PrepareError(str(exc)) from None
         if problem := folder_problem(dest):  # what the hub sent is held to what a folder of yours is held to

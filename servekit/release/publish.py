@@ -21,7 +21,7 @@ from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_ex
 
 from servekit.engines.process import SCHEME as PROCESS_SCHEME
 from servekit.errors import CheckFailed, EnvironmentProblem, UserError
-from servekit.image.boundary import Refused, number_setting
+from servekit.image.boundary import number_setting
 from servekit.config.matrix import Matrix
 from servekit.build.plan import TargetPlan
 from servekit.records.releases import manifest_path, write_manifest
@@ -166,10 +166,7 @@ def gate(matrix: Matrix, target: str, image_id: str, root: Path) -> dict[str, Pr
 
 def _attempts() -> int:
     """SERVEKIT_PUSH_ATTEMPTS: how many times a push is tried (default 5), a whole number from 1 to 100."""
-    attempts = number_setting(os.environ, "SERVEKIT_PUSH_ATTEMPTS", 5, 1, 100)
-    if attempts != int(attempts):
-        raise Refused(f"SERVEKIT_PUSH_ATTEMPTS={os.environ['SERVEKIT_PUSH_ATTEMPTS']!r}: expected a whole number")
-    return int(attempts)
+    return int(number_setting(os.environ, "SERVEKIT_PUSH_ATTEMPTS", 5, 1, 100, whole=True))
 
 
 def push(client, image, repository: str, tag: str, say) -> str:
