@@ -101,6 +101,7 @@ NOT_ECHOED = frozenset({"api_server_count"})
 AT_VLLM_DEFAULT = {"port": 8000, "prefix_cache_retention_interval": 0}
 ALIASES = {"model": "model_tag"}
 ENVIRONMENT = re.compile(r"launcher: profile \S+: environment (\{.*\})\s*$")
+INERT = re.compile(r"launcher: profile \S+: inert (\[.*\])\s*$")  # what the image's build found nothing reads
 
 
 def _engine_args(lines: list[str]) -> tuple[dict[str, str | bool], dict]:
@@ -136,14 +137,23 @@ def _flags_missing(wanted: dict[str, str | bool], got: dict) -> tuple[dict, dict
     return missing, seen, not_echoed
 
 
-def _environment_missing(lines: list[str], environ: dict[str, str]) -> tuple[dict[str, str], int]:
-    """(variable -> what the serving process holds instead, how many were compared) for every variable the launcher
-    exported, as its log line says; a masked value (a key) is not compared. A variable vLLM reads as a boolean
-    holds 1 or 0: vLLM reads anything else as off (the source's VLLM_DFLASH2_LOOKUP=true ran without lookup)."""
+def _exported(lines: list[str]) -> dict[str, str]:
     said = next((m for m in map(ENVIRONMENT.search, lines) if m), None)
     if not said:
         raise NotRun("the launcher's environment line is not in the log, so what it exported could not be compared")
-    exported = json.loads(said[1])
+    return json.loads(said[1])
+
+
+def _inert(lines: list[str]) -> list[str] | None:
+    """The exported variables the image's build found nothing reads, or None where the image records no readers."""
+    said = next((m for m in map(INERT.search, lines) if m), None)
+    return json.loads(said[1]) if said else None
+
+
+def _environment_missing(exported: dict[str, str], environ: dict[str, str]) -> tuple[dict[str, str], int]:
+    """(variable -> what the serving process holds instead, how many were compared) for every variable the launcher
+    exported, as its log line says; a masked value (a key) is not compared. A variable vLLM reads as a boolean
+    holds 1 or 0: vLLM reads anything else as off (the source's VLLM_DFLASH2_LOOKUP=true ran without lookup)."""
     missing = {}
     for name, value in exported.items():
         if value == "***":
@@ -156,9 +166,11 @@ def _environment_missing(lines: list[str], environ: dict[str, str]) -> tuple[dic
 
 
 @check("knobs")
-def knobs(ctx: Context) -> dict:
+def knobs(ctx: Context, live: str = "") -> dict:
     """Every flag the launcher passed appears, with its value as vLLM parses it, among the engine's logged arguments,
-    and every variable the launcher exported is in the serving process's environment, as vLLM reads it."""
+    and every variable the launcher exported is in the serving process's environment, as vLLM reads it; a variable
+    nothing in the image reads (the build's record) is listed as inert, not counted as reached, and fails the check
+    when `live` (comma-separated) names it."""
     lines = _lines(ctx)
     wanted, got = _engine_args(lines)
     if ctx.environ is None:
@@ -169,13 +181,23 @@ def knobs(ctx: Context) -> dict:
         environ = ctx.environ()
     except Exception as exc:  # the engine's error (a container gone, no /proc): the comparison could not be made
         raise NotRun(f"the serving process's environment could not be read: {exc}") from None
-    env_missing, compared = _environment_missing(lines, environ)
+    exported, inert = _exported(lines), _inert(lines)
+    env_missing, compared = _environment_missing(exported, environ)
+    must = [name.strip() for name in live.split(",") if name.strip()]
+    if must and inert is None:
+        raise NotRun(f"the image records no readers of its variables (built before servekit recorded them), so whether "
+                     f"{', '.join(must)} is read could not be told")
+    inert = inert or []
+    dead = [name for name in must if name in inert or name not in exported]
     # what the engine says it runs with, per flag: a sweep's cells can be told apart by it
     figures = {"flags": len(wanted), "reached": len(wanted) - len(missing) - len(not_echoed),
-               "not_echoed": not_echoed, "environment": compared, "environment_reached": compared - len(env_missing),
+               "not_echoed": not_echoed, "environment": compared, "inert": inert,
+               "environment_reached": compared - len(env_missing) - len([n for n in inert if n not in env_missing]),
                "engine_values": {k: v if isinstance(v, (str, int, float, bool)) or v is None else str(v)
                                  for k, v in seen.items() if "key" not in k and "token" not in k}}
     problems = ([f"flags that did not reach the engine: {missing}"] if missing else []) + \
-        ([f"environment the serving process lacks: {env_missing}"] if env_missing else [])
+        ([f"environment the serving process lacks: {env_missing}"] if env_missing else []) + \
+        ([f"{', '.join(dead)}, which this profile needs live, {'is' if len(dead) == 1 else 'are'} not read by anything "
+          "in this image (inert) or not exported"] if dead else [])
     ensure(not problems, "; ".join(problems), **figures)
     return figures

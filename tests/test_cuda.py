@@ -252,3 +252,15 @@ def test_the_shell_examples_of_docs_profiles_run_as_printed(cuda_image, tmp_path
         assert done.stdout.startswith("vllm serve "), done.stdout[:500]
         if "SERVEKIT_HOST=wsl2" in block and "serve alternative" in block:
             assert "--max-num-seqs 4 " in done.stdout and "VLLM_WSL2_ENABLE_PIN_MEMORY=1" in done.stdout
+
+
+@pytest.mark.slow
+def test_the_shipped_record_of_what_the_cuda_image_reads_is_the_one_it_built(cuda_image):
+    """docs/profiles.md says which variables the shipped cuda image reads from docker/env-readers.cuda.json: that
+    file must be what the build of the tag main names found (with the record, its verify step notes the inert)."""
+    from servekit.config.derived import SHIPPED_READERS
+    done = docker("run", "--rm", "--entrypoint", "cat", cuda_image, "/opt/servekit/env-readers.json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == json.loads(SHIPPED_READERS.read_text()), (
+        f"the series or the pins changed what the image reads: `docker run --rm --entrypoint cat {cuda_image} "
+        f"/opt/servekit/env-readers.json > {SHIPPED_READERS.relative_to(ROOT)}`, then `make derived`")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import subprocess
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -333,6 +335,68 @@ def test_the_knobs_check_compares_parsed_flags_and_the_processs_environment():
     result = run_check("knobs", Context("http://127.0.0.1:9", "k", "m", logs=lambda: other, environ=lambda: {
         "VLLM_DFLASH2_LOOKUP": "1", "DO_NOT_TRACK": "1"}), {})
     assert result.status == "failed" and "speculative_config" in result.reason
+
+
+def test_a_variable_nothing_in_the_image_reads_is_inert_not_reached_and_fails_where_the_profile_needs_it_live():
+    """The launcher's inert line (the build's record of readers): VLLM_DFLASH2_LOOKUP is in the process's
+    environment, yet nothing reads it, so it is listed as inert and not counted; `live` naming it fails the check,
+    naming it; an image with no record cannot tell, and says so."""
+    argv = ["--model", "/m", "--max-num-seqs", "8", "--gpu-memory-utilization", "0.93",
+            "--speculative-config", '{"method":"mtp","num_speculative_tokens":4}']
+    env = {"VLLM_DFLASH2_LOOKUP": "1", "DO_NOT_TRACK": "1"}
+    lines = _knob_lines(argv, env) + ['launcher: profile default: inert ["VLLM_DFLASH2_LOOKUP"]']
+    ctx = Context("http://127.0.0.1:9", "k", "m", logs=lambda: lines, environ=lambda: dict(env))
+    result = run_check("knobs", ctx, {})
+    assert result.status == "passed", result.reason
+    assert result.figures["inert"] == ["VLLM_DFLASH2_LOOKUP"] and result.figures["environment_reached"] == 1
+    needed = run_check("knobs", ctx, {"live": "VLLM_DFLASH2_LOOKUP"})
+    assert needed.status == "failed" and "VLLM_DFLASH2_LOOKUP, which this profile needs live" in needed.reason
+    assert run_check("knobs", ctx, {"live": "DO_NOT_TRACK"}).status == "passed"
+    unrecorded = Context("http://127.0.0.1:9", "k", "m", logs=lambda: _knob_lines(argv, env), environ=lambda: env)
+    assert run_check("knobs", unrecorded, {}).figures["environment_reached"] == 2
+    assert run_check("knobs", unrecorded, {"live": "DO_NOT_TRACK"}).status == "not_run"
+
+
+def test_the_launcher_says_which_exported_variables_are_inert_once(tmp_path):
+    record = tmp_path / "env-readers.json"
+    record.write_text(json.dumps({"packages": ["vllm"], "read": {"DO_NOT_TRACK": "vllm/envs.py"},
+                                  "inert": ["VLLM_INT4_MQ_3D", "VLLM_DFLASH2_LOOKUP", "UNUSED_HERE"]}))
+    profiles = tmp_path / "profiles.json"
+    profiles.write_text(json.dumps(CUDA))
+    env = {"SERVEKIT_PROFILES": str(profiles), "SERVEKIT_ENV_READERS": str(record), "PRINT_ARGV": "1",
+           "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, str(ROOT / "servekit/image/launcher.py"), "serve", "alternative"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert 'launcher: profile alternative: inert ["VLLM_DFLASH2_LOOKUP", "VLLM_INT4_MQ_3D"]' in done.stderr
+    assert done.stderr.count("nothing in this image reads VLLM_DFLASH2_LOOKUP, VLLM_INT4_MQ_3D") == 1
+    done = subprocess.run([sys.executable, str(ROOT / "servekit/image/launcher.py"), "serve", "alternative"],
+                          env={k: v for k, v in env.items() if k != "SERVEKIT_ENV_READERS"}, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and "inert" not in done.stderr  # no record here (a checkout): no claim either way
+
+
+def test_the_build_finds_a_variable_read_as_code_names_it_and_not_in_a_comment(tmp_path):
+    from servekit.image.readers import record
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "envs.py").write_text('x = os.environ.get("VLLM_READ_IN_PYTHON", "0")\n# VLLM_ONLY_IN_A_COMMENT\n')
+    (package / "sub" / "_C.so").write_bytes(b"\x7fELF\x00junk\x00VLLM_READ_IN_A_LIBRARY\x00more")
+    (package / "sub" / "empty.py").write_text("")
+    doc = record(["VLLM_READ_IN_PYTHON", "VLLM_READ_IN_A_LIBRARY", "VLLM_ONLY_IN_A_COMMENT", "NOWHERE"],
+                 {"pkg": package})
+    assert doc["read"] == {"VLLM_READ_IN_A_LIBRARY": "pkg/sub/_C.so", "VLLM_READ_IN_PYTHON": "pkg/envs.py"}
+    assert doc["inert"] == ["NOWHERE", "VLLM_ONLY_IN_A_COMMENT"]
+
+
+def test_the_build_asks_about_every_variable_a_profile_can_export():
+    from servekit.image.recipe import every_variable
+    asked = set(every_variable()) | set(CUDA["env"]) | {n for h in CUDA["hosts"].values() for n in h["env"]}
+    for profile in CUDA["profiles"]:
+        for host in CUDA["hosts"]:
+            for knobs in ({}, {"INT8_ACT": "int8", "VISION": "1", "KV_OFFLOAD_GB": "4"}):
+                _, env = build_command(CUDA, profile, host, knobs)
+                assert set(env) <= asked, (profile, host, set(env) - asked)
 
 
 @pytest.mark.parametrize("retention, status", [("0", "passed"), ("5", "failed")])

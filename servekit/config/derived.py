@@ -8,11 +8,13 @@ test fail while a committed file differs from what this renders.
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-import shlex
 import ast
+import json
+import re
+import shlex
+from pathlib import Path
 
+from servekit.image import recipe
 from servekit.image.knobs import KNOBS, RENAMED, SAME_AS_SOURCE, SOURCE_NAMES, Knob
 from servekit.config.matrix import Matrix
 from servekit.config.profiles import HOST_LAYERS, layers, render_profiles
@@ -160,6 +162,53 @@ def _knob_table(matrix: Matrix) -> list[str]:
     return rows + [f"| `{k.name}` | {_allowed(k)} | {_cell(k.help)} |" for k in KNOBS.values()] + [""]
 
 
+# What the shipped cuda image's build found its packages read (readers.py), committed so that the docs can say it;
+# tests/test_cuda.py holds it to the image main builds.
+SHIPPED_READERS = Path(__file__).resolve().parent.parent.parent / "docker" / "env-readers.cuda.json"
+
+
+def _setting_knobs() -> dict[str, set[str]]:
+    """variable -> the knobs whose value sets it or changes it, found by running the recipe over each mode's rows
+    (alone, and with the draft count and prefix caching that CTX=huge's DFlash2 rules need) with and without each
+    knob at each of a few values."""
+    samples = {name: list(k.choices) if k.kind == "enum" else ["0", "1"] if k.kind == "bool" else ["15", "4"]
+               for name, k in KNOBS.items() if name != "MODE"}
+    model = {"drafters": {"dflash": {"path": "/drafter"}}}
+    found: dict[str, set[str]] = {}
+    for mode in ("single", "batch", "alternative"):
+        for row in ({"SPEC": s, "CTX": c, "KV": kv, **more} for s in ("off", "mtp", "dflash2")
+                    for c in ("fast", "long", "huge") for kv in recipe.BATCH
+                    for more in ({}, {"DRAFT_TOKENS": "15", "PREFIX_CACHE": "1"})):
+            for host in ("native", "wsl2"):
+                try:
+                    _, plain = recipe.command({"MODE": mode, **row}, host, model)
+                except recipe.RecipeError:
+                    continue
+                for name, values in samples.items():
+                    for value in values:
+                        try:
+                            _, env = recipe.command({"MODE": mode, **row, name: value}, host, model)
+                        except recipe.RecipeError:
+                            continue
+                        for variable in set(env) | set(plain):
+                            if env.get(variable) != plain.get(variable):
+                                found.setdefault(variable, set()).add(name)
+    return found
+
+
+def _variable_table(matrix: Matrix) -> list[str]:
+    """Each variable the launcher can export, the knobs that set it, and whether the shipped cuda image reads it."""
+    shipped = json.loads(SHIPPED_READERS.read_text())
+    knobs = _setting_knobs()
+    rows = ["", "| variable | set by | in the shipped cuda image |", "|---|---|---|"]
+    for name in recipe.every_variable():
+        by = ", ".join(f"`{k}`" for k in sorted(knobs.get(name, ()))) or "every launch"
+        read = (f"live: `{shipped['read'][name]}` reads it" if name in shipped["read"] else
+                "**inert**: nothing in the image reads it; a series of yours that does makes it live")
+        rows.append(f"| `{name}` | {by} | {read} |")
+    return rows + [""]
+
+
 # --- docs/build.md -------------------------------------------------------------------------------
 
 def _exclusion_table(matrix: Matrix) -> list[str]:
@@ -207,7 +256,8 @@ PARTS = {
     "compose/compose.model-dir.yaml": {"profiles": _compose_model_dir_services},
     "compose/compose.drafter-dir.yaml": {"profiles": _compose_drafter_dir_services},
     "docs/profiles.md": {"profile-table": _profile_table, "check-table": _check_table, "profile-flags": _profile_flags,
-                         "knob-table": _knob_table, "source-table": _source_table},
+                         "knob-table": _knob_table, "source-table": _source_table,
+                         "variable-table": _variable_table},
     "docs/architecture.md": {"modules": _module_table},
     "docs/build.md": {"exclusions": _exclusion_table},
 }

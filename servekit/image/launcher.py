@@ -14,10 +14,11 @@ import sys
 from pathlib import Path
 
 try:
-    from . import recipe
+    from . import readers, recipe
     from .boundary import Refused, argv_words, control_character, read_secret, read_text
     from .knobs import KNOBS, RENAMED, masked
 except ImportError:  # run as a script inside the image, beside knobs.py and recipe.py
+    import readers  # type: ignore[no-redef]
     import recipe  # type: ignore[no-redef]
     from boundary import Refused, argv_words, control_character, read_secret, read_text  # type: ignore[no-redef]
     from knobs import KNOBS, RENAMED, masked  # type: ignore[no-redef]
@@ -27,6 +28,8 @@ HOST_KIND_ENV = "SERVEKIT_HOST"  # which host of images.yaml this is (native, ws
 MIN_KEY_CHARS = 16  # a shorter key (an empty file above all) is no key: the host regenerates one this short or shorter
 PROFILES_MAX_BYTES = 4 << 20
 PROFILES_FILE = Path(os.environ.get("SERVEKIT_PROFILES", Path(__file__).resolve().parent / "profiles.json"))
+# What the build found its packages read (readers.py); absent where there was no such build (the process engine)
+READERS_FILE = Path(os.environ.get("SERVEKIT_ENV_READERS", Path(__file__).resolve().parent / readers.RECORD_NAME))
 VLLM = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
 # The flags the launcher itself adds around the recipe's.
 OWN_FLAGS = ("--model", "--served-model-name", "--host", "--port")
@@ -203,6 +206,20 @@ def read_profiles(path: Path) -> dict:
     return profiles
 
 
+def say_inert(profile: str, env: dict[str, str]) -> None:
+    """Which of the variables this launch exports nothing in the image reads (the build's record), once: a knob that
+    sets only those does nothing here, and the knobs check does not count them as reached."""
+    record = readers.load(READERS_FILE)
+    if record is None:
+        return
+    inert = sorted(name for name in env if name in record["inert"])
+    print(f"launcher: profile {profile}: inert {json.dumps(inert)}", file=sys.stderr, flush=True)
+    if inert:
+        print(f"launcher: note: nothing in this image reads {', '.join(inert)}: the knobs that set them do nothing "
+              "here (the shipped series carries no reader of them; a series of yours may: docs/profiles.md)",
+              file=sys.stderr, flush=True)
+
+
 def main(argv: list[str]) -> int:
     command = argv[1] if len(argv) > 1 else "serve"
     if command == "flags":
@@ -256,13 +273,15 @@ def main(argv: list[str]) -> int:
         return 2
     shown = {name: "***" if "KEY" in name or "TOKEN" in name else env[name] for name in sorted(env)}
     if os.environ.get("PRINT_ARGV") == "1":
+        say_inert(profile, env)
         print(masked(shlex.join(["vllm", "serve", *args])))  # what `-m vllm.entrypoints.cli.main serve` is
         print("\n".join(f"{name}={value}" for name, value in shown.items()))
         return 0
     os.environ.update(env)
-    # Both lines are what the knobs check compares with what the engine parsed and the process holds.
+    # These lines are what the knobs check compares with what the engine parsed and the process holds.
     print(f"launcher: profile {profile}: vllm serve {masked(shlex.join(args))}", file=sys.stderr, flush=True)
     print(f"launcher: profile {profile}: environment {json.dumps(shown)}", file=sys.stderr, flush=True)
+    say_inert(profile, env)
     os.execv(VLLM[0], VLLM + args)
 
 

@@ -216,19 +216,20 @@ def command(k: dict[str, str], host: str, model: dict, batch_defaults: dict[str,
     return args, env
 
 
-# The knobs that add, drop or change a flag beyond what a mode's rows choose (every_flag runs each on every row).
+# The knobs that add, drop or change a flag or a variable beyond what a mode's rows choose (every_flag and
+# every_variable run each on every row).
 FLAG_VARIANTS: list[dict[str, str]] = [
     {}, {"VISION": "1"}, {"PREFIX_CACHE": "1"}, {"PREFIX_CACHE": "0"}, {"ASYNC_SCHED": "0"}, {"ASYNC_SCHED": "1"},
     {"TOOLS": "0"}, {"ENFORCE_EAGER": "1"}, {"DTYPE": "auto"}, {"ENABLE_THINKING": "1"}, {"CUDAGRAPH_MODE": "FULL"},
     {"MAX_LEN": "1024", "MAX_SEQS": "1", "GPU_UTIL": "0.5", "API_SERVERS": "1"}, {"KV_OFFLOAD_GB": "1"},
-    {"SSE_KEEP_ALIVE": "0"}, {"KV_MEM": "0"}, {"DRAFT_TOKENS": "15"}]
+    {"SSE_KEEP_ALIVE": "0"}, {"KV_MEM": "0"}, {"DRAFT_TOKENS": "15"}, {"INT8_ACT": "int8"},
+    {"DRAFT_TOKENS": "15", "PREFIX_CACHE": "1"}]
 
 
-def every_flag() -> list[str]:
-    """Every flag `command` can emit, found by running it over each mode's rows (SPEC, CTX, KV) with each knob of
-    FLAG_VARIANTS on both hosts: the image's verify asks the pinned `vllm serve` for each."""
+def _every_command():
+    """(argv, environment) of `command` over each mode's rows (SPEC, CTX, KV) with each knob of FLAG_VARIANTS on both
+    hosts."""
     model = {"drafters": {"dflash": {"path": "/drafter"}}}
-    found: set[str] = set()
     for mode in MODES:
         for spec in ("off", "mtp", "dflash2"):
             for ctx in ("fast", "long", "huge"):
@@ -236,12 +237,21 @@ def every_flag() -> list[str]:
                     for variant in FLAG_VARIANTS:
                         for host in ("native", "wsl2"):
                             try:
-                                args, _ = command({"MODE": mode, "SPEC": spec, "CTX": ctx, "KV": kv, **variant}, host,
-                                                  model)
+                                yield command({"MODE": mode, "SPEC": spec, "CTX": ctx, "KV": kv, **variant}, host,
+                                              model)
                             except RecipeError:
                                 continue
-                            found.update(a.split("=", 1)[0] for a in args if a.startswith("--"))
-    return sorted(found)
+
+
+def every_flag() -> list[str]:
+    """Every flag `command` can emit: the image's verify asks the pinned `vllm serve` for each."""
+    return sorted({a.split("=", 1)[0] for args, _ in _every_command() for a in args if a.startswith("--")})
+
+
+def every_variable() -> list[str]:
+    """Every environment variable `command` can set, and the privacy pair every target's server runs with: the
+    image's build records which of them its packages read."""
+    return sorted({name for _, env in _every_command() for name in env} | set(PRIVACY_ENV))
 
 
 def _tool_flags(k: dict[str, str]) -> list[str]:

@@ -24,9 +24,11 @@ from importlib.metadata import PackageNotFoundError, distributions, version
 from pathlib import Path
 
 try:
-    from . import bootneeds
+    from . import bootneeds, readers, recipe
 except ImportError:  # run as a script inside the image, beside bootneeds.py
     import bootneeds  # type: ignore[no-redef]
+    import readers  # type: ignore[no-redef]
+    import recipe  # type: ignore[no-redef]
 
 HERE = Path(__file__).resolve().parent
 # vLLM picks its platform at import; a build has no GPU, and the CPU platform prints the same parser.
@@ -274,6 +276,18 @@ def check_jit_compiles(archs: list[str]) -> list[str]:
     return []
 
 
+def record_readers(profiles_file: Path) -> None:
+    """Which variables the launcher can export this image's packages read (readers.py), written beside the
+    launcher, which says which of a profile's are inert; the inert ones are noted here."""
+    profiles = json.loads(profiles_file.read_text())
+    names = sorted(set(recipe.every_variable()) | set(profiles.get("env", {}))
+                   | {name for host in profiles["hosts"].values() for name in host["env"]})
+    doc = readers.record(names, readers.package_roots())
+    readers.write(HERE / readers.RECORD_NAME, doc)
+    print(f"verify: note: {len(doc['read'])} of the {len(names)} variables the launcher can export are read here; "
+          f"inert here (nothing in {', '.join(doc['packages'])} reads them): {', '.join(doc['inert']) or 'none'}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--build-info", type=Path, required=True)
@@ -294,6 +308,8 @@ def main() -> int:
         problems += check_triton_stub()
     for name, what in info["omitted"].items():
         print(f"verify: note: {name} is left out of this image: {what}")
+    if not problems:
+        record_readers(args.profiles)
     for problem in problems:
         print(f"verify: problem: {problem}", file=sys.stderr)
     if problems:
