@@ -41,6 +41,8 @@ CHANGES = [
     ("a target's environment", "cpu",
      lambda r: _edit(r / "images.yaml", 'TORCHDYNAMO_DISABLE: "1"', 'TORCHDYNAMO_DISABLE: "0"')),
     ("a pin", "cuda", lambda r: _edit(r / "images.yaml", 'transformers: "5.15.0"', 'transformers: "5.16.0"')),
+    ("the image's description (an OCI label)", "cpu",
+     lambda r: _edit(r / "images.yaml", "  description: vLLM with a patch series", "  description: vLLM with a series")),
     ("the launcher", "cuda", lambda r: _edit(r / "servekit/image/launcher.py", '"""The launcher', '"""The  launcher')),
     ("the verify step", "cuda", lambda r: _edit(r / "servekit/image/verify.py", '"""The in-image', '"""The  in-image')),
     ("a patch of the series", "cpu",

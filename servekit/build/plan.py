@@ -109,6 +109,8 @@ def build_facts(matrix: Matrix, target: str, root: Path, settings: BuildSettings
     archs = sorted({h.cuda_arch for h in matrix.hosts.values() if h.cuda_arch}) if spec.gpu else []
     lock = root / lock_file(target, matrix.bases[base_name].python)
     return {"target": target, "vllm": matrix.vllm, "image": matrix.image.name, "pins": pins,
+            # what the image's labels say of it (builder.labels): a new description is a new image
+            "about": matrix.image.model_dump(include={"title", "description", "licenses", "source"}),
             "epoch": matrix.image.source_date_epoch, "canonical_format": CANONICAL_FORMAT,
             "omitted": {name: matrix.may_omit[name] for name in omitted},
             "base": {"name": base_name, **matrix.bases[base_name].model_dump(),
