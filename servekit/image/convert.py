@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -79,6 +78,7 @@ def convert(folder: Path, environ: dict[str, str], say=print) -> None:
     """Every step not skipped (its setting 0), each resumed or done as the module says."""
     if interrupted(folder):
         _restore(folder, say)
+    _sweep(folder)
     for step, (setting, what, _) in STEPS.items():
         if environ.get(setting, "1").strip() == "0":
             say(f"prepare: {what} left as published ({setting}=0)")
@@ -98,7 +98,7 @@ def _step(folder: Path, step: str, say) -> None:
     _write_json(folder / JOURNAL, {"step": step, "shards": shards, "config": config_text})
     for name in ("config.json", INDEX):
         if not (folder / f"{name}.bak-quant").exists():
-            shutil.copy2(folder / name, folder / f"{name}.bak-quant")
+            _atomic_text(folder / f"{name}.bak-quant", (folder / name).read_text())
     for shard in shards:
         _link(folder / shard, folder / f"{shard}.bak")  # the shard as published, kept
         _link(folder / shard, folder / f"{shard}.pre", replace=True)  # the shard before this step
@@ -211,10 +211,16 @@ def _restore(folder: Path, say) -> None:
     for shard in shards:
         if (folder / f"{shard}.pre").exists():
             _link(folder / f"{shard}.pre", folder / shard, replace=True)
-        (folder / f"{shard}.new").unlink(missing_ok=True)  # a rewrite the crash cut short
     _atomic_text(folder / "config.json", journal["config"])
     _forget(folder, shards)
     say(f"prepare: the {step} conversion a crash interrupted is undone; doing it again")
+
+
+def _sweep(folder: Path) -> None:
+    """What a crash left half written beside the files (staging names, a shard rewrite cut short): never read, so
+    only removed."""
+    for leftover in [*folder.glob(".*.tmp"), *folder.glob("*.safetensors.new")]:
+        leftover.unlink(missing_ok=True)
 
 
 def _link(source: Path, link: Path, replace: bool = False) -> None:

@@ -191,6 +191,9 @@ def _schemes(folder: Path) -> dict[str, int | None]:
     return out
 
 
+# When a kill lands after the step's journal: at once (the shards' links being made), while the shard is read and
+# quantized, and (under a loaded machine, or later in the step) while the new shard is written.
+KILL_AFTER_S = {"kill": 0.0, "kill-reading": 0.3, "kill-writing": 1.5}
 # The worst moment to die: every shard of the step rewritten and the config written, the index (the commit point)
 # not yet; the process ends as a SIGKILL ends it, no handler run.
 DIE_BEFORE_THE_INDEX = """
@@ -252,14 +255,15 @@ def _vllm_takes(folder: Path) -> dict:
 
 
 def _interrupted(folder: Path, how: str) -> dict:
-    """The conversion killed mid-step (`how`: SIGKILL once its journal is there, or dying right before its index is
-    written), what the folder says then, and the plain run after it."""
-    if how == "kill":
+    """The conversion killed mid-step (`how`: SIGKILL a given time after its journal is there, or dying right before
+    its index is written), what the folder says then, and the plain run after it."""
+    if how.startswith("kill"):
         proc = subprocess.Popen([sys.executable, CONVERT, str(folder)], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 120
         while not (folder / ".servekit-convert.json").exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.002)
+        time.sleep(KILL_AFTER_S[how])
         proc.send_signal(signal.SIGKILL)
         rc = proc.wait(timeout=60)
     else:
@@ -322,11 +326,13 @@ def main(work: Path) -> None:
     facts["vllm"] = _vllm_takes(all_)
     shutil.copytree(published, work / "via-prepare")
     facts["through_prepare"] = _through_prepare(work / "via-prepare")
-    for how in ("kill", "before_the_index"):
+    for how in (*KILL_AFTER_S, "before_the_index"):
         folder = work / f"interrupted-{how}"
         shutil.copytree(published, folder)
         facts[f"interrupted_{how}"] = _interrupted(folder, how)
-        facts[f"interrupted_{how}"]["same_files_as_uninterrupted"] = _hashes(folder) == _hashes(all_)
+        mine, theirs = _hashes(folder), _hashes(all_)
+        facts[f"interrupted_{how}"]["differing_from_uninterrupted"] = sorted(
+            set(mine) ^ set(theirs) | {name for name in mine if name in theirs and mine[name] != theirs[name]})
     print(json.dumps(facts))
 
 
