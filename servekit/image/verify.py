@@ -276,16 +276,22 @@ def check_jit_compiles(archs: list[str]) -> list[str]:
     return []
 
 
-def record_readers(profiles_file: Path) -> None:
-    """Which variables the launcher can export this image's packages read (readers.py), written beside the
-    launcher, which says which of a profile's are inert; the inert ones are noted here."""
+def record_readers(profiles_file: Path) -> list[str]:
+    """Which variables the launcher can export this image's packages read (readers.py): written beside the launcher
+    at build (which says which of a profile's are inert), and held to what is there when verify runs again as the
+    image's user, who cannot write there; the inert ones are noted."""
     profiles = json.loads(profiles_file.read_text())
     names = sorted(set(recipe.every_variable()) | set(profiles.get("env", {}))
                    | {name for host in profiles["hosts"].values() for name in host["env"]})
     doc = readers.record(names, readers.package_roots())
-    readers.write(HERE / readers.RECORD_NAME, doc)
+    record = HERE / readers.RECORD_NAME
+    if os.access(HERE, os.W_OK):
+        readers.write(record, doc)
+    elif readers.load(record) != doc:
+        return [f"{record} is not what this image's packages read: build the image again"]
     print(f"verify: note: {len(doc['read'])} of the {len(names)} variables the launcher can export are read here; "
           f"inert here (nothing in {', '.join(doc['packages'])} reads them): {', '.join(doc['inert']) or 'none'}")
+    return []
 
 
 def main() -> int:
@@ -309,7 +315,7 @@ def main() -> int:
     for name, what in info["omitted"].items():
         print(f"verify: note: {name} is left out of this image: {what}")
     if not problems:
-        record_readers(args.profiles)
+        problems += record_readers(args.profiles)
     for problem in problems:
         print(f"verify: problem: {problem}", file=sys.stderr)
     if problems:
