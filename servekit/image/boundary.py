@@ -126,6 +126,17 @@ def read_text(path: str | os.PathLike, max_bytes: int, follow_links: bool = True
     return text
 
 
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """`text` at `path`, whole or not at all: written beside it, flushed to disk, then renamed over it."""
+    target = os.fspath(path)
+    staging = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.tmp")
+    with open(staging, "w") as out:
+        out.write(text)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(staging, target)
+
+
 def _size(n: int) -> str:
     return f"{n >> 20} MiB" if n >= 1 << 20 and not n % (1 << 20) else f"{n >> 10} KiB" if n >= 1 << 10 else f"{n} B"
 

@@ -26,6 +26,11 @@ import sys
 import time
 from pathlib import Path
 
+try:
+    from .boundary import write_text_atomic
+except ImportError:  # run as a script inside the image, beside boundary.py
+    from boundary import write_text_atomic  # type: ignore[no-redef]
+
 INDEX = "model.safetensors.index.json"
 JOURNAL = ".servekit-convert.json"
 GROUP = 128
@@ -98,7 +103,7 @@ def _step(folder: Path, step: str, say) -> None:
     _write_json(folder / JOURNAL, {"step": step, "shards": shards, "config": config_text})
     for name in ("config.json", INDEX):
         if not (folder / f"{name}.bak-quant").exists():
-            _atomic_text(folder / f"{name}.bak-quant", (folder / name).read_text())
+            write_text_atomic(folder / f"{name}.bak-quant", (folder / name).read_text())
     for shard in shards:
         _link(folder / shard, folder / f"{shard}.bak")  # the shard as published, kept
         _link(folder / shard, folder / f"{shard}.pre", replace=True)  # the shard before this step
@@ -211,7 +216,7 @@ def _restore(folder: Path, say) -> None:
     for shard in shards:
         if (folder / f"{shard}.pre").exists():
             _link(folder / f"{shard}.pre", folder / shard, replace=True)
-    _atomic_text(folder / "config.json", journal["config"])
+    write_text_atomic(folder / "config.json", journal["config"])
     _forget(folder, shards)
     say(f"prepare: the {step} conversion a crash interrupted is undone; doing it again")
 
@@ -251,16 +256,9 @@ def _read_json(path: Path) -> dict:
 
 
 def _write_json(path: Path, doc: dict) -> None:
-    _atomic_text(path, json.dumps(doc, indent=2) + "\n")
+    write_text_atomic(path, json.dumps(doc, indent=2) + "\n")
 
 
-def _atomic_text(path: Path, text: str) -> None:
-    staging = path.with_name(f".{path.name}.tmp")
-    with open(staging, "w") as out:
-        out.write(text)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(staging, path)
 
 
 if __name__ == "__main__":  # python convert.py FOLDER: the steps on one folder, as prepare runs them

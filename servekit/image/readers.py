@@ -11,9 +11,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import mmap
-import os
 import re
 from pathlib import Path
+
+try:
+    from .boundary import write_text_atomic
+except ImportError:  # run as a script inside the image, beside boundary.py
+    from boundary import write_text_atomic  # type: ignore[no-redef]
 
 PACKAGES = ("vllm", "flashinfer", "torch")  # what the serving process runs; KVarN's files live inside vllm
 RECORD_NAME = "env-readers.json"
@@ -72,6 +76,4 @@ def load(path: Path) -> dict | None:
 
 
 def write(path: Path, doc: dict) -> None:
-    staging = path.with_name(f".{path.name}.tmp")
-    staging.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-    os.replace(staging, path)
+    write_text_atomic(path, json.dumps(doc, indent=2, sort_keys=True) + "\n")
