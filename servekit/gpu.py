@@ -24,6 +24,7 @@ class GpuInfo:
     index: int
     name: str
     total_bytes: int
+    cuda_arch: str = ""  # compute capability, e.g. 9.0
 
 
 def nvml_init():
@@ -49,8 +50,9 @@ def list_gpus() -> list[GpuInfo]:
         for i in range(nvml.nvmlDeviceGetCount()):
             handle = nvml.nvmlDeviceGetHandleByIndex(i)
             name = nvml.nvmlDeviceGetName(handle)
+            major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
             out.append(GpuInfo(i, name.decode() if isinstance(name, bytes) else name,
-                               nvml.nvmlDeviceGetMemoryInfo(handle).total))
+                               nvml.nvmlDeviceGetMemoryInfo(handle).total, f"{major}.{minor}"))
         return out
     finally:
         nvml.nvmlShutdown()
@@ -75,29 +77,41 @@ class GpuSeries:
     used: list[int] = field(default_factory=list)
     processes: list[tuple[float, list[tuple[int, int | None]]]] = field(default_factory=list)  # (t, [(pid, bytes)])
     not_supported: set[str] = field(default_factory=set)
+    card: tuple[str, int] | None = None  # (name, bytes): a smaller card emulated on this GPU (--card)
 
     def peak(self, start: float = 0.0, end: float = float("inf")) -> int | None:
         window = [u for t, u in zip(self.times, self.used) if start <= t <= end]
         return max(window) if window else None
 
     def summary(self, phases: list[tuple[str, float]], end: float) -> dict:
-        peak = self.peak()
-        out: dict = {"index": self.index, "name": self.name, "total_bytes": self.total_bytes, "samples": len(self.used),
-               "peak_used_bytes": peak, "min_margin_bytes": None if peak is None else self.total_bytes - peak,
-               "end_used_bytes": self.used[-1] if self.used else None, "phases": {},
-               "not_supported": sorted(self.not_supported)}
+        """Peak and margin over the run and each phase. On an emulated card they are the card's: what the GPU held
+        above its use before the boot (the first sample), against the card's memory."""
+        idle = self.used[0] if self.card and self.used else 0
+        total = self.card[1] if self.card else self.total_bytes
+
+        def used(p: int | None) -> int | None:
+            return None if p is None else p - idle
+        peak = used(self.peak())
+        out: dict = {"index": self.index, "name": self.card[0] if self.card else self.name, "total_bytes": total,
+                     "samples": len(self.used), "peak_used_bytes": peak,
+                     "min_margin_bytes": None if peak is None else total - peak,
+                     "end_used_bytes": used(self.used[-1] if self.used else None), "phases": {},
+                     "not_supported": sorted(self.not_supported)}
+        if self.card:
+            out["emulated_on"] = {"name": self.name, "total_bytes": self.total_bytes, "idle_used_bytes": idle}
         bounds = phases + [("", end)]
         for (name, start), (_, stop) in zip(bounds, bounds[1:]):
-            p = self.peak(start, stop)
+            p = used(self.peak(start, stop))
             out["phases"][name] = {"start_s": round(start, 3), "end_s": round(stop, 3), "peak_used_bytes": p,
-                                   "min_margin_bytes": None if p is None else self.total_bytes - p}
+                                   "min_margin_bytes": None if p is None else total - p}
         return out
 
 
 class NvmlSampler:
     """Samples every GPU's memory every `interval_s` in a thread; phases mark the boot's stages."""
 
-    def __init__(self, interval_s: float = 0.05, process_interval_s: float = 1.0):
+    def __init__(self, interval_s: float = 0.05, process_interval_s: float = 1.0,
+                 card: tuple[str, int] | None = None):
         self.nvml = nvml_init()  # raises NvmlUnavailable, with the reason, when there is no GPU
         self.interval_s, self.process_interval_s = interval_s, process_interval_s
         self.handles = [self.nvml.nvmlDeviceGetHandleByIndex(i) for i in range(self.nvml.nvmlDeviceGetCount())]
@@ -105,7 +119,7 @@ class NvmlSampler:
         for i, handle in enumerate(self.handles):
             name = self.nvml.nvmlDeviceGetName(handle)
             self.series.append(GpuSeries(i, name.decode() if isinstance(name, bytes) else name,
-                                         self.nvml.nvmlDeviceGetMemoryInfo(handle).total))
+                                         self.nvml.nvmlDeviceGetMemoryInfo(handle).total, card=card if i == 0 else None))
         self.phases: list[tuple[str, float]] = [("before load", 0.0)]
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="nvml-sampler", daemon=True)

@@ -91,7 +91,7 @@ class Session:
         return wanted
 
     def deployment(self, target: str, engine: Engine, host: str | None = "auto", port: int | None = None,
-                   tag: str | None = None):
+                   tag: str | None = None, card: str | None = None):
         image, pins = engine.serving(tag or self.plan(target).tag,  # a caller with the tag has planned already
                                      installed_pins(self.matrix, target, self.settings))
         bind, port = published(self.root, self.matrix.serve.bind, self.matrix.serve.port, port)
@@ -103,7 +103,33 @@ class Session:
         return Deployment(self.root, target, self.host(host, engine), image, bind, port, engine=engine,
                           overrides=tuple(self.matrix.targets[target].compose), matrix=self.matrix, pins=pins,
                           gpu_devices=self.matrix.targets[target].gpu and engine.gpu_by_devices(),
-                          model_dir=mounts.get("MODEL_DIR"), drafter_dir=mounts.get("DRAFTER_DIR"), stand_in=stand_in)
+                          model_dir=mounts.get("MODEL_DIR"), drafter_dir=mounts.get("DRAFTER_DIR"), stand_in=stand_in,
+                          card=self.emulation(card, target, engine) if card else None)
+
+    def check_card(self, card: str | None, target: str, engine: Engine) -> None:
+        """A `--card` that cannot be, for reasons known without a GPU, ends here, before anything is built."""
+        from servekit.machine.card import card_spec
+        if card is None:
+            return
+        card_spec(self.matrix, card)
+        if not self.matrix.targets[target].gpu:
+            raise UserError(f"--card {card}: target {target} has no GPU to emulate a card on")
+        if not (engine.serves_images and engine.same_machine):
+            raise UserError(f"--card {card}: the card is emulated by an MPS daemon of this machine, for a container of "
+                            f"this machine's engine; engine {engine.given} is not one")
+
+    def emulation(self, card: str, target: str, engine: Engine):
+        """`--card`: the card emulated on this machine's GPU, or a one-line refusal of why it cannot be."""
+        from servekit.gpu import list_gpus, NvmlUnavailable
+        from servekit.machine import card as cards
+        self.check_card(card, target, engine)
+        try:
+            gpus = list_gpus()
+        except NvmlUnavailable as exc:
+            raise EnvironmentProblem(f"--card {card}: no GPU to emulate it on: {exc}") from None
+        if not gpus:
+            raise EnvironmentProblem(f"--card {card}: NVML lists no GPU here")
+        return cards.plan(self.matrix, card, gpus[0])
 
     def check_knobs(self, profiles: list[str], target: str, knobs: dict[str, str] | None) -> None:
         """`--knob` values the launcher would refuse with a profile (on any host) end here, before anything starts:

@@ -16,8 +16,8 @@ from servekit.commands.parsing import Commands
 
 def cmd_run(args) -> int:
     session = open_session(args)
-    if args.engines and (args.knob or args.check or args.timeout):
-        raise UserError("--knob, --check and --timeout apply to one engine's run; leave out --engines")
+    if args.engines and (args.knob or args.check or args.timeout or args.card):
+        raise UserError("--knob, --check, --timeout and --card apply to one engine's run; leave out --engines")
     if args.engines:
         from servekit.engines import parse_engines
         from servekit.serve import fleet
@@ -36,7 +36,8 @@ def cmd_run(args) -> int:
     from servekit.serve import commands
     from servekit.config.knobargs import parse_settings
     done = commands.run(session, args.target, args.profile, args.host, engine_of(args), args.port, say=channel(),
-                        knobs=parse_settings(args.knob or []), only=args.check, boot_timeout_s=args.timeout)
+                        knobs=parse_settings(args.knob or []), only=args.check, boot_timeout_s=args.timeout,
+                        card=args.card)
     for report, run_dir in done:
         failed = [f"{c.name}{' (not run)' if c.status == 'not_run' else ''}" for c in report.checks
                   if c.status not in GATE_PASSES]
@@ -67,7 +68,7 @@ def cmd_sweep(args) -> int:
     session = open_session(args)
     out, doc, markdown = sweep(session, args.profile, args.knob, args.boots, args.target, args.host,
                                args.checks.split(",") if args.checks else None, say=channel(),
-                               engine=engine_of(args) if args.engine else None)
+                               engine=engine_of(args) if args.engine else None, card=args.card)
     print_wide(doc.title, doc.table.header, doc.table.rows, markdown)
     if sys.stdout.isatty() and doc.advice:
         print(doc.advice)
@@ -107,6 +108,7 @@ def register(c: Commands) -> None:
                    "(repeatable; its parameters from images.yaml)")
     p.add_argument("--timeout", type=arguments.seconds, metavar="S", help="seconds each boot may take to healthy; a "
                    "boot past it fails with its report written (default: serve.boot_timeout_s)")
+    c.card(p)
     p = c.add("smoke", cmd_smoke, "run a profile's smoke checks against a running server (local or --url)")
     p.add_argument("profile", metavar="PROFILE")
     p.add_argument("--url", type=arguments.http_url, help="the server's base URL (default: the profile's container "
@@ -127,6 +129,7 @@ def register(c: Commands) -> None:
     c.target(p)
     c.host(p)
     p.add_argument("--checks", metavar="C1,C2", help="checks to run per boot (default: the profile's own)")
+    c.card(p)
     c.engine(p)
     p = c.add("compare", cmd_compare, "one table with two reports side by side, marking differences")
     p.add_argument("report_a", metavar="REPORT_A", help="a report.json or its folder")

@@ -37,6 +37,12 @@ class Commands:
                        "containers a GPU, else the first without one)" + ("; repeatable" if many else ""))
 
     @staticmethod
+    def card(p) -> None:
+        p.add_argument("--card", metavar="NAME", help="emulate a card of images.yaml (rtx3090, rtx4090) on this "
+                       "machine's bigger NVIDIA GPU: the server capped at the card's memory by CUDA MPS, vLLM sizing "
+                       "from it, the kernels the card runs (`doctor` says whether this host can)")
+
+    @staticmethod
     def host(p, default: str = "auto") -> None:
         p.add_argument("--host", default=default, metavar="KIND", help="a host of images.yaml whose defaults apply, "
                        f"or auto: WSL2 or native, asked of the engine (default: {default})")

@@ -25,7 +25,8 @@ def cmd_up(args) -> int:
     try:
         with Console(stderr=True).status(f"waiting for {args.profile} to become healthy") as status:
             r = up_profile(open_session(args), args.profile, args.target, args.host, engine_of(args), args.port,
-                           args.timeout, say=channel(live=lambda line: status.update(Text(line))), knobs=knobs)
+                           args.timeout, say=channel(live=lambda line: status.update(Text(line))), knobs=knobs,
+                           card=args.card)
     except BootFailed as exc:
         print(f"up: {args.profile} failed: {exc}", file=sys.stderr)
         for line in exc.last_lines[-12:]:
@@ -127,6 +128,7 @@ def register(c: Commands) -> None:
                    "(repeatable; `ps` shows what it runs with)")
     c.engine(p)
     p.add_argument("--port", type=arguments.port, metavar="N", help="publish on this port (default: serve.port)")
+    c.card(p)
     p = c.add("down", cmd_down, "stop and remove a profile's containers (all profiles when none is named); "
             "volumes stay", json_out=False)
     p.add_argument("profile", nargs="?", metavar="PROFILE")

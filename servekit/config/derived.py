@@ -81,6 +81,11 @@ def _compose_gpu_device_services(matrix: Matrix) -> list[str]:
 
 # --- docs/profiles.md ----------------------------------------------------------------------------
 
+def _compose_card_services(matrix: Matrix) -> list[str]:
+    return [f"{name}: *card" for name, profile in matrix.profiles.items()
+            if any(matrix.targets[t].gpu for t in profile.targets)]
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
@@ -255,6 +260,7 @@ PARTS = {
     "compose/compose.gpu-devices.yaml": {"profiles": _compose_gpu_device_services},
     "compose/compose.model-dir.yaml": {"profiles": _compose_model_dir_services},
     "compose/compose.drafter-dir.yaml": {"profiles": _compose_drafter_dir_services},
+    "compose/compose.card.yaml": {"profiles": _compose_card_services},
     "docs/profiles.md": {"profile-table": _profile_table, "check-table": _check_table, "profile-flags": _profile_flags,
                          "knob-table": _knob_table, "source-table": _source_table,
                          "variable-table": _variable_table},

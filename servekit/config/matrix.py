@@ -166,8 +166,22 @@ class Target(Strict):
     env: dict[EnvName, str] = Field({}, description="environment the launcher sets on this target")
 
 
+class Card(Strict):
+    description: str
+    memory_gib: float = Field(gt=0, description="the total memory CUDA shows on the card (cudaMemGetInfo's total, "
+                              "torch's total_memory), GiB: what vLLM sizes from there")
+    memory_source: str = Field(min_length=1, description="where memory_gib comes from")
+    cuda_arch: str = Field(pattern=r"^\d+\.\d+$", description="the card's compute capability")
+
+    @field_validator("memory_gib", mode="before")
+    @classmethod
+    def _number(cls, value: object) -> object:
+        return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
 class Host(Strict):
     description: str
+    card: str | None = Field(None, description="a key of cards: the card this host kind's defaults are sized for")
     cuda_arch: str | None = Field(None, pattern=r"^\d+\.\d+$", description="the card's compute capability; "
                                   "the cuda image's verify compiles a FlashInfer kernel for every host's")
     adapter: str | None = Field(None, min_length=1, description="WSL2: the GPU adapter whose Shared Usage is read, "
@@ -275,6 +289,7 @@ class Matrix(Strict):
     bases: dict[str, Base]
     models: dict[str, Model]
     targets: dict[str, Target]
+    cards: dict[str, Card] = {}
     hosts: dict[str, Host]
     series: Series
     components: dict[str, Component] = {}
@@ -429,7 +444,7 @@ class _References:
 
     def names(self) -> None:
         m = self.m
-        for section in ("indexes", "bases", "models", "targets", "hosts", "components", "profiles"):
+        for section in ("indexes", "bases", "models", "targets", "cards", "hosts", "components", "profiles"):
             for name in getattr(m, section):
                 if not SAFE_NAME.match(name):
                     self.add((section, name), f"name {name!r}: expected lowercase letters, digits and '-', starting "
@@ -527,6 +542,12 @@ class _References:
 
     def hosts(self) -> None:
         for name, h in self.m.hosts.items():
+            if h.card is not None:
+                self.need(h.card, self.m.cards, "card", ("hosts", name, "card"))
+                card = self.m.cards.get(h.card)
+                if card and h.cuda_arch and card.cuda_arch != h.cuda_arch:
+                    self.add(("hosts", name, "cuda_arch"), f"{h.cuda_arch!r}, where its card {h.card} has "
+                             f"{card.cuda_arch!r}: one of the two is wrong")
             self.knobs(h.knobs, ("hosts", name, "knobs"))
             for comp, table in h.component_knobs.items():
                 self.knobs(table, ("hosts", name, "component_knobs", comp))

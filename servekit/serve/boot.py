@@ -99,7 +99,8 @@ class Boot:
                               "another machine (the container's memory from docker stats is plotted)")
             return
         try:
-            self.gpu = NvmlSampler()
+            card = self.dep.card
+            self.gpu = NvmlSampler(card=(f"{card.card} (emulated)", card.total_bytes) if card else None)
             self.gpu.start()
         except NvmlUnavailable as exc:
             self.notes.append(f"GPU memory not sampled: {exc}")

@@ -52,21 +52,24 @@ class Up:
 
 def up_profile(session, profile: str, target: str | None = None, host: str | None = "auto", engine=None,
                port: int | None = None, timeout_s: float | None = None, say=print,
-               knobs: dict[str, str] | None = None) -> Up:
+               knobs: dict[str, str] | None = None, card: str | None = None) -> Up:
     """Start `profile` (with `knobs` over its own) and watch it to healthy; what it became (URL, key file, served
     name, the knobs it runs with, timings, memory). Raises BootFailed when it did not come up (it is taken down)."""
     engine = engine or engines.resolve(None)
     engine.check()
     target = session.profile_target(profile, target, engine)
     session.check_knobs([profile], target, knobs)
+    session.check_card(card, target, engine)
     session.require_gpu(target, engine, f"up: {profile}")
-    dep = session.deployment(target, engine, host, port)
+    dep = session.deployment(target, engine, host, port, card=card)
     arrived = transfer.ensure_image(engine, dep.image, say=lambda line: say(f"up: {line}"))
     deploy.check_bind(dep.bind, say)
     key_file = deploy.ensure_secrets(dep)
     deploy.write_env(dep)
     where = "" if engine.is_local else f" on engine {engine.given} (image {arrived})"
     say(f"up: {profile} on {target} ({dep.host}){where}, {dep.image}")
+    if dep.card:
+        say(f"up: {dep.card.said()}")
     with engines.reach(engine, dep.bind, dep.port) as url:
         booted = boot(replace(dep, reached_at=url), profile, timeout_s or session.matrix.serve.boot_timeout_s,
                       say=say, knobs=knobs)
@@ -97,7 +100,8 @@ def profiles_of(session, target: str, wanted: list[str] | None) -> list[str]:
 
 def run(session, target: str | None = None, profiles: list[str] | None = None, host: str | None = "auto",
         engine=None, port: int | None = None, say=print, knobs: dict[str, str] | None = None,
-        only: list[str] | None = None, boot_timeout_s: float | None = None) -> list[tuple[RunReport, Path]]:
+        only: list[str] | None = None, boot_timeout_s: float | None = None,
+        card: str | None = None) -> list[tuple[RunReport, Path]]:
     """image, up, smoke, down and a report for each profile on one engine: (report, its folder) per profile.
     `knobs` are set for every boot (and recorded); `only` runs those checks instead of each profile's own;
     `boot_timeout_s` bounds each boot (a failed boot still gets its report)."""
@@ -106,10 +110,13 @@ def run(session, target: str | None = None, profiles: list[str] | None = None, h
     profiles = profiles_of(session, target, profiles)
     checks_to_run(session.matrix, profiles[0], target, only)  # a misspelt --check ends here, before any boot
     session.check_knobs(profiles, target, knobs)
+    session.check_card(card, target, engine)
     engine.check()
     session.require_gpu(target, engine, f"run: {', '.join(profiles)}")
     plan = ensure_built(session, target, say=as_output(say).child("run: "), engine=engine)
-    dep = session.deployment(target, engine, host, port, tag=plan.tag)
+    dep = session.deployment(target, engine, host, port, tag=plan.tag, card=card)
+    if dep.card:
+        say(f"run: {dep.card.said()}")
     key_file = deploy.ensure_secrets(dep)
     deploy.write_env(dep)
     return run_profiles(session.matrix, dep, profiles, key_file, say=say, knobs=knobs, only=only,

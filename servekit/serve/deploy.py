@@ -27,6 +27,7 @@ from servekit.errors import UserError
 from servekit.output import as_output
 from servekit.engines import Engine, local, resolve, Server, ServerState
 from servekit.engines.gpuaccess import COMPOSE_FILE as GPU_DEVICES_COMPOSE
+from servekit.machine.card import COMPOSE_FILE as CARD_COMPOSE, MpsDaemon, mps_dir
 from servekit.engines.docker import address, docker_errors, local_url, PROJECT
 from servekit.image.boundary import Missing, Refused, control_character, header_unsafe, read_secret, read_text
 from servekit.image.knobs import KNOBS, masked
@@ -55,6 +56,7 @@ class Deployment:
     model_dir: str | None = None  # a model folder of this machine served in place of the volume's (MODEL_DIR)
     stand_in: str | None = None  # the matrix model that folder is (stands_in_for the target's): its checks apply
     drafter_dir: str | None = None  # a DFlash2 drafter folder of this machine served in place of the volume's
+    card: Any = None  # machine.card.Emulation: a smaller card emulated on this machine's GPU (--card)
 
     @property
     def compose_dir(self) -> Path:
@@ -71,6 +73,8 @@ class Deployment:
             names.append(MODEL_DIR_COMPOSE)
         if self.drafter_dir:
             names.append(DRAFTER_DIR_COMPOSE)
+        if self.card:
+            names.append(CARD_COMPOSE)
         if not self.engine.same_machine:  # this disk's files are not there to bind-mount
             names.append("compose.remote.yaml")
         return [self.compose_dir / n for n in names]
@@ -193,6 +197,8 @@ def write_env(dep: Deployment) -> Path | None:
         # then acts on the profile `docker compose up -d alternative` started, not only on services without one.
         "COMPOSE_PROFILES": "*",
     }
+    if dep.card:
+        ours.update(dep.card.compose_env())
     uid, gid = run_as()
     if (uid, gid) != (IMAGE_UID, IMAGE_UID) and dep.engine.same_machine:  # another machine's engine: the image's user
         ours.update(SERVEKIT_UID=str(uid), SERVEKIT_GID=str(gid))
@@ -204,7 +210,7 @@ def write_env(dep: Deployment) -> Path | None:
 
 
 # The keys servekit's block writes (write_env), by name: a user's own SERVEKIT_REGISTRY, say, is theirs.
-OWN_KEYS = re.compile(r"^\s*(?:export\s+)?(SERVEKIT_(?:IMAGE|HOST|BIND|PORT|UID|GID)|COMPOSE_PROJECT_NAME|"
+OWN_KEYS = re.compile(r"^\s*(?:export\s+)?(SERVEKIT_(?:IMAGE|HOST|BIND|PORT|UID|GID|CARD\w*|MPS_PIPE_DIR)|COMPOSE_PROJECT_NAME|"
                       r"COMPOSE_PATH_SEPARATOR|COMPOSE_FILE|COMPOSE_PROFILES)\s*=")
 OWN_COMMENTS = (ENV_BEGIN, ENV_BEGIN_2, "# For `python build.py --engine ", "# Written by `python build.py")
 
@@ -287,12 +293,19 @@ def check_bind(bind: str, say) -> None:
 
 
 def up(dep: Deployment, profile: str, knobs: dict[str, str] | None = None):
-    """Start the profile on its engine (Compose, or a process); the server when the engine hands it back."""
+    """Start the profile on its engine (Compose, or a process); the server when the engine hands it back. An
+    emulated card's MPS daemon is started first."""
+    if dep.card:
+        MpsDaemon(dep.card.mps_dir).start()
     return dep.engine.up(dep, profile, knobs)
 
 
 def down(dep: Deployment, profile: str | None = None) -> None:
+    """Take the profile (every profile when None) down; servekit's MPS daemon quits once no server is left."""
     dep.engine.down(dep, profile)
+    folder = dep.card.mps_dir if dep.card else mps_dir()
+    if (folder / "pipe" / "control").exists() and not running_profiles(dep.engine):
+        MpsDaemon(folder).stop()
 
 
 def find_server(profile: str, engine: Engine | None = None) -> Server | None:

@@ -38,6 +38,10 @@ def _new_report(matrix, dep: deploy.Deployment, profile: str) -> RunReport:
         report.notes.append(f"served {dep.stand_in} ({matrix.models[dep.stand_in].dir}, through MODEL_DIR) in place "
                             f"of {matrix.targets[dep.target].model}, with its check parameters (images.yaml models."
                             f"{dep.stand_in}.checks)")
+    if dep.card:
+        report.card = dep.card.to_json()
+        report.notes.append(dep.card.said() + "; the GPU's peak and margin are the card's: what the GPU held above "
+                            "its use before the boot, against the card's memory")
     if matrix.profiles[profile].auth == "none":
         report.notes.append("served WITHOUT an API key: the profile says auth: none in images.yaml")
     return report

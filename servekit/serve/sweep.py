@@ -241,7 +241,10 @@ def sweep_document(matrix, dep, profile: str, image: str, knobs: list[tuple[str,
     advice = sizing_advice(cells, names[0], matrix.sweep.min_margin_mib * 2**20, current, dep.host) \
         if len(names) == 1 else None
     notes = ["interrupted: the table holds the boots that finished"] if interrupted else []
-    title = f"sweep of {profile} on {dep.target} ({dep.host}): {', '.join(names)}, {boots} boots a cell"
+    if dep.card:
+        notes.append(dep.card.said() + "; margins are the card's")
+    on = f", card {dep.card.card} emulated" if dep.card else ""
+    title = f"sweep of {profile} on {dep.target} ({dep.host}{on}): {', '.join(names)}, {boots} boots a cell"
     doc = SweepReport(profile=profile, target=dep.target, host=dep.host, image=image,
                       boots_per_cell=boots, interrupted=interrupted, advice=advice,
                       cells=[SweepCell(knobs=c.knobs, boots=c.boots) for c in cells],
@@ -251,7 +254,7 @@ def sweep_document(matrix, dep, profile: str, image: str, knobs: list[tuple[str,
 
 def sweep(session, profile: str, knob_specs: list[str], boots: int = 2, target: str | None = None,
           host: str | None = "auto", checks: list[str] | None = None, say=print,
-          engine=None) -> tuple[Path, SweepReport, str]:
+          engine=None, card: str | None = None) -> tuple[Path, SweepReport, str]:
     """Every combination of knob values, `boots` boots each, on `engine` (this machine's Docker engine when None);
     a failed cell is recorded and the sweep goes on. (the report's folder, its document, its Markdown)."""
 
@@ -264,9 +267,10 @@ def sweep(session, profile: str, knob_specs: list[str], boots: int = 2, target: 
     for name in checks or []:
         if name not in matrix.checks:
             raise UserError(f"--checks {name}: expected one of {', '.join(matrix.checks)}")
+    session.check_card(card, target, engine)
     session.require_gpu(target, engine, f"sweep: {profile}")
     plan = ensure_built(session, target, say, engine=engine)
-    dep = session.deployment(target, engine, host, tag=plan.tag)
+    dep = session.deployment(target, engine, host, tag=plan.tag, card=card)
     if checks and dep.host == "wsl2" and "spill" not in checks:  # on WSL2 every cell is judged for spill
         checks = [*checks, "spill"]
     key_file = deploy.ensure_secrets(dep)

@@ -1,0 +1,196 @@
+"""A card of images.yaml emulated on this host's bigger NVIDIA GPU (`--card`): CUDA MPS caps what the server may
+allocate at the card's memory, vLLM sizes from the card (the series' emulated-card patch), and the kernels follow
+the card where vLLM would pick others on the bigger GPU.
+
+The MPS control daemon is servekit's own: private pipe and log folders, started before the server and asked to
+quit after it; the pipe folder is mounted into the container (compose.card.yaml, with `ipc: host`), and the
+server's process gets the card's memory as its pinned device-memory limit. The legacy limit counts what the process
+allocates, not the context the MPS server holds for it, so the emulation is a few hundred MiB optimistic.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from servekit.engines.gpuaccess import driver_dir
+from servekit.errors import EnvironmentProblem, UserError
+from servekit.waiting import until
+
+MPS_CONTROL = "nvidia-cuda-mps-control"
+CONTAINER_PIPE_DIR = "/tmp/nvidia-mps"  # where compose.card.yaml mounts the daemon's pipe folder
+COMPOSE_FILE = "compose.card.yaml"
+MPS_DIR_ENV = "SERVEKIT_MPS_DIR"  # where the daemon's pipe/ and log/ folders live (default: a folder in /tmp)
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class Forced:
+    variable: str
+    value: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Emulation:
+    card: str
+    description: str
+    total_bytes: int
+    cuda_arch: str
+    gpu_name: str
+    gpu_total_bytes: int
+    gpu_arch: str
+    mps_dir: Path
+    forced: tuple[Forced, ...] = ()
+
+    @property
+    def pipe_dir(self) -> Path:
+        return self.mps_dir / "pipe"
+
+    def compose_env(self) -> dict[str, str]:
+        """What compose.card.yaml reads (servekit's block of compose/.env, so a plain `docker compose` agrees)."""
+        forced = {f.variable: f.value for f in self.forced}
+        return {"SERVEKIT_CARD": self.card, "SERVEKIT_CARD_BYTES": str(self.total_bytes),
+                "SERVEKIT_CARD_MIB": str(self.total_bytes // 2**20), "SERVEKIT_MPS_PIPE_DIR": str(self.pipe_dir),
+                "SERVEKIT_CARD_DISABLED_KERNELS": forced.get("VLLM_DISABLED_KERNELS", ""),
+                "SERVEKIT_CARD_FLASH_ATTN_VERSION": forced.get("VLLM_FLASH_ATTN_VERSION", "")}
+
+    def to_json(self) -> dict:
+        return {"card": self.card, "description": self.description, "total_bytes": self.total_bytes,
+                "cuda_arch": self.cuda_arch, "emulated_on": {"name": self.gpu_name, "total_bytes": self.gpu_total_bytes,
+                                                             "cuda_arch": self.gpu_arch},
+                "forced": [{"variable": f.variable, "value": f.value, "why": f.why} for f in self.forced]}
+
+    def said(self) -> str:
+        forced = "; forced: " + "; ".join(f"{f.variable}={f.value} ({f.why})" for f in self.forced) if self.forced \
+            else "; no kernel forced (vLLM picks on this GPU what it picks on the card)"
+        return (f"card {self.card} ({self.total_bytes / GiB:.2f} GiB, sm_{self.cuda_arch.replace('.', '')}) emulated on "
+                f"{self.gpu_name} ({self.gpu_total_bytes / GiB:.2f} GiB, sm_{self.gpu_arch.replace('.', '')}) by CUDA "
+                f"MPS{forced}")
+
+
+def forced_kernels(card_arch: str, gpu_arch: str) -> tuple[Forced, ...]:
+    """The settings that make vLLM pick, on a GPU of `gpu_arch`, the kernels it picks on a card of `card_arch`."""
+    card, gpu = int(card_arch.split(".")[0]), int(gpu_arch.split(".")[0])
+    if card >= 9 or gpu < 9:
+        return ()
+    return (Forced("VLLM_DISABLED_KERNELS", "MacheteLinearKernel", "Marlin rather than Machete for W4A16: Machete "
+                   "is Hopper's, Marlin what a card before Hopper runs"),
+            Forced("VLLM_FLASH_ATTN_VERSION", "2", "FlashAttention 2 rather than 3: 3 is Hopper's"))
+
+
+def mps_control() -> Path | None:
+    """The MPS control program: on PATH, else in the driver's folder (SERVEKIT_DRIVER_DIR)."""
+    found = shutil.which(MPS_CONTROL)
+    if found:
+        return Path(found)
+    candidate = driver_dir() / "bin" / MPS_CONTROL
+    return candidate if os.access(candidate, os.X_OK) else None
+
+
+def mps_dir() -> Path:
+    return Path(os.environ.get(MPS_DIR_ENV) or Path(tempfile.gettempdir()) / f"servekit-mps-{os.getuid()}")
+
+
+def card_spec(matrix, card: str):
+    """images.yaml's card `card`, or a one-line refusal naming those there are."""
+    if card not in matrix.cards:
+        raise UserError(f"--card {card}: expected one of {', '.join(matrix.cards)} (images.yaml cards)")
+    return matrix.cards[card]
+
+
+def plan(matrix, card: str, gpu) -> Emulation:
+    """The emulation of `card` on `gpu` (servekit.gpu.GpuInfo with its compute capability), or a one-line refusal."""
+    spec = card_spec(matrix, card)
+    total = round(spec.memory_gib * GiB)
+    if total > gpu.total_bytes:
+        raise UserError(f"--card {card}: its {spec.memory_gib} GiB is more than this GPU's "
+                        f"({gpu.name}, {gpu.total_bytes / GiB:.2f} GiB); a card is emulated on a bigger GPU only")
+    if mps_control() is None:
+        raise EnvironmentProblem(f"--card {card}: this host has no {MPS_CONTROL} (CUDA MPS, which caps the server's "
+                                 f"memory at the card's), on PATH or in {driver_dir()}/bin; set SERVEKIT_DRIVER_DIR "
+                                 "to the driver's folder")
+    return Emulation(card, spec.description, total, spec.cuda_arch, gpu.name, gpu.total_bytes, gpu.cuda_arch,
+                     mps_dir(), forced_kernels(spec.cuda_arch, gpu.cuda_arch))
+
+
+class MpsDaemon:
+    """servekit's MPS control daemon, by its pipe folder: started when none answers there, asked to quit after."""
+
+    def __init__(self, folder: Path, program: Path | None = None):
+        self.folder, self.program = folder, program or mps_control()
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(self.folder / "pipe"),
+                "CUDA_MPS_LOG_DIRECTORY": str(self.folder / "log")}
+
+    def _ask(self, command: str, timeout: float = 10) -> subprocess.CompletedProcess:
+        return subprocess.run([str(self.program)], input=command + "\n", env=self.env, capture_output=True,
+                              text=True, timeout=timeout, check=False)
+
+    def answers(self) -> bool:
+        if not (self.folder / "pipe" / "control").exists():
+            return False
+        try:
+            return self._ask("get_server_list", timeout=5).returncode == 0
+        except subprocess.TimeoutExpired:
+            return False
+
+    def _folders(self) -> None:
+        """pipe/ and log/, each writable by the server the daemon starts as the container's user (1777, as /tmp)."""
+        for path in (self.folder, self.folder / "pipe", self.folder / "log"):
+            path.mkdir(mode=0o755, exist_ok=True)
+            info = path.lstat()
+            if stat.S_ISLNK(info.st_mode) or info.st_uid != os.getuid():
+                raise EnvironmentProblem(f"{path} is a link or not yours: remove it, or set {MPS_DIR_ENV} to a "
+                                         "folder of your own")
+        for path in (self.folder / "pipe", self.folder / "log"):
+            path.chmod(0o1777)
+
+    def start(self, say=print) -> bool:
+        """Start the daemon unless one answers at this folder; True when this call started it."""
+        if self.answers():
+            return False
+        self._folders()
+        started = subprocess.run([str(self.program), "-d"], env=self.env, capture_output=True, text=True, timeout=30,
+                                 check=False)
+        if started.returncode != 0:
+            raise EnvironmentProblem(f"{self.program} -d failed ({started.returncode}): "
+                                     f"{(started.stderr or started.stdout).strip()[:300]}")
+        if not until(self.answers, 20, 0.2):
+            raise EnvironmentProblem(f"the MPS control daemon did not answer at {self.folder / 'pipe'} in 20 s "
+                                     f"(its log: {self.folder / 'log' / 'control.log'})")
+        say(f"card: MPS control daemon started ({self.folder / 'pipe'})")
+        return True
+
+    def stop(self, say=print) -> None:
+        if not self.answers():
+            return
+        self._ask("quit")
+        if not until(lambda: not self.answers(), 30, 0.2):
+            raise EnvironmentProblem(f"the MPS control daemon at {self.folder / 'pipe'} did not quit in 30 s")
+        say("card: MPS control daemon stopped")
+
+
+def doctor_line(matrix) -> tuple[bool, str]:
+    """Whether this host can emulate the cards of images.yaml, and why."""
+    from servekit.gpu import NvmlUnavailable, list_gpus
+    try:
+        gpus = list_gpus()
+    except NvmlUnavailable as exc:
+        return False, f"no: {exc}"
+    if not gpus:
+        return False, "no: NVML lists no GPU"
+    gpu = gpus[0]
+    fits = [name for name, c in matrix.cards.items() if round(c.memory_gib * GiB) <= gpu.total_bytes]
+    if mps_control() is None:
+        return False, f"no: no {MPS_CONTROL} on PATH or in {driver_dir()}/bin"
+    if not fits:
+        return False, f"no: {gpu.name} ({gpu.total_bytes / GiB:.1f} GiB) is no bigger than any card"
+    return True, f"yes: {', '.join(fits)} on {gpu.name} ({gpu.total_bytes / GiB:.1f} GiB) by CUDA MPS ({mps_control()})"

@@ -1,0 +1,190 @@
+"""`--card`: a card of images.yaml emulated on a bigger GPU (servekit/machine/card.py). No GPU here: the card's
+sizes, the kernels it forces, the refusals, the Compose file that carries it into the container, the MPS daemon's
+lifecycle against a stand-in control program (the real one's protocol: `-d` to start, commands on standard input),
+and the card's margin in the memory summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from servekit.config.load import load_matrix
+from servekit.engines import gpuaccess
+from servekit.errors import EnvironmentProblem, UserError
+from servekit.gpu import GpuInfo, GpuSeries
+from servekit.machine import card as cards
+
+ROOT = Path(__file__).resolve().parent.parent
+MATRIX = load_matrix(ROOT / "images.yaml")
+H200 = GpuInfo(0, "NVIDIA H200", 143_771 * 2**20, "9.0")
+GiB = 2**30
+
+# nvidia-cuda-mps-control as its manual describes it: `-d` starts the daemon (which makes the control pipe in
+# CUDA_MPS_PIPE_DIRECTORY and logs to CUDA_MPS_LOG_DIRECTORY); without -d it reads commands from standard input
+# and fails when no daemon answers; `quit` stops the daemon.
+MPS_STAND_IN = r"""#!/bin/sh
+pipe=${CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps}
+log=${CUDA_MPS_LOG_DIRECTORY:-/var/log/nvidia-mps}
+if [ "$1" = "-d" ]; then
+    [ -e "$pipe/control" ] && { echo "An instance of this daemon is already running" >&2; exit 1; }
+    mkfifo "$pipe/control" && echo "started" >> "$log/control.log"
+    exit 0
+fi
+[ -e "$pipe/control" ] || { echo "Cannot find MPS control daemon process" >&2; exit 1; }
+read -r command
+case "$command" in
+    quit) rm -f "$pipe/control"; echo "quit" >> "$log/control.log" ;;
+    get_server_list) ;;
+    *) echo "unknown command $command" >&2; exit 1 ;;
+esac
+"""
+
+
+@pytest.fixture
+def mps_host(tmp_path, monkeypatch):
+    """A host whose driver folder holds the MPS control program (a stand-in), and a private MPS folder."""
+    program = tmp_path / "nvidia" / "bin" / cards.MPS_CONTROL
+    program.parent.mkdir(parents=True)
+    program.write_text(MPS_STAND_IN)
+    program.chmod(0o755)
+    monkeypatch.setenv(gpuaccess.DRIVER_DIR_ENV, str(tmp_path / "nvidia"))
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.setenv(cards.MPS_DIR_ENV, str(tmp_path / "mps"))
+    return tmp_path
+
+
+def test_the_cards_are_24_gb_cards_as_cuda_shows_them_and_each_host_names_its_own():
+    assert set(MATRIX.cards) == {"rtx3090", "rtx4090"}
+    for card in MATRIX.cards.values():
+        assert 23.4 <= card.memory_gib <= 23.7 and card.memory_source  # what CUDA shows, with where it comes from
+    assert {h: MATRIX.hosts[h].card for h in MATRIX.hosts} == {"native": "rtx3090", "wsl2": "rtx4090"}
+    assert all(MATRIX.cards[h.card].cuda_arch == h.cuda_arch for h in MATRIX.hosts.values())
+
+
+def test_a_hopper_gpu_forces_the_kernels_an_ampere_or_ada_card_runs_and_nothing_else_does():
+    forced = {f.variable: f.value for f in cards.forced_kernels("8.6", "9.0")}
+    assert forced == {"VLLM_DISABLED_KERNELS": "MacheteLinearKernel", "VLLM_FLASH_ATTN_VERSION": "2"}
+    assert {f.variable for f in cards.forced_kernels("8.9", "10.0")} == set(forced)
+    assert cards.forced_kernels("8.6", "8.6") == () and cards.forced_kernels("9.0", "9.0") == ()
+
+
+def test_the_emulation_sizes_the_mps_limit_and_vllms_total_from_the_card(mps_host):
+    emulation = cards.plan(MATRIX, "rtx3090", H200)
+    env = emulation.compose_env()
+    assert int(env["SERVEKIT_CARD_BYTES"]) == round(23.56 * GiB) == emulation.total_bytes
+    assert env["SERVEKIT_CARD_MIB"] == str(round(23.56 * GiB) // 2**20) == "24125"
+    assert env["SERVEKIT_CARD_DISABLED_KERNELS"] == "MacheteLinearKernel"
+    assert env["SERVEKIT_CARD_FLASH_ATTN_VERSION"] == "2"
+    assert env["SERVEKIT_MPS_PIPE_DIR"] == str(mps_host / "mps" / "pipe")
+    said = emulation.said()
+    assert "rtx3090 (23.56 GiB, sm_86) emulated on NVIDIA H200" in said and "Machete" in said
+    assert emulation.to_json()["emulated_on"]["name"] == "NVIDIA H200"
+
+
+def test_a_card_that_cannot_be_emulated_is_refused_in_one_line(mps_host, monkeypatch):
+    with pytest.raises(UserError, match=r"--card rtx5090: expected one of rtx3090, rtx4090 \(images.yaml cards\)"):
+        cards.plan(MATRIX, "rtx5090", H200)
+    small = GpuInfo(0, "NVIDIA GeForce RTX 3060", 12 * GiB, "8.6")
+    with pytest.raises(UserError, match="--card rtx3090: its 23.56 GiB is more than this GPU's .*RTX 3060, 12.00 GiB"):
+        cards.plan(MATRIX, "rtx3090", small)
+    monkeypatch.setenv(gpuaccess.DRIVER_DIR_ENV, str(mps_host / "elsewhere"))
+    with pytest.raises(EnvironmentProblem, match="this host has no nvidia-cuda-mps-control .*SERVEKIT_DRIVER_DIR"):
+        cards.plan(MATRIX, "rtx3090", H200)
+
+
+def test_run_up_and_sweep_refuse_a_card_before_they_build_or_ask_for_a_gpu(monkeypatch):
+    from servekit.serve import commands, sweep
+    from servekit.session import Session
+    session = Session.open(ROOT / "images.yaml")
+    built: list[str] = []
+    monkeypatch.setattr(commands, "ensure_built", lambda *a, **k: built.append("run"))
+    monkeypatch.setattr(sweep, "ensure_built", lambda *a, **k: built.append("sweep"))
+    refusals = ((lambda: commands.run(session, "cpu", card="rtx3090"), "target cpu has no GPU to emulate a card on"),
+                (lambda: commands.run(session, "cuda", card="rtx5090"), "expected one of rtx3090, rtx4090"),
+                (lambda: sweep.sweep(session, "default", ["GPU_UTIL=0.2"], target="cpu", card="rtx3090"),
+                 "no GPU to emulate"),
+                (lambda: commands.up_profile(session, "default", "cpu", card="rtx4090"), "no GPU to emulate"))
+    for call, said in refusals:
+        with pytest.raises(UserError, match=said):
+            call()
+    assert built == []
+
+
+def test_the_mps_daemon_is_started_once_and_asked_to_quit(mps_host):
+    daemon = cards.MpsDaemon(cards.mps_dir())
+    said: list[str] = []
+    assert daemon.start(say=said.append) is True and daemon.answers()
+    assert daemon.start(say=said.append) is False  # one answers there already: not a second
+    pipe = mps_host / "mps" / "pipe"
+    assert oct(pipe.stat().st_mode & 0o7777) == "0o1777"  # the server runs as the container's user
+    daemon.stop(say=said.append)
+    assert not daemon.answers() and said == [f"card: MPS control daemon started ({pipe})", "card: MPS control daemon stopped"]
+    assert (mps_host / "mps" / "log" / "control.log").read_text().split() == ["started", "quit"]
+
+
+def test_the_mps_folder_must_be_the_users_own(mps_host):
+    (mps_host / "target").mkdir()
+    (mps_host / "mps").symlink_to(mps_host / "target")
+    with pytest.raises(EnvironmentProblem, match="is a link or not yours"):
+        cards.MpsDaemon(cards.mps_dir()).start()
+
+
+def _service(env: dict[str, str], profile: str = "default") -> dict:
+    done = subprocess.run(["docker", "compose", "-f", "compose.yaml", "-f", cards.COMPOSE_FILE, "config", "--format",
+                           "json", profile], cwd=ROOT / "compose", capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "SERVEKIT_IMAGE": "vllm-serve:test", "COMPOSE_FILE": "", **env})
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)["services"][profile]
+
+
+def test_the_card_reaches_the_container_through_compose(mps_host, tmp_path):
+    from servekit.engines.docker import DockerEngine
+    from servekit.serve.deploy import Deployment, users_settings, write_env
+    (tmp_path / "compose").mkdir()
+    engine = DockerEngine("unix:///var/run/docker.sock", "unix:///var/run/docker.sock")
+    emulation = cards.plan(MATRIX, "rtx3090", H200)
+    dep = Deployment(tmp_path, "cuda", "native", "vllm-serve:test", "127.0.0.1", 18020, engine=engine,
+                     card=emulation)
+    assert [p.name for p in dep.compose_files] == ["compose.yaml", cards.COMPOSE_FILE]
+    written = write_env(dep).read_text()
+    env = {k: v for k, v in (line.split("=", 1) for line in written.splitlines() if "=" in line and
+                             not line.startswith("#"))}
+    assert env["SERVEKIT_CARD"] == "rtx3090" and env["COMPOSE_FILE"].endswith(cards.COMPOSE_FILE)
+    assert users_settings(dep.env_file) == {}  # the card's lines are servekit's block: a later `up` rewrites them
+    service = _service(env)
+    environment = service["environment"]
+    assert environment["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=24125M"
+    assert environment["VLLM_DEVICE_TOTAL_MEMORY"] == str(emulation.total_bytes)
+    assert environment["VLLM_DISABLED_KERNELS"] == "MacheteLinearKernel"
+    assert environment["VLLM_FLASH_ATTN_VERSION"] == "2"
+    assert environment["CUDA_MPS_PIPE_DIRECTORY"] == cards.CONTAINER_PIPE_DIR
+    assert service["ipc"] == "host"
+    mounts = {v["target"]: v["source"] for v in service["volumes"]}
+    assert mounts[cards.CONTAINER_PIPE_DIR] == str(emulation.pipe_dir)
+    # the prepare service gets no card: it serves nothing
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in _service(env, "prepare").get("environment", {})
+
+
+def test_the_memory_summary_on_a_card_is_the_cards():
+    series = GpuSeries(0, "NVIDIA H200", 143_771 * 2**20, times=[0.0, 1.0, 2.0],
+                       used=[600 * 2**20, 20 * GiB, 22 * GiB], card=("rtx3090 (emulated)", round(23.56 * GiB)))
+    summary = series.summary([("before load", 0.0)], 2.0)
+    assert summary["name"] == "rtx3090 (emulated)" and summary["total_bytes"] == round(23.56 * GiB)
+    assert summary["peak_used_bytes"] == 22 * GiB - 600 * 2**20  # above the GPU's use before the boot
+    assert summary["min_margin_bytes"] == round(23.56 * GiB) - (22 * GiB - 600 * 2**20)
+    assert summary["emulated_on"] == {"name": "NVIDIA H200", "total_bytes": 143_771 * 2**20,
+                                      "idle_used_bytes": 600 * 2**20}
+    plain = GpuSeries(0, "NVIDIA H200", 143_771 * 2**20, times=[0.0], used=[GiB]).summary([("x", 0.0)], 1.0)
+    assert plain["min_margin_bytes"] == 143_771 * 2**20 - GiB and "emulated_on" not in plain
+
+
+def test_stand_in_refuses_a_target_whose_model_has_no_published_layout(tmp_path):
+    from servekit.build.standin import write_stand_in
+    from servekit.session import Session
+    with pytest.raises(UserError, match="target cpu's model has no source_folder"):
+        write_stand_in(Session.open(ROOT / "images.yaml"), tmp_path / "m", True, 0, "small", target="cpu")
+    assert not (tmp_path / "m").exists()
