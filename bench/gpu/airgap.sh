@@ -10,13 +10,14 @@
 #                                          # checked against IMAGE), the kit's models unpacked, then `doctor`
 #   bench/gpu/airgap.sh run COMMAND ARGS   # python build.py COMMAND --target cuda ARGS (run, sweep, up, smoke...),
 #                                          # serving the kit's --model/--drafter where it has them, else the checkout's
-#                                          # stand-in (images.yaml models.qwen35-mini); reports land in reports/
+#                                          # stand-in (images.yaml models.qwen35-mini), or MODEL_DIR and DRAFTER_DIR
+#                                          # where set (`run stand-in` writes the 27B's layout); reports in reports/
 # SERVEKIT_KIT names where the kit is unpacked (default ~/servekit-kit); SERVEKIT_DRIVER_DIR the driver's folder,
 # whose lib64/ gives the host tool NVML where the system's library path does not (default /usr/local/nvidia).
 set -euo pipefail
 
 say() { echo "airgap: $*" >&2; }
-usage() { sed -n '2,17p' "$0" >&2; exit 2; }
+usage() { sed -n '2,18p' "$0" >&2; exit 2; }
 
 KIT=${SERVEKIT_KIT:-$HOME/servekit-kit}
 KIT=${KIT%/}
@@ -68,7 +69,9 @@ run)
     command=$2
     shift 2
     model=$PWD/bench/gpu/qwen35-mini drafter=$PWD/bench/gpu/qwen35-mini-dflash2  # the stand-in and its drafter
-    if [ -d "$KIT/kit/models/model" ]; then
+    if [ -n "${MODEL_DIR:-}" ]; then
+        model=$MODEL_DIR drafter=${DRAFTER_DIR:-}  # yours, e.g. what `run stand-in` wrote (.cache/stand-in)
+    elif [ -d "$KIT/kit/models/model" ]; then
         model=$KIT/kit/models/model drafter=$KIT/kit/models/drafter  # the kit's; its drafter only if it carries one
     fi
     [ -d "$drafter" ] || drafter=

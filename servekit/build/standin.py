@@ -1,0 +1,63 @@
+"""`stand-in`: the served checkpoint's exact layout with random weights, written on this machine by the image's own
+code (servekit/image/standin.py), so that a GPU host without the hub serves the product's memory at full size."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from servekit import engines
+from servekit.errors import UserError
+
+CONTAINER_OUT = "/out"
+CONTAINER_TOKENIZER = "/tokenizer"
+
+
+def default_out(session, target: str | None = None) -> Path:
+    """Where the matrix's random-weight stand-in of the target's model lives (models.<name>.dir's folder), so that
+    MODEL_DIR naming it is recognised and judged as that stand-in (its not_required checks)."""
+    matrix = session.matrix
+    model = matrix.targets[target or next(n for n, t in matrix.targets.items() if t.gpu)].model
+    found = next((m.dir for m in matrix.models.values() if m.stands_in_for == model and m.dir
+                  and m.dir.startswith(".cache/")), None)
+    if found is None:
+        raise UserError("stand-in: images.yaml names no stand-in folder under .cache/ for the model; pass --out")
+    return session.root / Path(found).parent
+
+
+def write_stand_in(session, out: Path, drafter: bool, seed: int, scale: str, target: str | None = None,
+                   convert: bool = True, say=print) -> tuple[Path, Path | None]:
+    """The model into out/<its source folder> (and its DFlash2 drafter beside it), through `target`'s image, then
+    (`convert`) prepare's conversions on it, timed. (model folder, drafter folder)."""
+    matrix = session.matrix
+    engine = engines.resolve(None)
+    target = session.target(target, engine)
+    served = matrix.models[matrix.targets[target].model]
+    tokenizer = next((m.dir for m in matrix.models.values() if m.stands_in_for == matrix.targets[target].model
+                      and m.dir), None)
+    if not served.source_folder or tokenizer is None:
+        raise UserError(f"stand-in: target {target}'s model has no source_folder or no stand-in with a tokenizer "
+                        "(images.yaml models)")
+    drafter_folder = (served.drafters.get("dflash").source_folder if served.drafters.get("dflash") else None) \
+        if drafter else None
+    if out.exists() and not out.is_dir():
+        raise UserError(f"stand-in: --out {out} is not a folder")
+    model_dir = out / served.source_folder
+    for folder in (model_dir, out / drafter_folder if drafter_folder else None):
+        if folder and folder.exists() and any(folder.iterdir()):
+            raise UserError(f"stand-in: {folder} is not empty; remove it or name another --out")
+    engine.check()
+    out.mkdir(parents=True, exist_ok=True)
+    image = session.plan(target).tag
+    if not engine.image_exists(image):
+        raise UserError(f"stand-in: {image} is not here; run `python build.py image --target {target}` first")
+    command = ["/opt/venv/bin/python", "/opt/servekit/standin.py", "--out", f"{CONTAINER_OUT}/{served.source_folder}",
+               "--tokenizer", CONTAINER_TOKENIZER, "--seed", str(seed), "--scale", scale]
+    if drafter_folder:
+        command += ["--drafter", f"{CONTAINER_OUT}/{drafter_folder}"]
+    if convert:
+        command.append("--convert")
+    say(f"stand-in: writing {model_dir}" + (f" and {out / drafter_folder}" if drafter_folder else "")
+        + f" ({scale} size, seed {seed}) in {image}")
+    engine.run_once(image, command, {out.resolve(): CONTAINER_OUT, (session.root / tokenizer).resolve():
+                                     CONTAINER_TOKENIZER}, say=say)
+    return model_dir, out / drafter_folder if drafter_folder else None
