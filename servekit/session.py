@@ -7,7 +7,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from servekit.engines import Engine, resolve
+from servekit.engines import Engine, card as cards, resolve
+from servekit.gpu import NvmlUnavailable, list_gpus
 from servekit.errors import EnvironmentProblem, UserError
 from servekit.config.matrix import Matrix
 from servekit.config.load import load_matrix
@@ -108,10 +109,9 @@ class Session:
 
     def check_card(self, card: str | None, target: str, engine: Engine) -> None:
         """A `--card` that cannot be, for reasons known without a GPU, ends here, before anything is built."""
-        from servekit.machine.card import card_spec
         if card is None:
             return
-        card_spec(self.matrix, card)
+        cards.card_spec(self.matrix, card)
         if not self.matrix.targets[target].gpu:
             raise UserError(f"--card {card}: target {target} has no GPU to emulate a card on")
         if not (engine.serves_images and engine.same_machine):
@@ -120,8 +120,6 @@ class Session:
 
     def emulation(self, card: str, target: str, engine: Engine):
         """`--card`: the card emulated on this machine's GPU, or a one-line refusal of why it cannot be."""
-        from servekit.gpu import list_gpus, NvmlUnavailable
-        from servekit.machine import card as cards
         self.check_card(card, target, engine)
         try:
             gpus = list_gpus()

@@ -99,7 +99,7 @@ BAD = [
     ("wrong-type-bool", _sub("    gpu: false", "    gpu: sometimes"), ["targets.cpu.gpu", "true or false"],
      "gpu: sometimes"),
     ("wrong-type-mapping", _sub("  native:\n    description: native Linux, RTX 3090 (24 GB), headless\n"
-                                "    cuda_arch: \"8.6\"",
+                                "    card: rtx3090",
                                 "  native: 3"), ["hosts.native", "expected a mapping", "3"], "native: 3"),
     ("missing-required-key", _sub("    python: \"3.12\"\n", ""), ["bases.cuda-devel.python", "missing key"], None),
     ("schema-version", _sub("schema_version: 1", "schema_version: 7"), ["schema_version", "7"], "schema_version"),
@@ -178,7 +178,7 @@ BAD = [
     ("profile-without-checks", _sub("    checks:\n      health:\n      models:\n      forced_prefill:\n      burst:\n"
                                     "      tool_required:\n      logs:\n      knobs:\n      spill:\n",
                                     "    checks: {}\n"), ["profiles.batch.checks", "at least one check"], None),
-    ("adapter-unquoted-hex", _sub('    cuda_arch: "8.9"\n', '    cuda_arch: "8.9"\n    adapter: 0x0000c3a1\n'),
+    ("adapter-unquoted-hex", _sub('    card: rtx4090\n', '    card: rtx4090\n    adapter: 0x0000c3a1\n'),
      ["hosts.wsl2.adapter", "write the LUID in quotes ('0x0000c3a1')"], "adapter: 0x"),
     ("check-on-unknown-host", _sub("    hosts: [wsl2]", "    hosts: [wls2]"),
      ["checks.spill.hosts", "host 'wls2' is not defined", "native, wsl2"], "wls2"),

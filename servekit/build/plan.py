@@ -106,7 +106,7 @@ def build_facts(matrix: Matrix, target: str, root: Path, settings: BuildSettings
         series = [p.name for p in read_series(root / matrix.series.dir) if p.applies_to(target)]
     except SeriesError:  # reported by the build's preflight, in one line
         series = []
-    archs = sorted({h.cuda_arch for h in matrix.hosts.values() if h.cuda_arch}) if spec.gpu else []
+    archs = sorted({matrix.cards[h.card].cuda_arch for h in matrix.hosts.values() if h.card}) if spec.gpu else []
     lock = root / lock_file(target, matrix.bases[base_name].python)
     return {"target": target, "vllm": matrix.vllm, "image": matrix.image.name, "pins": pins,
             # what the image's labels say of it (builder.labels): a new description is a new image

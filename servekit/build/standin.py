@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from servekit import engines
+from servekit.engines.docker import local
 from servekit.errors import UserError
 
 CONTAINER_OUT = "/out"
@@ -29,7 +29,7 @@ def write_stand_in(session, out: Path, drafter: bool, seed: int, scale: str, tar
     """The model into out/<its source folder> (and its DFlash2 drafter beside it), through `target`'s image, then
     (`convert`) prepare's conversions on it, timed. (model folder, drafter folder)."""
     matrix = session.matrix
-    engine = engines.resolve(None)
+    engine = local()  # the image runs on this machine, where the folder is
     target = session.target(target, engine)
     served = matrix.models[matrix.targets[target].model]
     tokenizer = next((m.dir for m in matrix.models.values() if m.stands_in_for == matrix.targets[target].model

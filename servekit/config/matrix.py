@@ -138,7 +138,7 @@ class Model(Strict):
 
 
 class ModelNotRequired(Strict):
-    profiles: list[str] = Field(min_length=1, description="profiles of images.yaml")
+    profiles: list[str] = Field([], description="profiles of images.yaml (none named: every profile)")
     why: str = Field(min_length=1)
 
 
@@ -181,9 +181,8 @@ class Card(Strict):
 
 class Host(Strict):
     description: str
-    card: str | None = Field(None, description="a key of cards: the card this host kind's defaults are sized for")
-    cuda_arch: str | None = Field(None, pattern=r"^\d+\.\d+$", description="the card's compute capability; "
-                                  "the cuda image's verify compiles a FlashInfer kernel for every host's")
+    card: str | None = Field(None, description="a key of cards: the card this host kind's defaults are sized for; "
+                             "the cuda image's verify compiles a FlashInfer kernel for every host's card")
     adapter: str | None = Field(None, min_length=1, description="WSL2: the GPU adapter whose Shared Usage is read, "
                                 "by its LUID (whole or its last part, as Get-Counter lists it) or by its name (any "
                                 "part: 'RTX 4090'); default: the adapter with the most dedicated memory in use, "
@@ -380,7 +379,8 @@ class Matrix(Strict):
         with why (images.yaml says so)."""
         model = self.models[model_name] if model_name else None
         return {**(self.profiles[profile].targets.get(target) or ProfileTarget()).not_required,
-                **({check: n.why for check, n in model.not_required.items() if profile in n.profiles} if model else {})}
+                **({check: n.why for check, n in model.not_required.items() if not n.profiles or profile in n.profiles}
+                   if model else {})}
 
 
 # Names that become folder names, Compose services, tags and Kubernetes names (servekit-<profile>): one safe
@@ -544,10 +544,6 @@ class _References:
         for name, h in self.m.hosts.items():
             if h.card is not None:
                 self.need(h.card, self.m.cards, "card", ("hosts", name, "card"))
-                card = self.m.cards.get(h.card)
-                if card and h.cuda_arch and card.cuda_arch != h.cuda_arch:
-                    self.add(("hosts", name, "cuda_arch"), f"{h.cuda_arch!r}, where its card {h.card} has "
-                             f"{card.cuda_arch!r}: one of the two is wrong")
             self.knobs(h.knobs, ("hosts", name, "knobs"))
             for comp, table in h.component_knobs.items():
                 self.knobs(table, ("hosts", name, "component_knobs", comp))

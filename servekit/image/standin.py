@@ -20,12 +20,13 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable
 
-import numpy as np
 
 SHARDS = 7
 EXTRA = "model_extra_tensors.safetensors"
 GROUP = 128
+Array = Any  # a numpy array; numpy is imported where it is used (the image's code loads with the standard library)
 LM = "model.language_model"
 FULL: dict = dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=64, num_attention_heads=24,
                   num_key_value_heads=4, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=48,
@@ -54,22 +55,27 @@ class Weights:
     (random bits, no float pass: gigabytes in seconds), int4 packed as random int32, fp16 scales near 1e-3."""
 
     def __init__(self, seed: int, part: int):
+        import numpy as np
         self.rng = np.random.default_rng([seed, part])
 
-    def bf16(self, *shape: int) -> np.ndarray:
+    def bf16(self, *shape: int) -> Array:
+        import numpy as np
         bits = self.rng.integers(0, 1 << 16, size=shape, dtype=np.uint16)
         return (bits & 0x807F) | (((bits >> 7) & 1) + 120).astype(np.uint16) << 7
 
     @staticmethod
-    def ones(n: int) -> np.ndarray:
+    def ones(n: int) -> Array:
+        import numpy as np
         return np.full(n, 0x3F80, dtype=np.uint16)  # 1.0 in BF16
 
     @staticmethod
-    def zeros(n: int) -> np.ndarray:
+    def zeros(n: int) -> Array:
+        import numpy as np
         return np.zeros(n, dtype=np.uint16)
 
-    def int4(self, name: str, rows: int, columns: int) -> dict[str, np.ndarray]:
+    def int4(self, name: str, rows: int, columns: int) -> dict[str, Array]:
         """A W4A16 linear as compressed-tensors packs it: eight int4 per int32 along the input, a scale per 128."""
+        import numpy as np
         packed = np.frombuffer(self.rng.bytes(rows * columns // 2), dtype=np.int32).reshape(rows, columns // 8)
         scale = (self.rng.random((rows, columns // GROUP), dtype=np.float32) * 1e-3 + 5e-4).astype(np.float16)
         return {f"{name}.weight_packed": packed, f"{name}.weight_scale": scale,
@@ -81,9 +87,9 @@ def _layer_types(t: dict) -> list[str]:
             for i in range(t["num_hidden_layers"])]
 
 
-def text_layer(w: Weights, t: dict, i: int, kind: str) -> dict[str, np.ndarray]:
+def text_layer(w: Weights, t: dict, i: int, kind: str) -> dict[str, Array]:
     h, inter, p = t["hidden_size"], t["intermediate_size"], f"{LM}.layers.{i}."
-    out: dict[str, np.ndarray] = {}
+    out: dict[str, Array] = {}
     if kind == "linear_attention":
         kd = t["linear_num_key_heads"] * t["linear_key_head_dim"]
         vd = t["linear_num_value_heads"] * t["linear_value_head_dim"]
@@ -115,9 +121,9 @@ def text_layer(w: Weights, t: dict, i: int, kind: str) -> dict[str, np.ndarray]:
     return out
 
 
-def vision_tower(w: Weights, v: dict) -> dict[str, np.ndarray]:
+def vision_tower(w: Weights, v: dict) -> dict[str, Array]:
     h, inter, merged = v["hidden_size"], v["intermediate_size"], v["hidden_size"] * v["spatial_merge_size"] ** 2
-    out: dict[str, np.ndarray] = {}
+    out: dict[str, Array] = {}
     for i in range(v["depth"]):
         b = f"model.visual.blocks.{i}."
         for norm in ("norm1", "norm2"):
@@ -136,7 +142,7 @@ def vision_tower(w: Weights, v: dict) -> dict[str, np.ndarray]:
     return out
 
 
-def mtp_head(w: Weights, t: dict) -> dict[str, np.ndarray]:
+def mtp_head(w: Weights, t: dict) -> dict[str, Array]:
     """The MTP head in BF16 (15 tensors): it reuses the model's embeddings and lm_head."""
     h, inter, q, kv, hd = (t["hidden_size"], t["intermediate_size"], t["num_attention_heads"],
                            t["num_key_value_heads"], t["head_dim"])
@@ -151,13 +157,14 @@ def mtp_head(w: Weights, t: dict) -> dict[str, np.ndarray]:
             p + "mlp.down_proj.weight": w.bf16(h, inter)}
 
 
-def _bytes(tensors: dict[str, np.ndarray]) -> int:
+def _bytes(tensors: dict[str, Array]) -> int:
     return sum(a.nbytes for a in tensors.values())
 
 
-def _save(tensors: dict[str, np.ndarray], path: Path) -> None:
+def _save(tensors: dict[str, Array], path: Path) -> None:
     """One safetensors file, BF16 where the array holds BF16 bit patterns (uint16), written under a temporary name
     and renamed: a killed writer leaves no file that looks whole."""
+    import numpy as np
     import warnings
 
     import torch
@@ -226,8 +233,9 @@ def write_tokenizer(source: Path, out: Path, vocab_size: int) -> None:
             (out / name).write_text((source / name).read_text())
 
 
-def _zeros(shape: tuple, dtype) -> np.ndarray:
+def _zeros(shape: tuple, dtype) -> Array:
     """An array of `shape` that takes no memory: what a tensor's size is, without generating it."""
+    import numpy as np
     return np.lib.stride_tricks.as_strided(np.zeros(1, dtype), shape=shape, strides=(0,) * len(shape))
 
 
@@ -237,10 +245,12 @@ class Shapes(Weights):
     def __init__(self):
         pass
 
-    def bf16(self, *shape: int) -> np.ndarray:
+    def bf16(self, *shape: int) -> Array:
+        import numpy as np
         return _zeros(shape, np.uint16)
 
-    def int4(self, name: str, rows: int, columns: int) -> dict[str, np.ndarray]:
+    def int4(self, name: str, rows: int, columns: int) -> dict[str, Array]:
+        import numpy as np
         return {f"{name}.weight_packed": _zeros((rows, columns // 8), np.int32),
                 f"{name}.weight_scale": _zeros((rows, columns // GROUP), np.float16),
                 f"{name}.weight_shape": _zeros((2,), np.int64)}
@@ -251,20 +261,23 @@ def write_model(out: Path, tokenizer: Path, seed: int, t: dict, v: dict, say=pri
     with lm_head alone in the last, as published; what was written (tensors, bytes, seconds)."""
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    parts = [lambda w: {f"{LM}.embed_tokens.weight": w.bf16(t["vocab_size"], t["hidden_size"])}]
-    parts += [lambda w, i=i, k=k: text_layer(w, t, i, k) for i, k in enumerate(_layer_types(t))]
-    parts += [lambda w: {f"{LM}.norm.weight": w.ones(t["hidden_size"])}, lambda w: vision_tower(w, v)]
+    def layer(i: int, kind: str) -> Callable[[Weights], dict[str, Array]]:
+        return lambda w: text_layer(w, t, i, kind)
+    parts: list[Callable[[Weights], dict[str, Array]]] = [
+        lambda w: {f"{LM}.embed_tokens.weight": w.bf16(t["vocab_size"], t["hidden_size"])},
+        *(layer(i, kind) for i, kind in enumerate(_layer_types(t))),
+        lambda w: {f"{LM}.norm.weight": w.ones(t["hidden_size"])}, lambda w: vision_tower(w, v)]
     per_shard = sum(_bytes(make(Shapes())) for make in parts) / (SHARDS - 1)
     weight_map: dict[str, str] = {}
     written = [0]
 
-    def save(tensors: dict[str, np.ndarray], name: str) -> None:
+    def save(tensors: dict[str, Array], name: str) -> None:
         _save(tensors, out / name)
         weight_map.update({k: name for k in tensors})
         written[0] += _bytes(tensors)
         say(f"standin: {name}: {len(tensors)} tensors, {_bytes(tensors) / 1e9:.2f} GB")
 
-    shard: dict[str, np.ndarray] = {}
+    shard: dict[str, Array] = {}
     shard_no, before = 1, 0  # the shard being filled; the bytes of the shards already written
     for n, make in enumerate(parts):
         shard.update(make(Weights(seed, n + 1)))

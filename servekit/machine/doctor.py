@@ -13,7 +13,7 @@ from servekit.engines.docker import docker_cli, gpu_access_of, local
 from servekit.engines.gpuaccess import (ACCESS_ENV, CONTAINER_DRIVER_DIR, DRIVER_DIR_ENV, GPU_DEVICE_ENV, GpuAccess,
                                         decide, docker_run_args)
 from servekit.build.bases import made_base_current
-from servekit.machine.card import doctor_line
+from servekit.engines.card import doctor_line
 from servekit.config.load import load_matrix
 
 

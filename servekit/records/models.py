@@ -62,7 +62,7 @@ class RunReport(Document):
     url: str
     image: ImageUsed
     stand_in: str | None = None  # the matrix model served in the target's model's place (its checks applied)
-    card: dict | None = None  # the card emulated on the GPU (--card): machine.card.Emulation.to_json()
+    card: dict | None = None  # the card emulated on the GPU (--card): engines.card.Emulation.to_json()
     pins: dict[str, str]
     knobs: dict[str, str] = {}
     boot: BootFigures = BootFigures()

@@ -27,7 +27,7 @@ from servekit.errors import UserError
 from servekit.output import as_output
 from servekit.engines import Engine, local, resolve, Server, ServerState
 from servekit.engines.gpuaccess import COMPOSE_FILE as GPU_DEVICES_COMPOSE
-from servekit.machine.card import COMPOSE_FILE as CARD_COMPOSE, MpsDaemon, mps_dir
+from servekit.engines.card import COMPOSE_FILE as CARD_COMPOSE, MpsDaemon, mps_dir
 from servekit.engines.docker import address, docker_errors, local_url, PROJECT
 from servekit.image.boundary import Missing, Refused, control_character, header_unsafe, read_secret, read_text
 from servekit.image.knobs import KNOBS, masked
@@ -56,7 +56,7 @@ class Deployment:
     model_dir: str | None = None  # a model folder of this machine served in place of the volume's (MODEL_DIR)
     stand_in: str | None = None  # the matrix model that folder is (stands_in_for the target's): its checks apply
     drafter_dir: str | None = None  # a DFlash2 drafter folder of this machine served in place of the volume's
-    card: Any = None  # machine.card.Emulation: a smaller card emulated on this machine's GPU (--card)
+    card: Any = None  # engines.card.Emulation: a smaller card emulated on this machine's GPU (--card)
 
     @property
     def compose_dir(self) -> Path:

@@ -96,8 +96,8 @@ def card_patch() -> dict:
     torch.cuda.get_device_properties = lambda device=0: types.SimpleNamespace(total_memory=139 * gib)
     sys.modules["vllm.vllm_flash_attn"] = types.ModuleType("vllm.vllm_flash_attn")
     interface = types.ModuleType("vllm.vllm_flash_attn.flash_attn_interface")
-    interface.is_fa_version_supported = lambda version: True
-    interface.fa_version_unsupported_reason = lambda version: None
+    setattr(interface, "is_fa_version_supported", lambda version: True)
+    setattr(interface, "fa_version_unsupported_reason", lambda version: None)
     sys.modules["vllm.vllm_flash_attn.flash_attn_interface"] = interface
     fa_utils.current_platform = types.SimpleNamespace(is_xpu=lambda: False, is_rocm=lambda: False,
                                                       get_device_capability=lambda: types.SimpleNamespace(major=9, minor=0))

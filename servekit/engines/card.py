@@ -20,6 +20,7 @@ from pathlib import Path
 
 from servekit.engines.gpuaccess import driver_dir
 from servekit.errors import EnvironmentProblem, UserError
+from servekit.gpu import NvmlUnavailable, list_gpus
 from servekit.waiting import until
 
 MPS_CONTROL = "nvidia-cuda-mps-control"
@@ -180,7 +181,6 @@ class MpsDaemon:
 
 def doctor_line(matrix) -> tuple[bool, str]:
     """Whether this host can emulate the cards of images.yaml, and why."""
-    from servekit.gpu import NvmlUnavailable, list_gpus
     try:
         gpus = list_gpus()
     except NvmlUnavailable as exc:
