@@ -111,8 +111,9 @@ def test_a_crash_mid_step_leaves_a_folder_that_says_so_and_the_next_run_finishes
 def test_prepare_converts_a_fetched_checkpoint_after_its_download(facts):
     run = facts["through_prepare"]
     assert run["rc"] == 0 and "is complete" in run["said"] and "lm_head to int8" in run["said"], run["said"]
-    assert run["converted"] == ["lm_head.weight_packed", "model.language_model.embed_tokens.weight_packed",
-                                "mtp.fc.weight_packed", "mtp.layers.0.mlp.down_proj.weight_packed",
+    # the embeddings stay BF16 unless QUANT_EMBED=1: vLLM 0.31.0's Qwen3.5 loads no quantized embedding (a GPU boot)
+    assert "token embeddings left as published (QUANT_EMBED=0: vLLM 0.31.0's Qwen3.5" in run["said"], run["said"]
+    assert run["converted"] == ["lm_head.weight_packed", "mtp.fc.weight_packed", "mtp.layers.0.mlp.down_proj.weight_packed",
                                 "mtp.layers.0.mlp.gate_proj.weight_packed", "mtp.layers.0.mlp.up_proj.weight_packed",
                                 "mtp.layers.0.self_attn.k_proj.weight_packed", "mtp.layers.0.self_attn.o_proj.weight_packed",
                                 "mtp.layers.0.self_attn.q_proj.weight_packed", "mtp.layers.0.self_attn.v_proj.weight_packed"]

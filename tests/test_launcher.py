@@ -200,3 +200,22 @@ def test_batch_takes_its_host_defaults_per_kv_from_images_yaml():
     argv, _ = build_command(CUDA, "batch", "wsl2", {"KV": "kvarn", "GPU_UTIL": "0.8", "MAX_LEN": "1000"})
     assert (_flag(argv, "--gpu-memory-utilization"), _flag(argv, "--max-model-len")) == ("0.8", "1000")
     assert MATRIX.hosts["wsl2"].batch["kvarn"] == {"GPU_UTIL": "0.88", "MAX_LEN": "131072"}
+
+
+def test_int8_activations_with_an_int8_lm_head_are_refused_where_nothing_keeps_them_to_the_mlp(tmp_path):
+    """Measured at full size on a GPU: batch (INT8_ACT=int8) with prepare's int8 lm_head dies in vLLM's Marlin with
+    "W8A8 is not supported by marlin kernel"; the launcher says so before vLLM starts, and only then."""
+    from servekit.image.launcher import int8_activation_problem
+    groups = {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4}},
+              "servekit_lm_head": {"targets": ["re:.*lm_head$"], "weights": {"num_bits": 8}}}
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {"config_groups": groups}}))
+    env = {"VLLM_MARLIN_INPUT_DTYPE": "int8", "VLLM_MARLIN_INT8_INCLUDE_RE": "mlp"}
+    inert = {"inert": ["VLLM_MARLIN_INT8_INCLUDE_RE"], "read": []}
+    said = int8_activation_problem(env, tmp_path, inert)
+    assert said and "INT8_ACT=off" in said and "VLLM_MARLIN_INT8_INCLUDE_RE" in said
+    assert int8_activation_problem(env, tmp_path, {"inert": [], "read": ["VLLM_MARLIN_INT8_INCLUDE_RE"]}) is None
+    assert int8_activation_problem({**env, "VLLM_MARLIN_INPUT_DTYPE": "bf16"}, tmp_path, inert) is None
+    assert int8_activation_problem(env, tmp_path, None) is None  # no record: the image cannot say
+    del groups["servekit_lm_head"]
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {"config_groups": groups}}))
+    assert int8_activation_problem(env, tmp_path, inert) is None  # the published BF16 lm_head: no clash

@@ -220,6 +220,26 @@ def say_inert(profile: str, env: dict[str, str]) -> None:
               file=sys.stderr, flush=True)
 
 
+def int8_activation_problem(env: dict[str, str], model_dir: Path, record: dict | None) -> str | None:
+    """Why this launch would die in vLLM's Marlin (measured at full size on a GPU, 2026-12-05: "W8A8 is not
+    supported by marlin kernel"), or None: int8 activations asked for (INT8_ACT=int8), nothing here reading the
+    variable that limits them to some layers (the build's record), and a model whose lm_head is int8 (prepare's
+    QUANT_LM_HEAD), which Marlin cannot run with int8 activations."""
+    limit = "VLLM_MARLIN_INT8_INCLUDE_RE"
+    if env.get("VLLM_MARLIN_INPUT_DTYPE") != "int8" or record is None or limit not in record["inert"]:
+        return None
+    try:
+        groups = json.loads(read_text(model_dir / "config.json", PROFILES_MAX_BYTES))["quantization_config"][
+            "config_groups"]
+        int8_head = any(g["weights"]["num_bits"] == 8 and any("lm_head" in t for t in g["targets"])
+                        for g in groups.values())
+    except (ValueError, KeyError, TypeError, AttributeError):  # no config or no groups: nothing int8 to meet
+        return None
+    return (f"INT8_ACT=int8 gives every Marlin layer int8 activations here (nothing in this image reads {limit}, "
+            "which keeps them to the MLP in the source), and this model's lm_head is int8, which Marlin cannot run "
+            "with int8 activations: set INT8_ACT=off, or QUANT_LM_HEAD=0 on a fresh prepare") if int8_head else None
+
+
 def main(argv: list[str]) -> int:
     command = argv[1] if len(argv) > 1 else "serve"
     if command == "flags":
@@ -270,6 +290,9 @@ def main(argv: list[str]) -> int:
         what = "the model" if missing[0] is profiles["model"] else "the drafter this profile needs"
         print(f"launcher: refusing to start: {what} in {missing[0]['path']} is missing or incomplete; "
               "run the prepare step first (docker compose runs it before every profile)", file=sys.stderr)
+        return 2
+    if not missing and (clash := int8_activation_problem(env, Path(needed[0]["path"]), readers.load(READERS_FILE))):
+        print(f"launcher: refusing to start: {clash}", file=sys.stderr)
         return 2
     shown = {name: "***" if "KEY" in name or "TOKEN" in name else env[name] for name in sorted(env)}
     if os.environ.get("PRINT_ARGV") == "1":

@@ -285,8 +285,9 @@ def _through_prepare(folder: Path) -> dict:
     profiles.write_text(json.dumps({"model": {"source": "huggingface", "repo": "org/m", "revision": commit,
                                               "path": str(folder), "served_name": "m", "drafters": {}},
                                     "profiles": {}, "hosts": {}}))
+    environ = {k: v for k, v in os.environ.items() if k != "QUANT_EMBED"}  # prepare's own defaults
     done = subprocess.run([sys.executable, "/opt/servekit/launcher.py", "prepare"], capture_output=True, text=True,
-                          env={**os.environ, "SERVEKIT_PROFILES": str(profiles), "HF_HUB_OFFLINE": "1"}, timeout=600)
+                          env={**environ, "SERVEKIT_PROFILES": str(profiles), "HF_HUB_OFFLINE": "1"}, timeout=600)
     index = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
     return {"rc": done.returncode, "said": done.stdout + done.stderr,
             "converted": sorted(k for k in index if k.endswith(".weight_packed")  # the int4 layers' aside
@@ -294,6 +295,7 @@ def _through_prepare(folder: Path) -> dict:
 
 
 def main(work: Path) -> None:
+    os.environ["QUANT_EMBED"] = "1"  # every step, the embeddings' too (off by default: the GPU's vLLM loads none)
     published = work / "published"
     write(published)
     facts: dict = {"published": {"schemes": _schemes(published)}}
