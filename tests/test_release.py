@@ -260,7 +260,8 @@ def test_a_release_behind_a_login_pushes_reads_back_and_pulls_by_digest(checked_
     assert record["lock"]["file"] == "docker/locks/cpu-py3.11.txt"
     assert record["lock"]["sha256"] == hashlib.sha256(lock.read_bytes()).hexdigest()
     assert record["series"] == {name: "sha256:" + hashlib.sha256((work_dir() / "docker/patches" / name).read_bytes())
-                                .hexdigest() for name in ("auth-deny-default.patch", "cpu-cli-version.patch")}
+                                .hexdigest() for name in ("auth-deny-default.patch", "cpu-cli-version.patch",
+                                                          "emulated-card.patch")}
     verified = _release("--verify", env=env)
     assert verified.returncode == 0 and "serves every digest the release names" in verified.stdout, verified.stderr
     # a moving tag pointed elsewhere behind the release's back: --verify names it

@@ -34,6 +34,30 @@ def _passing(profile: str, engine: str, gpus: bool) -> dict:
     return report
 
 
+RANDOM = "qwen38-27b-random"  # the served checkpoint's layout with random weights: it proves size, not function
+CARD = round(23.56 * 2**30)
+
+
+def _full_size(profile: str, peak: int = CARD - 2**28) -> dict:
+    """A passing run of `profile` at full size on an emulated 3090: the random-weight stand-in, its excused checks
+    not required, the card's memory as the report carries it."""
+    report = _passing(profile, "local", gpus=True)
+    excused = MATRIX.not_required(profile, "cuda", RANDOM)
+    report.update(stand_in=RANDOM, card={"card": "rtx3090", "total_bytes": CARD, "forced": [],
+                                         "emulated_on": {"name": "NVIDIA H200", "total_bytes": 150 * 2**30}})
+    report["checks"] = [{**c, "status": "not_required" if c["name"] in excused else "passed"}
+                        for c in report["checks"]] + [
+        {"name": name, "status": "not_required", "reason": why, "figures": {}, "seconds": 0.0}
+        for name, why in excused.items() if name not in {c["name"] for c in report["checks"]}]
+    report["memory"]["gpus"] = [{**report["memory"]["gpus"][0], "total_bytes": CARD, "peak_used_bytes": peak}]
+    return report
+
+
+def _write_full_size(root: Path) -> None:
+    for profile in _required(MATRIX):
+        _write(root, "docs/gpu", f"size-{profile}", _full_size(profile))
+
+
 def _write(root: Path, folder: str, name: str, report: dict) -> None:
     (root / folder / name).mkdir(parents=True)
     (root / folder / name / "report.json").write_text(json.dumps(report))
@@ -51,8 +75,12 @@ def _required(matrix) -> list[str]:
 def test_committed_gpu_reports_of_this_image_pass_the_gate(matrix, tmp_path):
     for profile in _required(matrix):
         _write(tmp_path, "docs/gpu", f"run-{profile}", _passing(profile, "local", gpus=True))
+    _write_full_size(tmp_path)
     found = gate(matrix, "cuda", IMAGE_ID, tmp_path)
     assert sorted(found) == sorted(_required(matrix)) and all(g.report.startswith("docs/gpu/") for g in found.values())
+    # which report proves what: the working one its checks, the full-size one the fit
+    assert all(g.report.startswith("docs/gpu/run-") and g.size_report.startswith("docs/gpu/size-")
+               for g in found.values() if g.size_report)
     with pytest.raises(CheckFailed, match="the passing default reports are of another image"):
         gate(matrix, "cuda", "sha256:" + "cd" * 32, tmp_path)
 
@@ -71,6 +99,23 @@ def test_a_passing_report_that_is_no_gpu_proof_is_refused(matrix, tmp_path, engi
 
 def test_without_reports_the_gpu_target_is_refused(matrix, tmp_path):
     with pytest.raises(CheckFailed, match="no passing default report"):
+        gate(matrix, "cuda", IMAGE_ID, tmp_path)
+
+
+def test_a_gpu_release_needs_a_full_size_report_on_a_24_gb_card_beside_the_working_one(matrix, tmp_path):
+    for profile in _required(matrix):
+        _write(tmp_path, "docs/gpu", f"run-{profile}", _passing(profile, "local", gpus=True))
+    with pytest.raises(CheckFailed, match="no passing full-size default report on a 24 GB card .*--card rtx3090"):
+        gate(matrix, "cuda", IMAGE_ID, tmp_path)
+    # the fit past the card's memory proves nothing, and says why
+    _write(tmp_path, "docs/gpu", "size-default", _full_size("default", peak=CARD + 2**26))
+    with pytest.raises(CheckFailed, match="passed the memory of the card it emulated"):
+        gate(matrix, "cuda", IMAGE_ID, tmp_path)
+
+
+def test_random_weights_prove_the_fit_but_not_the_answers(matrix, tmp_path):
+    _write_full_size(tmp_path)
+    with pytest.raises(CheckFailed, match="no passing default report .* served a model whose answers prove nothing"):
         gate(matrix, "cuda", IMAGE_ID, tmp_path)
 
 
@@ -138,6 +183,7 @@ def test_a_stand_ins_report_is_judged_by_the_checks_images_yaml_gives_that_model
                                 for c in report["checks"]]
             report["stand_in"] = stand_in
         _write(tmp_path, "docs/gpu", f"run-{profile}", report)
+    _write_full_size(tmp_path)
     assert gate(matrix, "cuda", IMAGE_ID, tmp_path)["alternative"].checks["spec_decode"] == "not_required"
     path = tmp_path / "docs/gpu/run-alternative/report.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "stand_in": None}))

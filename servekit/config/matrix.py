@@ -132,6 +132,10 @@ class Model(Strict):
                                       "(dir:) may be served with MODEL_DIR, where that model cannot be had (a GPU "
                                       "without the hub); the image serves it under that model's name and the run "
                                       "takes this model's check parameters")
+    proves: list[Literal["function", "size"]] = Field(
+        ["function", "size"], description="what a passing report of this model proves for a release: function (its "
+        "answers are the served model's behaviour: a trained stand-in), size (its memory is the served model's: the "
+        "full-size layout); the served model itself proves both")
     not_required: dict[str, "ModelNotRequired"] = Field(
         {}, description="check -> the profiles on which this model cannot pass it by design (a stand-in whose "
         "drafter is untrained) and why; reported as not required with the reason")

@@ -130,10 +130,11 @@ class FleetSummary(Document):
 # --- a release --------------------------------------------------------------------------------------
 
 class ProfileGate(Record):
-    report: str
+    report: str  # the report that proves the profile works (its checks below)
     passed: bool
     run_id: str
     checks: dict[str, str]
+    size_report: str | None = None  # a GPU target's: the report that proves it fits its 24 GB card at full size
 
 
 DIGEST = r"^sha256:[0-9a-f]{64}$"

@@ -125,6 +125,9 @@ def gpu_proof_problem(report: RunReport) -> str | None:
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
             return f"its GPU memory entry {i} lacks whole numbers for {', '.join(GPU_FIELDS)}"
         total, samples, peak = (int(v) for v in values)  # type: ignore[arg-type]
+        if report.card and peak > total > 0 and samples >= 1:
+            return (f"its peak ({peak / 2**30:.2f} GiB) passed the memory of the card it emulated "
+                    f"({total / 2**30:.2f} GiB): on that card it would not have fit")
         if total <= 0 or samples < 1 or not 0 <= peak <= total:
             return (f"its GPU memory entry {i} is not a measurement (total {total}, {samples} samples, peak "
                     f"{peak})")
@@ -143,25 +146,52 @@ def gate(matrix: Matrix, target: str, image_id: str, root: Path) -> dict[str, Pr
         mine = [(p, r) for p, r in reports if r.profile == profile and r.target == target]
         same = [(p, r) for p, r in mine if r.image.id == image_id and r.gate_passes]
         judged = [(p, r, proof_problem(matrix, r) or (gpu_proof_problem(r) if gpu else None)) for p, r in same]
-        passing = [(p, r) for p, r, why in judged if not why]
-        if not passing and judged:
-            path, _, why = judged[-1]
+        answering = [(p, r, why) for p, r, why in judged if _proves(matrix, r, "function")]
+        working = [(p, r) for p, r, why in answering if not why]
+        if not working and answering:
+            path, _, why = answering[-1]
             fix = "on a GPU host through a Docker engine" if gpu else "with every check"
             raise CheckFailed(f"{target}: the passing {profile} report of {image_id[:19]}... proves nothing "
                               f"({path.relative_to(root)}): {why}; run `python build.py run --target {target} "
                               f"--profile {profile}` {fix}")
-        if not passing:
+        if not working:
             others = [(r.image.id or "?")[:19] for _, r in mine if r.gate_passes]
-            if others:
+            if others and not same:
                 raise CheckFailed(f"{target}: the passing {profile} reports are of another image ({others[-1]}...), "
                                   f"not of {image_id[:19]}...; run `python build.py run --target {target} "
                                   f"--profile {profile}` on this image")
-            raise CheckFailed(f"{target}: no passing {profile} report for image {image_id[:19]}...; run "
-                              f"`python build.py run --target {target} --profile {profile}` first")
-        path, report = passing[-1]
+            raise CheckFailed(f"{target}: no passing {profile} report for image {image_id[:19]}..."
+                              + ("; those there served a model whose answers prove nothing (random weights)" if same
+                                 else "") + f"; run `python build.py run --target {target} --profile {profile}` "
+                              "with the model or a trained stand-in")
+        sized = [(p, r) for p, r, why in judged if not why and _proves(matrix, r, "size") and _on_a_24_gb_card(r)]
+        if gpu and not sized:
+            refused = [why for _, r, why in judged if why and _proves(matrix, r, "size") and _on_a_24_gb_card(r)]
+            raise CheckFailed(f"{target}: no passing full-size {profile} report on a 24 GB card for image "
+                              f"{image_id[:19]}..." + (f" (the one there proves nothing: {refused[-1]})" if refused
+                                                       else "") + "; write the checkpoint's layout with `python "
+                              f"build.py stand-in` and run `python build.py run --target {target} --profile "
+                              f"{profile} --card rtx3090` with MODEL_DIR naming it (docs/gpu/README.md)")
+        path, report = working[-1]
         found[profile] = ProfileGate(report=str(path.relative_to(root)), passed=True, run_id=report.run_id,
-                                     checks={c.name: c.status for c in report.checks})
+                                     checks={c.name: c.status for c in report.checks},
+                                     size_report=str(sized[-1][0].relative_to(root)) if sized else None)
     return found
+
+
+CARD_BYTES = 24 * 2**30  # the cards the profiles are sized for show at most this much (images.yaml cards)
+
+
+def _proves(matrix: Matrix, report: RunReport, what: str) -> bool:
+    """Whether the model a report served proves `what` (function, size): the served model both, a stand-in what
+    images.yaml says of it."""
+    model = matrix.models.get(report.stand_in) if report.stand_in else None
+    return model is None or what in model.proves  # a model images.yaml does not name is refused with why elsewhere
+
+
+def _on_a_24_gb_card(report: RunReport) -> bool:
+    """Served on a 24 GB card: an emulated one (--card), or GPUs of no more memory."""
+    return report.card is not None or all(g["total_bytes"] <= CARD_BYTES for g in report.memory.gpus)
 
 
 def _attempts() -> int:
