@@ -1,8 +1,7 @@
 """The full-size stand-in of the served checkpoint (`python build.py stand-in`, servekit/image/standin.py) held to the
 published layout (../shared/served-model.md) in the cpu image, which carries the same writer: the full size by its
 shapes, the small scale by its files read back through safetensors and vLLM's own weight iterator and
-compressed-tensors config. And the series' emulated-card patch, as vLLM runs it there: without its variables vLLM
-sizes from the GPU, with them from the card."""
+compressed-tensors config."""
 
 from __future__ import annotations
 
@@ -13,10 +12,6 @@ import pytest
 from support import ROOT, docker
 
 pytestmark = [pytest.mark.engine, pytest.mark.network, pytest.mark.slow]
-
-GiB = 2**30
-CARD = round(23.56 * GiB)
-
 
 @pytest.fixture(scope="module")
 def facts(cpu_image):
@@ -97,12 +92,3 @@ def test_the_drafter_is_a_w4a16_dflash2_drafter_fed_by_five_target_layers(facts)
     assert drafter["tensors"]["layers.0.mlp.gate_proj.weight_packed"] == "I32"
     assert drafter["tensors"]["fc.weight"] == "BF16" and "fc" in config["quantization_config"]["ignore"]
     assert "embed_tokens.weight" not in drafter["tensors"]  # shared with the target, as the published requant
-
-
-def test_the_emulated_card_patch_sizes_vllm_from_the_card_only_when_asked(facts):
-    unset, card = facts["card_patch"]["unset"], facts["card_patch"]["card"]
-    gpu_total = 139 * GiB + GiB * 4 // 5
-    # As released: the GPU's total, so GPU_UTIL x 139.8 GiB against the 23.5 GiB MPS leaves free.
-    assert unset["total"] == gpu_total and unset["platform_total"] == 139 * GiB and unset["fa_version"] == 3
-    assert card["total"] == CARD and card["platform_total"] == CARD and card["fa_version"] == 2
-    assert card["free"] == min(23 * GiB + GiB // 2, CARD) and card["cuda_memory"] == CARD - card["free"]

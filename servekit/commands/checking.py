@@ -57,7 +57,7 @@ def cmd_smoke(args) -> int:
     url, results = smoke_running(open_session(args), args.profile, args.target, engine_of(args) if args.engine else None,
                                  args.url, Path(args.api_key_file) if args.api_key_file else None,
                                  on_result=None if args.json else lambda r: print(console_line(r)),
-                                 only=args.check, timeout_s=args.timeout)
+                                 only=args.check, timeout_s=args.timeout, card=args.card)
     if args.json:
         emit_json({"url": url, "checks": [r.to_json() for r in results]})
     return 0 if all_passed(r.status for r in results) else 1
@@ -120,6 +120,8 @@ def register(c: Commands) -> None:
     p.add_argument("--check", action="append", metavar="NAME", help="run this check instead of the profile's own "
                    "(repeatable)")
     c.target(p, help="which target's sizes and model name to expect")
+    p.add_argument("--card", metavar="NAME", help="the card the server must be emulating (`up --card`); a server "
+                   "on another card, or on none, is refused")
     p = c.add("sweep", cmd_sweep, "boot a profile across knob values, several boots a cell, and print the table "
             "(boots survived, margin, KV pool, tokens/s, and whether the spread is below the gap)", json_out=False, locked=True)
     p.add_argument("profile", metavar="PROFILE")

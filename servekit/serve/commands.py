@@ -128,13 +128,15 @@ def run(session, target: str | None = None, profiles: list[str] | None = None, h
 
 def smoke_running(session, profile: str, target: str | None = None, engine=None, url: str | None = None,
                   api_key_file: Path | None = None, on_result=None, only: list[str] | None = None,
-                  timeout_s: float | None = None) -> tuple[str, list]:
+                  timeout_s: float | None = None, card: str | None = None) -> tuple[str, list]:
     """The profile's checks (or `only` those) against a server already running: its container on `engine`, or
     `url`; `timeout_s` bounds each check (every request of it, and each wait between bytes)."""
 
 
     if url and engine:
         raise UserError("--url and --engine: name the server one way (--engine finds it on that engine)")
+    if url and card:
+        raise UserError("--card and --url: the card is read from the server's container; name it by --engine")
     engine = engine or engines.resolve(None)
     matrix = session.matrix
     target = session.target(target, engine)
@@ -159,6 +161,10 @@ def smoke_running(session, profile: str, target: str | None = None, engine=None,
         logs = lambda: server.log().splitlines()  # noqa: E731
         environ = server.environ
         state = server.state()
+        running_on = state.env.get("SERVEKIT_CARD")  # compose.card.yaml sets it on an emulated card's server
+        if card and running_on != card:
+            raise UserError(f"--card {card}: {profile} runs " + (f"on card {running_on}" if running_on else
+                            "on the GPU as it is") + f"; start it with `python build.py up {profile} --card {card}`")
         port = state.port or port
         host = state.env.get(HOST_KIND_ENV) or host  # its host's checks (a WSL2 server gets spill, which smoke cannot judge)
         # compiles while booting are expected; the log checks judge what came after the server was ready

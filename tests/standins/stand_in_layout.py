@@ -1,7 +1,6 @@
 """Inside the cpu image: the image's own stand-in writer (/opt/servekit/standin.py) held to the served checkpoint's
 layout rules (../shared/served-model.md), at full size by its shapes alone and at the small scale by the files it
-writes, read back through safetensors and vLLM's own weight iterator and compressed-tensors config; and the
-emulated-card patch's logic in vLLM (its memory snapshot, platform total and FlashAttention version). Prints one
+writes, read back through safetensors and vLLM's own weight iterator and compressed-tensors config. Prints one
 JSON object of facts for the test to judge:
 
     python stand_in_layout.py WORK_DIR
@@ -12,7 +11,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 sys.path.insert(0, "/opt/servekit")
@@ -77,48 +75,6 @@ def schemes(folder: Path) -> dict:
     return out
 
 
-def card_patch() -> dict:
-    """The emulated-card patch as vLLM runs it: the memory snapshot and the platform's device total read the card's
-    VLLM_DEVICE_TOTAL_MEMORY, and VLLM_FLASH_ATTN_VERSION picks the FlashAttention version, each only when set."""
-    import os
-    import vllm.envs as envs
-    from vllm.utils import mem_utils
-    sys.modules.setdefault("vllm._C_stable_libtorch", types.ModuleType("vllm._C_stable_libtorch"))  # CUDA-only ops
-    from vllm.platforms import cuda as cuda_platform
-    from vllm.v1.attention.backends import fa_utils
-    gib = 2**30
-    accel = torch.accelerator
-    saved = {n: getattr(accel, n) for n in ("memory_stats", "get_memory_info", "memory_reserved")}
-    accel.memory_stats = lambda device=None: {}
-    accel.get_memory_info = lambda device=None: (23 * gib + gib // 2, 139 * gib + gib * 4 // 5)  # MPS: free capped
-    accel.memory_reserved = lambda device=None: 0
-    mem_utils.current_platform.is_integrated_gpu = lambda index=None: False
-    torch.cuda.get_device_properties = lambda device=0: types.SimpleNamespace(total_memory=139 * gib)
-    sys.modules["vllm.vllm_flash_attn"] = types.ModuleType("vllm.vllm_flash_attn")
-    interface = types.ModuleType("vllm.vllm_flash_attn.flash_attn_interface")
-    setattr(interface, "is_fa_version_supported", lambda version: True)
-    setattr(interface, "fa_version_unsupported_reason", lambda version: None)
-    sys.modules["vllm.vllm_flash_attn.flash_attn_interface"] = interface
-    fa_utils.current_platform = types.SimpleNamespace(is_xpu=lambda: False, is_rocm=lambda: False,
-                                                      get_device_capability=lambda: types.SimpleNamespace(major=9, minor=0))
-    out = {}
-    for name, env in (("unset", {}), ("card", {"VLLM_DEVICE_TOTAL_MEMORY": str(round(23.56 * gib)),
-                                               "VLLM_FLASH_ATTN_VERSION": "2"})):
-        for key in ("VLLM_DEVICE_TOTAL_MEMORY", "VLLM_FLASH_ATTN_VERSION"):
-            os.environ.pop(key, None)
-        os.environ.update(env)
-        if hasattr(envs, "disable_envs_cache"):
-            envs.disable_envs_cache()
-        snap = mem_utils.MemorySnapshot(device=torch.device("cpu"), auto_measure=False)
-        snap.measure()
-        out[name] = {"total": snap.total_memory, "free": snap.free_memory, "cuda_memory": snap.cuda_memory,
-                     "platform_total": cuda_platform.NonNvmlCudaPlatform.get_device_total_memory(),
-                     "fa_version": fa_utils.get_flash_attn_version()}
-    for n, f in saved.items():
-        setattr(accel, n, f)
-    return out
-
-
 def main(work: Path) -> None:
     facts: dict = {"full": full_size()}
     model, drafter = work / "model", work / "drafter"
@@ -135,7 +91,6 @@ def main(work: Path) -> None:
     facts["same_seed_same_bytes"] = all((model / n).read_bytes() == (again / n).read_bytes()
                                         for n in ("model-00002-of-00007.safetensors",))
     facts["schemes_converted"] = schemes(again)
-    facts["card_patch"] = card_patch()
     print(json.dumps(facts))
 
 
