@@ -58,10 +58,13 @@ def mps_host(tmp_path, monkeypatch):
 
 
 def test_the_cards_are_24_gb_cards_as_cuda_shows_them_and_each_host_names_its_own():
-    assert set(MATRIX.cards) == {"rtx3090", "rtx4090"}
-    for card in MATRIX.cards.values():
-        assert 23.4 <= card.memory_gib <= 23.7 and card.memory_source  # what CUDA shows, with where it comes from
-    assert {h: MATRIX.hosts[h].card for h in MATRIX.hosts} == {"native": "rtx3090", "wsl2": "rtx4090"}
+    assert set(MATRIX.cards) == {"rtx3090", "rtx4090", "rtx4090-wsl2"}
+    for name in ("rtx3090", "rtx4090"):
+        card = MATRIX.cards[name]
+        assert 23.4 <= card.memory_gib <= 23.7 and card.memory_source and card.free_gib is None
+    wsl2 = MATRIX.cards["rtx4090-wsl2"]  # 24.0 GiB total to CUDA, about 22.75 GiB of it free under WSL2
+    assert (wsl2.memory_gib, wsl2.free_gib) == (24.0, 22.75) and wsl2.memory_source
+    assert {h: MATRIX.hosts[h].card for h in MATRIX.hosts} == {"native": "rtx3090", "wsl2": "rtx4090-wsl2"}
     assert {MATRIX.cards[h.card].cuda_arch for h in MATRIX.hosts.values() if h.card} == {"8.6", "8.9"}
 
 
@@ -80,13 +83,15 @@ def test_the_emulation_sizes_the_mps_limit_and_vllms_total_from_the_card(mps_hos
     assert env["SERVEKIT_CARD_DISABLED_KERNELS"] == "MacheteLinearKernel"
     assert env["SERVEKIT_CARD_FLASH_ATTN_VERSION"] == "2"
     assert env["SERVEKIT_MPS_PIPE_DIR"] == str(mps_host / "mps" / "pipe")
+    wsl2 = cards.plan(MATRIX, "rtx4090-wsl2", H200).compose_env()  # vLLM reads 24.0 GiB; the process takes 22.75
+    assert (wsl2["SERVEKIT_CARD_BYTES"], wsl2["SERVEKIT_CARD_MIB"]) == (str(24 * GiB), str(round(22.75 * 1024)))
     said = emulation.said()
     assert "rtx3090 (23.56 GiB, sm_86) emulated on NVIDIA H200" in said and "Machete" in said
     assert emulation.to_json()["emulated_on"]["name"] == "NVIDIA H200"
 
 
 def test_a_card_that_cannot_be_emulated_is_refused_in_one_line(mps_host, monkeypatch):
-    with pytest.raises(UserError, match=r"--card rtx5090: expected one of rtx3090, rtx4090 \(images.yaml cards\)"):
+    with pytest.raises(UserError, match=r"--card rtx5090: expected one of rtx3090, rtx4090, rtx4090-wsl2 \(images"):
         cards.plan(MATRIX, "rtx5090", H200)
     small = GpuInfo(0, "NVIDIA GeForce RTX 3060", 12 * GiB, "8.6")
     with pytest.raises(UserError, match="--card rtx3090: its 23.56 GiB is more than this GPU's .*RTX 3060, 12.00 GiB"):

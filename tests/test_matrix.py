@@ -178,7 +178,7 @@ BAD = [
     ("profile-without-checks", _sub("    checks:\n      health:\n      models:\n      forced_prefill:\n      burst:\n"
                                     "      tool_required:\n      logs:\n      knobs:\n      spill:\n",
                                     "    checks: {}\n"), ["profiles.batch.checks", "at least one check"], None),
-    ("adapter-unquoted-hex", _sub('    card: rtx4090\n', '    card: rtx4090\n    adapter: 0x0000c3a1\n'),
+    ("adapter-unquoted-hex", _sub('    card: rtx4090-wsl2\n', '    card: rtx4090-wsl2\n    adapter: 0x0000c3a1\n'),
      ["hosts.wsl2.adapter", "write the LUID in quotes ('0x0000c3a1')"], "adapter: 0x"),
     ("check-on-unknown-host", _sub("    hosts: [wsl2]", "    hosts: [wls2]"),
      ["checks.spill.hosts", "host 'wls2' is not defined", "native, wsl2"], "wls2"),

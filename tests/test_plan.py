@@ -37,7 +37,7 @@ CHANGES = [
     ("a host's environment", "cuda",
      lambda r: _edit(r / "images.yaml", '"expandable_segments:False"', '"expandable_segments:True"')),
     ("a host's card (the arch verify compiles for)", "cuda",
-     lambda r: _edit(r / "images.yaml", 'cuda_arch: "8.9"', 'cuda_arch: "8.0"')),
+     lambda r: _edit(r / "images.yaml", 'cuda_arch: "8.6"', 'cuda_arch: "8.0"')),
     ("a target's environment", "cpu",
      lambda r: _edit(r / "images.yaml", 'TORCHDYNAMO_DISABLE: "1"', 'TORCHDYNAMO_DISABLE: "0"')),
     ("a pin", "cuda", lambda r: _edit(r / "images.yaml", 'transformers: "5.15.0"', 'transformers: "5.16.0"')),

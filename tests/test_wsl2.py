@@ -60,8 +60,8 @@ def test_a_boot_reads_the_adapter_images_yaml_names(repo, monkeypatch, named):
     from servekit.serve.boot import Boot
     from servekit.wsl2.shared_usage import SharedUsageSampler
     matrix_path = repo / "images.yaml"
-    matrix_path.write_text(matrix_path.read_text().replace('    card: rtx4090\n',
-                                                           f'    card: rtx4090\n    adapter: "{named}"\n'))
+    matrix_path.write_text(matrix_path.read_text().replace('    card: rtx4090-wsl2\n',
+                                                           f'    card: rtx4090-wsl2\n    adapter: "{named}"\n'))
     matrix = load_matrix(matrix_path)
     monkeypatch.setenv("PATH", f"{STANDINS}:{os.environ['PATH']}")
     monkeypatch.setenv("STANDIN_INTERVAL_S", "0.05")

@@ -175,9 +175,12 @@ class Card(Strict):
     memory_gib: float = Field(gt=0, description="the total memory CUDA shows on the card (cudaMemGetInfo's total, "
                               "torch's total_memory), GiB: what vLLM sizes from there")
     memory_source: str = Field(min_length=1, description="where memory_gib comes from")
+    free_gib: float | None = Field(None, gt=0, description="what a process finds free at its start where that is "
+                                   "less than memory_gib less its own context (WSL2: Windows holds the rest), GiB: "
+                                   "the emulated card's allocation cap")
     cuda_arch: str = Field(pattern=r"^\d+\.\d+$", description="the card's compute capability")
 
-    @field_validator("memory_gib", mode="before")
+    @field_validator("memory_gib", "free_gib", mode="before")
     @classmethod
     def _number(cls, value: object) -> object:
         return float(value) if isinstance(value, int) and not isinstance(value, bool) else value

@@ -48,6 +48,12 @@ class Emulation:
     gpu_arch: str
     mps_dir: Path
     forced: tuple[Forced, ...] = ()
+    free_bytes: int | None = None  # what a process may take where the card shows less free than total (WSL2)
+
+    @property
+    def cap_bytes(self) -> int:
+        """The MPS allocation cap: what a process finds free on the card, else its memory."""
+        return self.free_bytes or self.total_bytes
 
     @property
     def pipe_dir(self) -> Path:
@@ -57,12 +63,13 @@ class Emulation:
         """What compose.card.yaml reads (servekit's block of compose/.env, so a plain `docker compose` agrees)."""
         forced = {f.variable: f.value for f in self.forced}
         return {"SERVEKIT_CARD": self.card, "SERVEKIT_CARD_BYTES": str(self.total_bytes),
-                "SERVEKIT_CARD_MIB": str(self.total_bytes // 2**20), "SERVEKIT_MPS_PIPE_DIR": str(self.pipe_dir),
+                "SERVEKIT_CARD_MIB": str(self.cap_bytes // 2**20), "SERVEKIT_MPS_PIPE_DIR": str(self.pipe_dir),
                 "SERVEKIT_CARD_DISABLED_KERNELS": forced.get("VLLM_DISABLED_KERNELS", ""),
                 "SERVEKIT_CARD_FLASH_ATTN_VERSION": forced.get("VLLM_FLASH_ATTN_VERSION", "")}
 
     def to_json(self) -> dict:
         return {"card": self.card, "description": self.description, "total_bytes": self.total_bytes,
+                "cap_bytes": self.cap_bytes,
                 "cuda_arch": self.cuda_arch, "emulated_on": {"name": self.gpu_name, "total_bytes": self.gpu_total_bytes,
                                                              "cuda_arch": self.gpu_arch},
                 "forced": [{"variable": f.variable, "value": f.value, "why": f.why} for f in self.forced]}
@@ -70,7 +77,9 @@ class Emulation:
     def said(self) -> str:
         forced = "; forced: " + "; ".join(f"{f.variable}={f.value} ({f.why})" for f in self.forced) if self.forced \
             else "; no kernel forced (vLLM picks on this GPU what it picks on the card)"
-        return (f"card {self.card} ({self.total_bytes / GiB:.2f} GiB, sm_{self.cuda_arch.replace('.', '')}) emulated on "
+        free = f", {self.free_bytes / GiB:.2f} GiB of it free" if self.free_bytes else ""
+        return (f"card {self.card} ({self.total_bytes / GiB:.2f} GiB{free}, sm_{self.cuda_arch.replace('.', '')}) "
+                "emulated on "
                 f"{self.gpu_name} ({self.gpu_total_bytes / GiB:.2f} GiB, sm_{self.gpu_arch.replace('.', '')}) by CUDA "
                 f"MPS{forced}")
 
@@ -117,7 +126,8 @@ def plan(matrix, card: str, gpu) -> Emulation:
                                  f"memory at the card's), on PATH or in {driver_dir()}/bin; set SERVEKIT_DRIVER_DIR "
                                  "to the driver's folder")
     return Emulation(card, spec.description, total, spec.cuda_arch, gpu.name, gpu.total_bytes, gpu.cuda_arch,
-                     mps_dir(), forced_kernels(spec.cuda_arch, gpu.cuda_arch))
+                     mps_dir(), forced_kernels(spec.cuda_arch, gpu.cuda_arch),
+                     round(spec.free_gib * GiB) if spec.free_gib else None)
 
 
 class MpsDaemon:

@@ -100,7 +100,7 @@ class Boot:
             return
         try:
             card = self.dep.card
-            self.gpu = NvmlSampler(card=(f"{card.card} (emulated)", card.total_bytes) if card else None)
+            self.gpu = NvmlSampler(card=(f"{card.card} (emulated)", card.cap_bytes) if card else None)
             self.gpu.start()
         except NvmlUnavailable as exc:
             self.notes.append(f"GPU memory not sampled: {exc}")
