@@ -13,14 +13,14 @@ CONTAINER_TOKENIZER = "/tokenizer"
 
 
 def default_out(session, target: str | None = None) -> Path:
-    """Where the matrix's random-weight stand-in of the target's model lives (models.<name>.dir's folder), so that
+    """Where the matrix's full-size stand-in of the target's model lives (models.<name>.dir's folder), so that
     MODEL_DIR naming it is recognised and judged as that stand-in (its not_required checks)."""
     matrix = session.matrix
     model = matrix.targets[target or next(n for n, t in matrix.targets.items() if t.gpu)].model
     found = next((m.dir for m in matrix.models.values() if m.stands_in_for == model and m.dir
-                  and m.dir.startswith(".cache/")), None)
+                  and "size" in m.proves), None)
     if found is None:
-        raise UserError("stand-in: images.yaml names no stand-in folder under .cache/ for the model; pass --out")
+        raise UserError("stand-in: images.yaml names no full-size stand-in (proves: [size]) of the model; pass --out")
     return session.root / Path(found).parent
 
 
@@ -32,13 +32,14 @@ def write_stand_in(session, out: Path, drafter: bool, seed: int, scale: str, tar
     engine = local()  # the image runs on this machine, where the folder is
     target = session.target(target, engine)
     served = matrix.models[matrix.targets[target].model]
+    # the tokenizer of a trained stand-in of the same model (a real BPE with the chat's special tokens)
     tokenizer = next((m.dir for m in matrix.models.values() if m.stands_in_for == matrix.targets[target].model
-                      and m.dir), None)
+                      and m.dir and "function" in m.proves), None)
     if not served.source_folder or tokenizer is None:
         raise UserError(f"stand-in: target {target}'s model has no source_folder or no stand-in with a tokenizer "
                         "(images.yaml models)")
-    drafter_folder = (served.drafters.get("dflash").source_folder if served.drafters.get("dflash") else None) \
-        if drafter else None
+    dflash = served.drafters.get("dflash")
+    drafter_folder = dflash.source_folder if drafter and dflash else None
     if out.exists() and not out.is_dir():
         raise UserError(f"stand-in: --out {out} is not a folder")
     model_dir = out / served.source_folder
