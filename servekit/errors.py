@@ -7,6 +7,8 @@ Every error of ours is a ServekitError: its message is the line the user reads (
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ServekitError(Exception):
     """The root of our errors: the message is what the user should read; `exit_code` what the command exits with."""
@@ -38,3 +40,4 @@ class BootFailed(EnvironmentProblem):
     def __init__(self, reason: str, line: str, last_lines: list[str]):
         super().__init__(f"{reason}: {line}" if line else reason)
         self.reason, self.line, self.last_lines = reason, line, last_lines
+        self.boot: Any = None  # serve.boot.Boot, where the failure came from a boot: its memory samples up to it

@@ -55,6 +55,8 @@ def test_a_boot_past_the_runs_timeout_fails_with_its_report_written():
     report = json.loads((Path(json.loads(result.stdout)["reports"][0]) / "report.json").read_text())
     assert report["checks"][0]["name"] == "boot" and report["checks"][0]["status"] == "failed", report["checks"][0]
     assert all(c["status"] in ("not_run", "not_required") for c in report["checks"][1:])
+    # what the failed boot measured up to its end is kept (an out-of-memory boot's peak is what its report is for)
+    assert [phase[0] for phase in report["boot"]["phases"]][:1] == ["load"], report["boot"]
 
 
 @pytest.mark.slow

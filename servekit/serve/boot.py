@@ -177,4 +177,6 @@ def boot(dep: deploy.Deployment, profile: str, timeout_s: float, say=None, knobs
         deploy.down(dep, profile)  # a failed boot, Ctrl-C included, leaves nothing of its own running
         if type(exc) is KeyboardInterrupt:
             raise BootInterrupted(elapsed, last_lines) from None
+        if isinstance(exc, BootFailed):
+            exc.boot = b  # its memory up to the failure: an out-of-memory boot's peak is what its report is for
         raise

@@ -71,7 +71,7 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
     (default: serve.boot_timeout_s)."""
     checks = checks_to_run(matrix, profile, dep.target, only, dep.host, dep.stand_in)
     report = _new_report(matrix, dep, profile)
-    b = None
+    b = failed_boot = None
     interrupted = None
     done: list[Result] = []
 
@@ -96,6 +96,7 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
         results = smoke(ctx, checks, on_result=heard)
         b.mark("end")
     except BootFailed as exc:
+        failed_boot = exc.boot  # its samples up to the failure (taken down already)
         say(f"  boot failed: {exc}")
         results = [Result("boot", "failed", str(exc), {"last_lines": exc.last_lines[-12:]})]
         results += [Result(name, "not_run", "the server did not boot") for name in checks]
@@ -112,7 +113,7 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
             b.stop_samplers()
             report.image.id = (b.server.image_id if b.server else None) or report.image.id
             deploy.down(dep, profile)  # what this run started, and nothing else
-    series = _record_memory(report, b)
+    series = _record_memory(report, b or failed_boot)
     # what the server ran with (the shell's knobs included), else what this run asked for
     report.knobs = deploy.knobs_of(b.server.state()) if b and b.server else (knobs or {})
     for result in not_required_results(matrix, profile, dep.target, only, dep.stand_in):
