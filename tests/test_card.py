@@ -197,12 +197,14 @@ def test_stand_in_refuses_a_target_whose_model_has_no_published_layout(tmp_path)
     assert not (tmp_path / "m").exists()
 
 
-def test_smoke_with_a_card_refuses_a_server_that_runs_on_another_or_none(monkeypatch):
+def test_smoke_with_a_card_refuses_a_server_that_runs_on_another_or_none(monkeypatch, tmp_path):
     from types import SimpleNamespace
 
     from servekit.serve import commands, deploy
     from servekit.session import Session
     session = Session.open(ROOT / "images.yaml")
+    key = tmp_path / "api_key"
+    key.write_text("sk-" + "x" * 40 + "\n")
     engine = SimpleNamespace(check=lambda: None, is_local=True, given="local", serves_images=True, same_machine=True,
                              serving=lambda tag, pins: (tag, {}), gpu_by_devices=lambda: False, host_kind=lambda: "native")
     for env, said in (({}, "default runs on the GPU as it is; start it with `python build.py up default --card "
@@ -210,6 +212,6 @@ def test_smoke_with_a_card_refuses_a_server_that_runs_on_another_or_none(monkeyp
         server = SimpleNamespace(log=lambda: "", environ={}, state=lambda env=env: SimpleNamespace(env=env, port=None))
         monkeypatch.setattr(deploy, "find_server", lambda profile, engine, server=server: server)
         with pytest.raises(UserError, match=said.replace("(", r"\(").replace(")", r"\)")):
-            commands.smoke_running(session, "default", "cpu", engine=engine, card="rtx3090")
+            commands.smoke_running(session, "default", "cpu", engine=engine, card="rtx3090", api_key_file=key)
     with pytest.raises(UserError, match="--card and --url"):
         commands.smoke_running(session, "default", "cpu", url="http://127.0.0.1:1", card="rtx3090")
