@@ -83,10 +83,15 @@ class GpuSeries:
         window = [u for t, u in zip(self.times, self.used) if start <= t <= end]
         return max(window) if window else None
 
+    @property
+    def idle(self) -> int:
+        """What an emulated card's figures are counted above: the GPU's use before the boot (the first sample)."""
+        return self.used[0] if self.card and self.used else 0
+
     def summary(self, phases: list[tuple[str, float]], end: float) -> dict:
         """Peak and margin over the run and each phase. On an emulated card they are the card's: what the GPU held
-        above its use before the boot (the first sample), against the card's memory."""
-        idle = self.used[0] if self.card and self.used else 0
+        above its use before the boot, against the card's memory."""
+        idle = self.idle
         total = self.card[1] if self.card else self.total_bytes
 
         def used(p: int | None) -> int | None:

@@ -17,8 +17,7 @@ def default_out(session, target: str | None = None) -> Path:
     MODEL_DIR naming it is recognised and judged as that stand-in (its not_required checks)."""
     matrix = session.matrix
     model = matrix.targets[target or next(n for n, t in matrix.targets.items() if t.gpu)].model
-    found = next((m.dir for m in matrix.models.values() if m.stands_in_for == model and m.dir
-                  and "size" in m.proves), None)
+    found = matrix.stand_in_proving(model, "size")
     if found is None:
         raise UserError("stand-in: images.yaml names no full-size stand-in (proves: [size]) of the model; pass --out")
     return session.root / Path(found).parent
@@ -33,8 +32,7 @@ def write_stand_in(session, out: Path, drafter: bool, seed: int, scale: str, tar
     target = session.target(target, engine)
     served = matrix.models[matrix.targets[target].model]
     # the tokenizer of a trained stand-in of the same model (a real BPE with the chat's special tokens)
-    tokenizer = next((m.dir for m in matrix.models.values() if m.stands_in_for == matrix.targets[target].model
-                      and m.dir and "function" in m.proves), None)
+    tokenizer = matrix.stand_in_proving(matrix.targets[target].model, "function")
     if not served.source_folder or tokenizer is None:
         raise UserError(f"stand-in: target {target}'s model has no source_folder or no stand-in with a tokenizer "
                         "(images.yaml models)")

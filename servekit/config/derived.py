@@ -73,18 +73,20 @@ def _compose_drafter_dir_services(matrix: Matrix) -> list[str]:
     return [f"{name}: *drafter-dir" for name in ("prepare", *matrix.profiles)]
 
 
+def _gpu_profiles(matrix: Matrix) -> list[str]:
+    return [name for name, profile in matrix.profiles.items() if any(matrix.targets[t].gpu for t in profile.targets)]
+
+
 def _compose_gpu_device_services(matrix: Matrix) -> list[str]:
     # Compose drops a `!reset` that arrives through a YAML alias, so each service resets the reservation itself.
-    return [line for name, profile in matrix.profiles.items() if any(matrix.targets[t].gpu for t in profile.targets)
-            for line in (f"{name}:", "  <<: *gpu-devices", "  deploy: !reset null")]
+    return [line for name in _gpu_profiles(matrix) for line in (f"{name}:", "  <<: *gpu-devices", "  deploy: !reset null")]
+
+
+def _compose_card_services(matrix: Matrix) -> list[str]:
+    return [f"{name}: *card" for name in _gpu_profiles(matrix)]
 
 
 # --- docs/profiles.md ----------------------------------------------------------------------------
-
-def _compose_card_services(matrix: Matrix) -> list[str]:
-    return [f"{name}: *card" for name, profile in matrix.profiles.items()
-            if any(matrix.targets[t].gpu for t in profile.targets)]
-
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")

@@ -185,6 +185,14 @@ class Card(Strict):
     def _number(cls, value: object) -> object:
         return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
+    @property
+    def total_bytes(self) -> int:
+        return round(self.memory_gib * 2**30)
+
+    @property
+    def free_bytes(self) -> int | None:
+        return round(self.free_gib * 2**30) if self.free_gib else None
+
 
 class Host(Strict):
     description: str
@@ -380,6 +388,11 @@ class Matrix(Strict):
         wanted = Path(folder).resolve()
         return next((name for name, m in self.models.items() if m.dir and m.stands_in_for == self.targets[target].model
                      and (root / m.dir).resolve() == wanted), None)
+
+    def stand_in_proving(self, model: str, what: str) -> str | None:
+        """The folder (dir:) of the first stand-in of `model` whose reports prove `what` (function, size), or None."""
+        return next((m.dir for m in self.models.values() if m.stands_in_for == model and m.dir and what in m.proves),
+                    None)
 
     def not_required(self, profile: str, target: str, model_name: str | None = None) -> dict[str, str]:
         """The profile's checks that `target` (or the stand-in `model_name` served on it) cannot pass by design, each

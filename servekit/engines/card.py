@@ -117,17 +117,15 @@ def card_spec(matrix, card: str):
 def plan(matrix, card: str, gpu) -> Emulation:
     """The emulation of `card` on `gpu` (servekit.gpu.GpuInfo with its compute capability), or a one-line refusal."""
     spec = card_spec(matrix, card)
-    total = round(spec.memory_gib * GiB)
-    if total > gpu.total_bytes:
+    if spec.total_bytes > gpu.total_bytes:
         raise UserError(f"--card {card}: its {spec.memory_gib} GiB is more than this GPU's "
                         f"({gpu.name}, {gpu.total_bytes / GiB:.2f} GiB); a card is emulated on a bigger GPU only")
     if mps_control() is None:
         raise EnvironmentProblem(f"--card {card}: this host has no {MPS_CONTROL} (CUDA MPS, which caps the server's "
                                  f"memory at the card's), on PATH or in {driver_dir()}/bin; set SERVEKIT_DRIVER_DIR "
                                  "to the driver's folder")
-    return Emulation(card, spec.description, total, spec.cuda_arch, gpu.name, gpu.total_bytes, gpu.cuda_arch,
-                     mps_dir(), forced_kernels(spec.cuda_arch, gpu.cuda_arch),
-                     round(spec.free_gib * GiB) if spec.free_gib else None)
+    return Emulation(card, spec.description, spec.total_bytes, spec.cuda_arch, gpu.name, gpu.total_bytes,
+                     gpu.cuda_arch, mps_dir(), forced_kernels(spec.cuda_arch, gpu.cuda_arch), spec.free_bytes)
 
 
 class MpsDaemon:
@@ -197,10 +195,10 @@ def doctor_line(matrix) -> tuple[bool, str]:
         return False, f"no: {exc}"
     if not gpus:
         return False, "no: NVML lists no GPU"
-    gpu = gpus[0]
-    fits = [name for name, c in matrix.cards.items() if round(c.memory_gib * GiB) <= gpu.total_bytes]
-    if mps_control() is None:
+    gpu, program = gpus[0], mps_control()
+    fits = [name for name, c in matrix.cards.items() if c.total_bytes <= gpu.total_bytes]
+    if program is None:
         return False, f"no: no {MPS_CONTROL} on PATH or in {driver_dir()}/bin"
     if not fits:
         return False, f"no: {gpu.name} ({gpu.total_bytes / GiB:.1f} GiB) is no bigger than any card"
-    return True, f"yes: {', '.join(fits)} on {gpu.name} ({gpu.total_bytes / GiB:.1f} GiB) by CUDA MPS ({mps_control()})"
+    return True, f"yes: {', '.join(fits)} on {gpu.name} ({gpu.total_bytes / GiB:.1f} GiB) by CUDA MPS ({program})"

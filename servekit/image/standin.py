@@ -22,10 +22,18 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+try:
+    from . import convert, hub
+    from .boundary import write_text_atomic
+except ImportError:  # run as a script inside the image, beside them
+    import convert  # type: ignore[no-redef]
+    import hub  # type: ignore[no-redef]
+    from boundary import write_text_atomic  # type: ignore[no-redef]
+
 
 SHARDS = 7
 EXTRA = "model_extra_tensors.safetensors"
-GROUP = 128
+GROUP = convert.GROUP  # compressed-tensors' group of the published int4 linears, as of prepare's int8 ones
 Array = Any  # a numpy array; numpy is imported where it is used (the image's code loads with the standard library)
 LM = "model.language_model"
 FULL: dict = dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=64, num_attention_heads=24,
@@ -293,7 +301,7 @@ def write_model(out: Path, tokenizer: Path, seed: int, t: dict, v: dict, say=pri
          f"model-{SHARDS:05d}-of-{SHARDS:05d}.safetensors")
     save(mtp_head(Weights(seed, len(parts) + 1), t), EXTRA)
     index = {"metadata": {"total_size": written[0]}, "weight_map": dict(sorted(weight_map.items()))}
-    _write_json(out / "model.safetensors.index.json", index)
+    _write_json(out / hub.INDEX, index)
     _write_json(out / "config.json", model_config(t, v))
     _write_json(out / "generation_config.json", {"bos_token_id": None, "eos_token_id": [248046, 248044],
                                                  "pad_token_id": 248044, "do_sample": True, "temperature": 1.0,
@@ -360,12 +368,8 @@ def write_drafter(out: Path, seed: int, t: dict, d: dict, say=print) -> dict:
 def converted(folder: Path) -> dict:
     """prepare's conversions (int8 lm_head, embeddings and MTP; the BF16 MTP ignored) on the written checkpoint, as
     prepare runs them on a download: the seconds they take and the bytes of weights they free."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    import convert  # beside this file in the image (/opt/servekit)
-
     def weights() -> int:  # the shards the index names, as they are on disk (backups beside them not counted)
-        index = json.loads((folder / "model.safetensors.index.json").read_text())
-        return sum((folder / name).stat().st_size for name in set(index["weight_map"].values()))
+        return sum((folder / name).stat().st_size for name in hub.indexed_shards(folder / hub.INDEX))
     before, started = weights(), time.monotonic()
     convert.convert(folder, dict(os.environ))
     for path in folder.iterdir():
@@ -377,9 +381,7 @@ def converted(folder: Path) -> dict:
 
 
 def _write_json(path: Path, doc: dict) -> None:
-    part = path.with_name(path.name + ".part")
-    part.write_text(json.dumps(doc, indent=2) + "\n")
-    os.replace(part, path)
+    write_text_atomic(path, json.dumps(doc, indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -123,9 +123,8 @@ class Boot:
     def memory(self) -> dict:
         """The figures for the report: GPU summaries with phases, Shared Usage with its series."""
         gpus = self.gpu.summary() if self.gpu else []
-        # on an emulated card, the card's use: what the GPU held above its use before the boot (as the summary)
-        series = [{"t": s.times, "used": [u - s.used[0] for u in s.used] if s.card and s.used else s.used}
-                  for s in self.gpu.series] if self.gpu else []
+        # on an emulated card, the card's use, as the summary counts it
+        series = [{"t": s.times, "used": [u - s.idle for u in s.used]} for s in self.gpu.series] if self.gpu else []
         shared = self.shared_summary()
         cm = self.container_memory
         container = {"peak_bytes": max(cm.used), "samples": len(cm.used)} if cm and cm.used else None
