@@ -7,7 +7,7 @@ TARGET ?=
 BASE ?=
 STAMP := $(VENV)/.installed
 
-.PHONY: venv engine image demo demo-model up down smoke release test test-fast lint schema derived clean help
+.PHONY: venv engine image demo demo-model up down smoke release test test-fast flakes lint schema derived clean help
 
 help:
 	@$(PY) build.py --help 2>/dev/null || echo "run 'make venv' first"
@@ -63,13 +63,26 @@ derived: $(STAMP)
 WORKERS ?= 2
 XDIST = $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
 
-# --durations: CI's log names the slowest tests, what to look at first when the run nears its 75 minutes.
+# The rerun rule (tests/flaky_lines.py): a failed test runs once more; one that passes only then ends the run with a
+# FLAKY: line (a bug to fix next) and the run passes; one that fails twice fails it. RERUNS=0: none.
+RERUNS ?= 1
+
+# --durations: CI's log names the 25 slowest tests, what to look at first when the run nears its 35 minutes.
 test: lint
 	$(PY) build.py engine --test-tools
-	$(PY) -m pytest --durations=25 $(XDIST)
+	$(PY) -m pytest --durations=25 --reruns $(RERUNS) $(XDIST)
 
 test-fast: lint
-	$(PY) -m pytest -m "not slow" $(XDIST)
+	$(PY) -m pytest -m "not slow" --reruns $(RERUNS) $(XDIST)
+
+# The flake finder: TESTS (default: the whole suite) ROUNDS times in a row, the last LOADED of them beside stress-ng,
+# no reruns; prints every test that ever failed, with its failure (bench/flakes.py).
+TESTS ?=
+ROUNDS ?= 3
+LOADED ?= 1
+flakes: $(STAMP)
+	$(PY) build.py engine --test-tools
+	$(PY) bench/flakes.py --rounds $(ROUNDS) --loaded $(LOADED) --workers $(WORKERS) $(TESTS)
 
 # The whole tree through ruff and mypy (pyproject.toml configures both); the Dockerfile through hadolint in the tests.
 lint: $(STAMP)

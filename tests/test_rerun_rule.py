@@ -1,0 +1,64 @@
+"""The rerun rule `make test` runs under, proven on a tiny suite of its own in a subprocess (two workers, as CI):
+a test that fails once then passes shows as FLAKY with its first failure and the run passes; a test that fails
+twice fails the run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from support import ROOT
+
+CONFTEST = f"""
+import sys
+sys.path.insert(0, {str(ROOT / "tests")!r})
+import flaky_lines
+
+def pytest_configure(config):
+    flaky_lines.register(config)
+"""
+
+# The first run of test_once_then_passes leaves a mark and fails; its rerun finds the mark and passes.
+TESTS = """
+from pathlib import Path
+
+MARK = Path(__file__).with_name("failed-once")
+
+def test_once_then_passes():
+    if not MARK.exists():
+        MARK.write_text("")
+        assert 6 * 7 == 41, "the first try's own words"
+
+def test_always_fails():
+    assert False, "fails every time"
+
+def test_steady():
+    pass
+"""
+
+
+def _tiny_suite(folder: Path, *argv: str) -> subprocess.CompletedProcess:
+    folder.mkdir()
+    (folder / "conftest.py").write_text(CONFTEST)
+    (folder / "test_tiny.py").write_text(TESTS)
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--rootdir", str(folder),
+                           "-c", "/dev/null", "-n", "2", "--reruns", "1", *argv, str(folder)], cwd=folder,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_a_test_that_passes_on_its_rerun_is_flaky_and_the_run_passes(tmp_path):
+    done = _tiny_suite(tmp_path / "suite", "-k", "not always")
+    assert done.returncode == 0, done.stdout[-3000:]
+    flaky = [line for line in done.stdout.splitlines() if line.startswith("FLAKY:")]
+    assert flaky[0].startswith("FLAKY: test_tiny.py::test_once_then_passes passed only on its rerun"), done.stdout
+    assert any("the first try's own words" in line for line in flaky[1:]), flaky
+    assert not any("test_steady" in line for line in flaky)
+    assert "2 passed, 1 rerun" in done.stdout
+
+
+def test_a_test_that_fails_twice_fails_the_run(tmp_path):
+    done = _tiny_suite(tmp_path / "suite", "-k", "always or steady")
+    assert done.returncode == 1, done.stdout[-3000:]
+    assert "FLAKY:" not in done.stdout
+    assert "1 failed, 1 passed, 1 rerun" in done.stdout
