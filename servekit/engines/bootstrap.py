@@ -207,9 +207,11 @@ def ensure_engine(cache_dir: Path, say=print, packages: str | None = None) -> No
 
 
 def ensure_test_tools(say=print) -> None:
-    """What the tests use beside the engine: a registry on 127.0.0.1 (release) and sshd (ssh:// engines)."""
+    """What the tests use beside the engine: a registry on 127.0.0.1 (release), sshd (ssh:// engines) and stress-ng
+    (the flake finder's load, bench/flakes.py)."""
     wanted = [pkg for pkg, present in (("docker-registry", shutil.which("docker-registry")),
-                                       ("openssh-server", shutil.which("sshd") or Path("/usr/sbin/sshd").exists()))
+                                       ("openssh-server", shutil.which("sshd") or Path("/usr/sbin/sshd").exists()),
+                                       ("stress-ng", shutil.which("stress-ng")))
               if not present]
     if wanted:
         if not can_install():
