@@ -1,7 +1,8 @@
 """A fleet run on this machine's engine and a second one: the image sent cold, then the parallel run's
 wall time against the same two runs one after the other.
 
-Run: .venv/bin/python bench/fleet.py   (starts tests/second_engine.py's engine if it is not running)
+Run: .venv/bin/python bench/fleet.py   (starts a second engine of its own, in .cache/bench-fleet-engine, and stops
+it at the end: never the tests' second engine, which a run of the suite may be using)
 """
 
 import json
@@ -12,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-import second_engine  # noqa: E402
+from second_engine import Dockerd  # noqa: E402
 
 from servekit.config.load import load_matrix  # noqa: E402
 from servekit.build.plan import plan_targets  # noqa: E402
@@ -26,7 +27,10 @@ def build_py(*argv: str) -> tuple[float, subprocess.CompletedProcess]:
     return time.perf_counter() - start, done
 
 
-url = second_engine.start()
+second = Dockerd(ROOT / ".cache" / "bench-fleet-engine", Path("/run/servekit-bench-fleet"), "sk-bench-fleet",
+                 "10.212.200.1/24", "10.217.0.0/20")
+second.start()
+url = second.url
 tag = plan_targets(load_matrix(ROOT / "images.yaml"), ROOT, ["cpu"])[0].tag
 subprocess.run(["docker", "--host", url, "image", "rm", "-f", tag], capture_output=True)
 start = time.perf_counter()
@@ -50,4 +54,5 @@ for engine in out["engines"]:
     burst = next(c for c in report["checks"] if c["name"] == "burst")["figures"].get("tokens_per_s")
     print(f"  {engine['label']}: healthy in {report['boot']['time_to_healthy_s']} s, burst {burst} tokens/s")
 print(f"  (this machine has {len(__import__('os').sched_getaffinity(0))} cores, which both servers share)")
+second.stop()
 sys.exit(0 if out["passed"] else 1)

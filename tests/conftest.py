@@ -12,6 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import flaky_lines  # noqa: E402
 import support  # noqa: E402
 from support import ROOT, TEST_PROJECT, run_build_py  # noqa: E402
 
@@ -19,8 +20,11 @@ LEFT_ALONE = "test_left_alone.py::test_the_checkout_and_its_servers_are_as_the_t
 
 
 def pytest_configure(config):
+    from servekit.engines.card import MPS_DIR_ENV
     support.STATE_AT_START.update(support.checkout_state())
     os.environ["SERVEKIT_PROJECT"] = TEST_PROJECT  # for the commands run in-process and in subprocesses alike
+    os.environ[MPS_DIR_ENV] = str(support.MPS_DIR)  # never the machine's own MPS folder
+    flaky_lines.register(config)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
@@ -97,6 +101,26 @@ def cpu_base() -> str:
     return matrix.bases[name].image
 
 
+
+
+@pytest.fixture(scope="session")
+def second():
+    """The URL of the run's second Docker engine (its slot's, tests/second_engine.py), started if it does not answer
+    and then stopped at the end of the run by this fixture alone. The modules that use it share one xdist group
+    (`second-engine`), so one worker has it and no test stops it under another. Its data folder outlives the run,
+    so that the next finds today's image there; images of earlier builds would pile up in it (GBs each), so only
+    today's cpu image stays."""
+    import second_engine
+    engine = second_engine.for_slot(support.SLOT)
+    engine.start()
+    yield engine.url
+    current = support.cpu_tag()
+    names = support.docker("--host", engine.url, "images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split()
+    stale = [n for n in names if n.split(":")[0] == current.split(":")[0] and n != current]
+    if stale:
+        support.docker("--host", engine.url, "image", "rm", *stale)
+    support.docker("--host", engine.url, "image", "prune", "-f")
+    engine.stop()
 
 
 @pytest.fixture(scope="session")

@@ -1,10 +1,15 @@
 """A second Docker engine on this machine, with its own socket and data folder: what a GPU box's engine
-is to a fleet run, here. The tests start it; by hand: `python tests/second_engine.py start|stop`.
+is to a fleet run, here. The tests start it (conftest's `second` fixture); by hand:
+`python tests/second_engine.py start|stop`.
 
 It shares this machine's network namespace, so it leaves iptables to the first engine (published
 ports go through docker-proxy), has a bridge of its own (`--bridge=none` would delete the first
 engine's docker0) and takes its networks from a pool of its own. Its data folder survives a stop,
 so an image sent to it once is there the next time.
+
+Each run of the suite has its own (its slot's: support.SLOT): socket, bridge, address pool and data folder, so
+two runs on one machine never share one. Whoever starts a dockerd stops that one, by its process, and waits for it
+to exit: a dockerd still shutting down once answered the next user, then took its socket away mid-run.
 """
 
 from __future__ import annotations
@@ -17,8 +22,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT / ".cache" / "second-engine"
-RUN = Path("/run/servekit-second-engine")  # socket and exec root: short paths, as unix sockets need
 
 
 class Dockerd:
@@ -27,6 +30,7 @@ class Dockerd:
     def __init__(self, data: Path, run: Path, bridge: str, bridge_address: str, pool: str):
         self.data, self.run, self.bridge, self.bridge_address, self.pool = data, run, bridge, bridge_address, pool
         self.url = f"unix://{run}/docker.sock"
+        self.proc: subprocess.Popen | None = None  # the dockerd this object started, the only one it stops
 
     def answers(self) -> bool:
         got = subprocess.run(["docker", "--host", self.url, "version", "--format", "{{.Server.Version}}"],
@@ -41,10 +45,10 @@ class Dockerd:
                     ["ip", "link", "set", self.bridge, "up"]):
             subprocess.run(cmd, check=True, capture_output=True)
 
-    def start(self, wait_s: float = 60) -> str:
-        """Start it unless it answers already; its DOCKER_HOST URL."""
+    def start(self, wait_s: float = 60) -> bool:
+        """Start it unless it answers already (left to whoever started it); True when this call started it."""
         if self.answers():
-            return self.url
+            return False
         self._ensure_bridge()
         # Started again over a store that holds its default bridge network, a dockerd with address pools set
         # deletes the interface named docker0 (moby's initNetworkController): the first engine's bridge. An
@@ -53,7 +57,7 @@ class Dockerd:
         self.data.mkdir(parents=True, exist_ok=True)
         self.run.mkdir(parents=True, exist_ok=True)
         log = open(self.data / "dockerd.log", "ab")
-        subprocess.Popen(["dockerd", "--host", self.url, "--data-root", str(self.data / "data"),
+        self.proc = subprocess.Popen(["dockerd", "--host", self.url, "--data-root", str(self.data / "data"),
                           "--exec-root", str(self.run / "exec"), "--pidfile", str(self.run / "dockerd.pid"),
                           "--iptables=false", "--ip-masq=false", f"--bridge={self.bridge}",
                           "--default-address-pool", f"base={self.pool},size=24"],
@@ -63,51 +67,52 @@ class Dockerd:
             if time.monotonic() > deadline:
                 tail = (self.data / "dockerd.log").read_text(errors="replace").splitlines()[-5:]
                 raise RuntimeError(f"the engine at {self.url} did not answer within {wait_s:.0f} s: {' | '.join(tail)}")
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the engine at {self.url} exited at start ({self.proc.returncode}); see "
+                                   f"{self.data / 'dockerd.log'}")
             time.sleep(0.3)
-        return self.url
+        return True
 
-    def stop(self, wait_s: float = 60) -> None:
-        pidfile = self.run / "dockerd.pid"
-        if not pidfile.exists():
+    def stop(self, grace_s: float = 120) -> None:
+        """Stop the dockerd this object started and wait until it has exited (SIGKILL after `grace_s`: it stops
+        its containers first); one it did not start is left alone."""
+        if self.proc is None:
             return
-        pid = int(pidfile.read_text().strip())
+        self.proc.send_signal(signal.SIGTERM)
         try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait_s
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
+            self.proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(30)
+        self.proc = None
+
+    def remove_bridge(self) -> None:
+        """The bridge start() made (a throwaway's, once its dockerd is stopped)."""
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
 
 
-SECOND = Dockerd(DATA, RUN, "sk-engine2", "10.212.0.1/24", "10.213.0.0/16")
-URL = SECOND.url
+def for_slot(slot: int) -> Dockerd:
+    """The second engine of the suite's slot `slot` (slot 0 keeps the names it always had)."""
+    suffix = f"-{slot}" if slot else ""
+    return Dockerd(ROOT / ".cache" / f"second-engine{suffix}", Path(f"/run/servekit-second-engine{suffix}"),
+                   f"sk-engine2{suffix}", f"10.212.{slot}.1/24", f"10.213.{16 * slot}.0/20")
 
 
-def start(wait_s: float = 60) -> str:
-    return SECOND.start(wait_s)
-
-
-def stop(wait_s: float = 60) -> None:
-    SECOND.stop(wait_s)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.waitpid(pid, os.WNOHANG)  # started by this process, it stays a zombie until reaped
-    except ChildProcessError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+def throwaway(data: Path, slot: int) -> Dockerd:
+    """A dockerd of one test's own (its data in `data`), for what must stop and start an engine: never the shared
+    one, which other tests of the run may be using."""
+    return Dockerd(data, Path(f"/run/servekit-throwaway-engine-{slot}"), f"sk-throwaway-{slot}",
+                   f"10.212.{100 + slot}.1/24", f"10.216.{16 * slot}.0/20")
 
 
 if __name__ == "__main__":
+    engine = for_slot(int(os.environ.get("SERVEKIT_TEST_SLOT", "0")))
     if sys.argv[1:] == ["start"]:
-        print(start())
+        engine.start()
+        print(engine.url)  # left running: `stop` below finds it by its pid file
     elif sys.argv[1:] == ["stop"]:
-        stop()
+        pidfile = engine.run / "dockerd.pid"
+        if pidfile.exists():
+            os.kill(int(pidfile.read_text().strip()), signal.SIGTERM)
     else:
         sys.exit("usage: python tests/second_engine.py start|stop")

@@ -11,6 +11,7 @@ images and build cache serve both.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import json
 import os
@@ -23,11 +24,40 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# Under pytest-xdist each worker (gw0, gw1, ...) has a project and a port of its own: workers share the engine.
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
-TEST_PROJECT = "servekit-test" + (f"-{WORKER}" if WORKER else "")
+SLOTS = 10  # runs of the suite at once on one machine
+SLOT_ENV = "SERVEKIT_TEST_SLOT"
+SLOT_LOCKS = Path(tempfile.gettempdir()) / "servekit-test-slots"
+_held_slot: list[int] = []  # the slot lock's descriptor, held until the run's process ends
+
+
+def _take_slot() -> int:
+    """This run's slot: the first of SLOTS whose lock no other run of the suite holds, kept until this process ends
+    (a worker of pytest-xdist has its controller's, from the environment). What a run owns on the machine, its
+    Compose projects, ports, second engine and names, derives from it: two runs never share one."""
+    if WORKER:
+        return int(os.environ[SLOT_ENV])
+    SLOT_LOCKS.mkdir(exist_ok=True)
+    for slot in range(SLOTS):
+        fd = os.open(SLOT_LOCKS / f"slot-{slot}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        _held_slot.append(fd)
+        os.environ[SLOT_ENV] = str(slot)  # for the workers, started after this
+        return slot
+    raise RuntimeError(f"{SLOTS} runs of the suite hold every slot in {SLOT_LOCKS}: wait for one to end")
+
+
+SLOT = _take_slot()
+# Under pytest-xdist each worker (gw0, gw1, ...) has a project and a port of its own: workers share the engine.
+TEST_PROJECT = "servekit-test" + (f"-s{SLOT}" if SLOT else "") + (f"-{WORKER}" if WORKER else "")
 _WORKER_INDEX = int(WORKER[2:]) if WORKER[2:].isdigit() else 0
-TEST_PORT = 18000 + 100 * _WORKER_INDEX  # 18000, 18100, ...: never a developer's serve.port (18020)
+# 18000, 18100, ... in the first slot, 19000, ... in the next: never a developer's serve.port (18020)
+TEST_PORT = 18000 + 1000 * SLOT + 100 * _WORKER_INDEX
+MPS_DIR = Path(tempfile.gettempdir()) / f"servekit-test-mps-s{SLOT}"  # the run's MPS folder (conftest sets it)
 STATE_AT_START: dict = {}  # checkout_state() when the session began (conftest's pytest_configure)
 
 

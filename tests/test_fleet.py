@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import second_engine
-from support import compose_dir, ROOT, TEST_PROJECT, work_dir, follow_logs, run_build_py
+from support import compose_dir, ROOT, SLOT, TEST_PROJECT, work_dir, follow_logs, run_build_py
 from servekit.errors import UserError
 from servekit.engines import resolve
 from servekit.engines.docker import address, reach, tunnel_command
@@ -125,43 +125,31 @@ def test_the_remote_override_copies_secrets_in_from_the_environment(tmp_path):
 
 @pytest.mark.engine
 def test_a_context_name_resolves_to_its_endpoint(second):
-    name = "servekit-test-context"
+    name = f"{TEST_PROJECT}-context"
     subprocess.run(["docker", "context", "rm", "-f", name], capture_output=True)
-    made = subprocess.run(["docker", "context", "create", name, "--docker", f"host={second_engine.URL}"],
+    made = subprocess.run(["docker", "context", "create", name, "--docker", f"host={second}"],
                           capture_output=True, text=True)
     assert made.returncode == 0, made.stderr
     try:
         engine = docker_engine(name)
-        assert engine.url == second_engine.URL and engine.cli_options() == {"context": name}
+        assert engine.url == second and engine.cli_options() == {"context": name}
         assert engine.label == name
-        assert engine.sdk().info()["DockerRootDir"] == str(second_engine.DATA / "data")
+        assert engine.sdk().info()["DockerRootDir"] == str(second_engine.for_slot(SLOT).data / "data")
     finally:
         subprocess.run(["docker", "context", "rm", "-f", name], capture_output=True)
 
 
-@pytest.fixture(scope="module")
-def second():
-    """The second engine's URL; stopped afterwards only if this module started it."""
-    running = subprocess.run(["docker", "--host", second_engine.URL, "version"], capture_output=True).returncode == 0
-    url = second_engine.start()
-    yield url
-    # The engine is the tests' own and outlives the run so that the next one finds today's image there; images of
-    # earlier builds would pile up in it (GBs each), so only today's cpu image stays.
-    current = json.loads(run_build_py("plan", "--json", "--target", "cpu").stdout)["targets"][0]["tag"]
-    names = _on_second(url, "images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split()
-    stale = [n for n in names if n.split(":")[0] == current.split(":")[0] and n != current]
-    if stale:
-        _on_second(url, "image", "rm", *stale)
-    _on_second(url, "image", "prune", "-f")
-    if not running:
-        second_engine.stop()
-
-
 @pytest.mark.engine
-def test_restarting_the_second_engine_leaves_the_first_engines_bridge_alone(second, cpu_base):
-    for _ in range(2):  # dockerd deletes docker0 on a restart over a stale default bridge, unless prevented
-        second_engine.stop()
-        second_engine.start()
+def test_restarting_a_second_engine_leaves_the_first_engines_bridge_alone(tmp_path, cpu_base):
+    """On an engine of its own: the run's second engine is in use by the other tests of its group."""
+    engine = second_engine.throwaway(tmp_path / "engine", SLOT)
+    try:
+        for _ in range(3):  # dockerd deletes docker0 on a restart over a stale default bridge, unless prevented
+            assert engine.start() is True
+            engine.stop()
+    finally:
+        engine.stop()
+        engine.remove_bridge()
     assert subprocess.run(["ip", "link", "show", "docker0"], capture_output=True).returncode == 0
     ran = subprocess.run(["docker", "run", "--rm", cpu_base, "true"], capture_output=True, text=True, timeout=120)
     assert ran.returncode == 0, ran.stderr
@@ -316,16 +304,18 @@ SetEnv DOCKER_HOST={second}
 @pytest.mark.engine
 @pytest.mark.slow
 def test_run_on_an_ssh_engine_goes_through_a_tunnel(ssh_engine, second):
+    from servekit.engines.docker import free_port
     url, env = ssh_engine
+    port = str(free_port())  # the engine's loopback is this machine's: a port no other run holds
     done = subprocess.run([sys.executable, str(ROOT / "build.py"), "run", "--target", "cpu", "--profile", "default",
-                           "--engine", url, "--port", "8031", "--json"], cwd=work_dir(), env=env, capture_output=True,
+                           "--engine", url, "--port", port, "--json"], cwd=work_dir(), env=env, capture_output=True,
                           text=True, timeout=3000)
     assert done.returncode == 0, done.stderr[-3000:]
     [folder] = map(Path, json.loads(done.stdout)["reports"])
     report = json.loads((folder / "report.json").read_text())
     assert report["engine"] == url and report["passed"]
-    # the checks reached port 8031 on the engine's loopback through a tunnel from a port of this machine's
-    assert report["url"].startswith("http://127.0.0.1:") and not report["url"].endswith(":8031")
+    # the checks reached the port on the engine's loopback through a tunnel from another port of this machine's
+    assert report["url"].startswith("http://127.0.0.1:") and not report["url"].endswith(f":{port}")
     assert any("on another machine" in note for note in report["notes"])
     assert not _running(second)
 

@@ -6,7 +6,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -16,17 +15,12 @@ import pytest
 import requests
 
 from servekit.image.series import read_series
-from support import ROOT, work_dir, run_build_py, tracked_copy
+from support import ROOT, TEST_PROJECT, work_dir, run_build_py, tracked_copy
+from servekit.engines.docker import free_port
 from servekit.config.load import load_matrix
 from servekit.release.localregistry import start_registry
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.xdist_group("second-engine")]  # test_fleet's too
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +34,7 @@ def checked_image():
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
     folder = tmp_path_factory.mktemp("registry")
-    port = _free_port()
+    port = free_port()
     proc = start_registry(folder / "storage", port, folder / "registry.log")
     state = {"port": port, "folder": folder, "proc": proc}
     yield state
@@ -124,7 +118,7 @@ def test_the_reports_are_checked_before_the_registry(checked_image, tmp_path):
     """Without a passing report, a registry that does not answer is not what is said: the reports are read here and
     say the first thing to do."""
     root = _copy_with_git(tmp_path)
-    done = _release("--registry", f"127.0.0.1:{_free_port()}/other", "--target", "cpu", cwd=root)
+    done = _release("--registry", f"127.0.0.1:{free_port()}/other", "--target", "cpu", cwd=root)
     assert done.returncode == 1 and "no passing default report for image sha256:" in done.stderr, done.stderr
 
 
@@ -187,7 +181,7 @@ def locked_registry(tmp_path_factory):
     from servekit.release.localregistry import htpasswd_line
     folder = tmp_path_factory.mktemp("locked")
     (folder / "htpasswd").write_text(htpasswd_line(USER, PASSWORD) + "\n")
-    port = _free_port()
+    port = free_port()
     state = {"port": port, "folder": folder,
              "proc": start_registry(folder / "storage", port, folder / "registry.log", htpasswd=folder / "htpasswd")}
     manifest = work_dir() / "releases" / "v0.31.0.json"
@@ -378,19 +372,16 @@ def test_a_login_that_expires_between_the_immutable_and_the_moving_tags(checked_
 
 
 def test_compose_on_an_engine_that_never_built_the_image_pulls_the_release_serves_and_downs(checked_image, registry,
-                                                                                           tmp_path):
+                                                                                           second, tmp_path):
     """Buys the pull-only path the source's users took (`docker compose up` on a published image): on a second
     engine without the image, the Compose files as committed and a user's .env naming the registry, a plain
     `docker compose up -d default` pulls the release and reaches healthy, and a plain `docker compose down`
     leaves nothing of the project, the profile's service included."""
-    import second_engine
     from support import compose_dir
     port = registry["port"]
     done = _release("--registry", f"127.0.0.1:{port}/serve", "--target", "cpu")
     assert done.returncode == 0, done.stderr[-2000:]
-    running = subprocess.run(["docker", "--host", second_engine.URL, "version"], capture_output=True).returncode == 0
-    url = second_engine.start()
-    env = {**os.environ, "DOCKER_HOST": url}
+    env = {**os.environ, "DOCKER_HOST": second}
     env.pop("SERVEKIT_PROJECT", None)
     released = f"127.0.0.1:{port}/serve/vllm-serve:v0.31.0-cpu"
     for name in (released, checked_image["tag"]):
@@ -398,7 +389,7 @@ def test_compose_on_an_engine_that_never_built_the_image_pulls_the_release_serve
     assert subprocess.run(["docker", "image", "inspect", released], env=env, capture_output=True).returncode != 0
     work = tmp_path / "compose"
     shutil.copytree(compose_dir(), work)
-    project, serve_port = "servekit-test-pull", _free_port()
+    project, serve_port = f"{TEST_PROJECT}-pull", free_port()
     (work / ".env").write_text(f"COMPOSE_PROJECT_NAME={project}\nCOMPOSE_FILE=compose.yaml:compose.cpu.yaml\n"
                                f"COMPOSE_PROFILES=*\nSERVEKIT_REGISTRY=127.0.0.1:{port}/serve\n"
                                f"SERVEKIT_PORT={serve_port}\n")
@@ -434,8 +425,6 @@ def test_compose_on_an_engine_that_never_built_the_image_pulls_the_release_serve
         assert left == [], "a plain `docker compose down` left containers of the project"
     finally:
         compose("--profile", "*", "down", "-v", "--remove-orphans")
-        if not running:
-            second_engine.stop()
 
 
 def test_pull_fetches_the_release_of_this_build_as_its_own_tag_and_refuses_a_build_never_released(checked_image,

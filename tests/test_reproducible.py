@@ -13,6 +13,7 @@ import tarfile
 import pytest
 
 from servekit.build import reproducible
+from support import TEST_PROJECT
 
 EPOCH = reproducible.epoch_seconds("2026-12-01T00:00:00Z")
 
@@ -186,7 +187,7 @@ def test_two_real_builds_made_canonical_are_compared_to_the_file_that_differs(cp
     made = []
     for n in (1, 2):
         (tmp_path / "Dockerfile").write_text(f"FROM {cpu_base}\nRUN echo same > /same && date +%s%N > /stamp\n")
-        tag = f"servekit-test-canonical:{n}"
+        tag = f"{TEST_PROJECT}-canonical:{n}"
         built = subprocess.run(["docker", "build", "-q", "--no-cache", "-t", f"{tag}-raw", str(tmp_path)], capture_output=True,
                                text=True, timeout=300, env={**os.environ, "DOCKER_BUILDKIT": "0"})  # any builder will do
         assert built.returncode == 0, built.stderr[-2000:]
@@ -194,11 +195,11 @@ def test_two_real_builds_made_canonical_are_compared_to_the_file_that_differs(cp
                                                 say=lambda line: None))
     try:
         assert made[0].image_id != made[1].image_id
-        difference = reproducible.compare(engine, "servekit-test-canonical:1", "servekit-test-canonical:2")
+        difference = reproducible.compare(engine, f"{TEST_PROJECT}-canonical:1", f"{TEST_PROJECT}-canonical:2")
         assert difference.config == []  # the times were the build's: made canonical, the configs agree
         [(index, step, paths)] = difference.layers
         assert "date +%s%N > /stamp" in step and paths == ["stamp (contents)"]  # /same is the same file
-        assert engine.image("servekit-test-canonical:1-raw") is None  # the builder's tag went with the rewrite
+        assert engine.image(f"{TEST_PROJECT}-canonical:1-raw") is None  # the builder's tag went with the rewrite
     finally:
         for n in (1, 2):
-            subprocess.run(["docker", "image", "rm", "-f", f"servekit-test-canonical:{n}"], capture_output=True)
+            subprocess.run(["docker", "image", "rm", "-f", f"{TEST_PROJECT}-canonical:{n}"], capture_output=True)
