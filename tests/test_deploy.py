@@ -414,16 +414,18 @@ def test_a_run_stopped_by_sigterm_during_the_boot_writes_what_it_got_to(cpu_buil
     """`timeout 300 build.py run ...` on a boot that outlives it: the report says where the boot was, fails the
     gate, and nothing is left running."""
     before = set((work_dir() / "reports").glob("*-default-cpu"))
-    proc = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "run", "--profile", "default", "--target", "cpu"],
-                            cwd=work_dir(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "run", "--profile", "default", "--target", "cpu",
+                             "--json"], cwd=work_dir(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not project_containers():
         time.sleep(0.5)
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
+    out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]
     assert project_containers() == []
     [folder] = set((work_dir() / "reports").glob("*-default-cpu")) - before
+    said = json.loads(out)  # --json names the report on this path too
+    assert said["interrupted"] is True and said["passed"] is False and said["reports"] == [str(folder)]
     doc = json.loads((folder / "report.json").read_text())
     boot = doc["checks"][0]
     assert boot["name"] == "boot" and boot["status"] == "not_run" and "s into the boot" in boot["reason"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from support import ROOT, work_dir, project_containers, run_build_py, tracked_copy
+from support import ROOT, TEST_PORT, work_dir, project_containers, run_build_py, tracked_copy
 
 pytestmark = pytest.mark.engine
 
@@ -87,3 +87,23 @@ def test_run_leaves_a_server_started_by_up_alone():
     finally:
         run_build_py("down")
     assert project_containers() == []
+
+
+def test_a_boot_that_ends_on_an_unexpected_error_still_gets_its_report(repo, monkeypatch):
+    """An engine that fails in a way no boot expects (its socket gone, an SDK error) still ends the run with its
+    report, failed and saying why: what `run --json` then names, where the error once ended the command with none."""
+    from servekit.config.load import load_matrix
+    from servekit.engines import resolve
+    from servekit.serve import deploy, pipeline
+    matrix = load_matrix(repo / "images.yaml")
+    dep = deploy.Deployment(repo, "cpu", "native", "unused", "127.0.0.1", TEST_PORT,
+                            engine=resolve(f"venv:{repo / 'venv'}"), matrix=matrix)
+
+    def up(*args, **kwargs):
+        raise RuntimeError("the engine's socket went away")
+    monkeypatch.setattr(deploy, "up", up)
+    report, _ = pipeline.run_profile(matrix, dep, "default", repo / "no-key", say=lambda line: None)
+    boot = report.checks[0]
+    assert boot.name == "boot" and boot.status == "failed", boot
+    assert "(RuntimeError): the engine's socket went away" in boot.reason
+    assert report.passed is False and {c.status for c in report.checks[1:]} <= {"not_run", "not_required"}

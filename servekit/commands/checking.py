@@ -35,9 +35,15 @@ def cmd_run(args) -> int:
 
     from servekit.serve import commands
     from servekit.config.knobargs import parse_settings
-    done = commands.run(session, args.target, args.profile, args.host, engine_of(args), args.port, say=channel(),
-                        knobs=parse_settings(args.knob or []), only=args.check, boot_timeout_s=args.timeout,
-                        card=args.card)
+    from servekit.serve.pipeline import RunInterrupted
+    try:
+        done = commands.run(session, args.target, args.profile, args.host, engine_of(args), args.port, say=channel(),
+                            knobs=parse_settings(args.knob or []), only=args.check, boot_timeout_s=args.timeout,
+                            card=args.card)
+    except RunInterrupted as exc:  # its reports are written: a caller reading --json finds them as on any end
+        if args.json:
+            emit_json({"passed": False, "interrupted": True, "reports": [str(folder) for folder in exc.written]})
+        raise
     for report, run_dir in done:
         failed = [f"{c.name}{' (not run)' if c.status == 'not_run' else ''}" for c in report.checks
                   if c.status not in GATE_PASSES]
@@ -45,7 +51,7 @@ def cmd_run(args) -> int:
               f"in {run_dir.relative_to(session.root)}/report.md", file=sys.stderr)
     passed = all(report.passed for report, _ in done)
     if args.json:
-        emit_json({"passed": passed, "reports": [str(run_dir) for _, run_dir in done]})
+        emit_json({"passed": passed, "interrupted": False, "reports": [str(run_dir) for _, run_dir in done]})
     return 0 if passed else 1
 
 

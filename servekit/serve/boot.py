@@ -173,7 +173,10 @@ def boot(dep: deploy.Deployment, profile: str, timeout_s: float, say=None, knobs
     except BaseException as exc:
         elapsed, last_lines = time.time() - (b.record.started or time.time()), list(b.record.lines)[-12:]
         b.stop_samplers()
-        deploy.down(dep, profile)  # a failed boot, Ctrl-C included, leaves nothing of its own running
+        try:
+            deploy.down(dep, profile)  # a failed boot, Ctrl-C included, leaves nothing of its own running
+        except Exception as down_failed:  # the boot's own failure is the one to report; this one rides along
+            exc.add_note(f"taking {profile} down afterwards failed too: {down_failed}")
         if type(exc) is KeyboardInterrupt:
             raise BootInterrupted(elapsed, last_lines) from None
         if isinstance(exc, BootFailed):

@@ -24,6 +24,7 @@ class RunInterrupted(KeyboardInterrupt):
     def __init__(self, report: RunReport, series: dict):
         super().__init__(report.run_id)
         self.report, self.series = report, series
+        self.written: list[Path] = []  # the run's report folders, this one's last (set by run_profiles)
 
 
 def _new_report(matrix, dep: deploy.Deployment, profile: str) -> RunReport:
@@ -71,7 +72,7 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
     (default: serve.boot_timeout_s)."""
     checks = checks_to_run(matrix, profile, dep.target, only, dep.host, dep.stand_in)
     report = _new_report(matrix, dep, profile)
-    b = failed_boot = None
+    b = failed_boot = down_failed = None
     interrupted = None
     done: list[Result] = []
 
@@ -98,8 +99,18 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
     except BootFailed as exc:
         failed_boot = exc.boot  # its samples up to the failure (taken down already)
         say(f"  boot failed: {exc}")
-        results = [Result("boot", "failed", str(exc), {"last_lines": exc.last_lines[-12:]})]
+        results = [Result("boot", "failed", _with_notes(exc), {"last_lines": exc.last_lines[-12:]})]
         results += [Result(name, "not_run", "the server did not boot") for name in checks]
+    except Stopped:  # a fleet run told to stop: no report of this profile
+        raise
+    except Exception as exc:  # an engine's or a sampler's error: the run still ends with its report, failed
+        reason = f"the run ended on an error ({type(exc).__name__}): {_with_notes(exc)}"
+        say(f"  {reason}")
+        results = done if b else [Result("boot", "failed", reason, {"last_lines": []})]
+        if b:
+            results.append(Result("run", "failed", reason))
+        results += [Result(name, "not_run", f"not run: {reason}") for name in checks
+                    if name not in {r.name for r in results}]
     except KeyboardInterrupt as exc:  # a `timeout` or Ctrl-C: the report keeps what was measured before it
         interrupted = str(exc) if isinstance(exc, BootInterrupted) else "interrupted " + (
             "during the checks" if b else "before the boot")
@@ -112,18 +123,26 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
         if b:
             b.stop_samplers()
             report.image.id = (b.server.image_id if b.server else None) or report.image.id
-            deploy.down(dep, profile)  # what this run started, and nothing else
+            try:
+                deploy.down(dep, profile)  # what this run started, and nothing else
+            except Exception as exc:  # the report is still written, and says the server may be left
+                down_failed = Result("down", "failed", f"taking {profile} down failed ({type(exc).__name__}): {exc}; "
+                                     f"`python build.py down {profile}` tries again")
     series = _record_memory(report, b or failed_boot)
     # what the server ran with (the shell's knobs included), else what this run asked for
     report.knobs = deploy.knobs_of(b.server.state()) if b and b.server else (knobs or {})
     for result in not_required_results(matrix, profile, dep.target, only, dep.stand_in):
         say(f"  {console_line(result)}")
         results.append(result)
-    report.checks = results
-    report.passed = all_passed(r.status for r in results)
+    report.checks = results + ([down_failed] if down_failed else [])
+    report.passed = all_passed(r.status for r in report.checks)
     if interrupted:
         raise RunInterrupted(report, series)
     return report, series
+
+
+def _with_notes(exc: BaseException) -> str:
+    return "; ".join([str(exc), *getattr(exc, "__notes__", [])])
 
 
 def run_profiles(matrix, dep: deploy.Deployment, profiles: list[str], key_file, write, say=print,
@@ -138,7 +157,7 @@ def run_profiles(matrix, dep: deploy.Deployment, profiles: list[str], key_file, 
     arrived = transfer.ensure_image(dep.engine, dep.image, release, say=say)
     if arrived != "already there":
         say(f"image {arrived}")
-    written = []
+    written: list[tuple[RunReport, Path]] = []
     with engines.reach(dep.engine, dep.bind, dep.port) as url:
         dep = replace(dep, reached_at=url)
         for profile in profiles:
@@ -150,7 +169,8 @@ def run_profiles(matrix, dep: deploy.Deployment, profiles: list[str], key_file, 
                                              only=only, boot_timeout_s=boot_timeout_s)
             except RunInterrupted as exc:
                 exc.report.image.arrived = arrived
-                say(f"run: {profile}: interrupted; report in {write(exc.report, exc.series)}")
+                exc.written = [folder for _, folder in written] + [write(exc.report, exc.series)]
+                say(f"run: {profile}: interrupted; report in {exc.written[-1]}")
                 raise
             report.image.arrived = arrived
             written.append((report, write(report, series)))
