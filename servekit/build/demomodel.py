@@ -112,7 +112,10 @@ def build_tokenizer(out: Path, texts: list[str]):
     return fast
 
 
-def train(model, tokenizer, chats, steps: int, say) -> float:
+STEPS = 900  # the shipped model's training (final loss about 0.06); a few dozen already halve the loss
+
+
+def train(model, tokenizer, chats, steps: int, say) -> tuple[float, float]:
     import torch  # the demo model is made inside the image (its lock installs torch), not by the host tool
 
     torch.manual_seed(SEED)
@@ -131,7 +134,7 @@ def train(model, tokenizer, chats, steps: int, say) -> float:
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - 0.9 * step / steps)
     rng = random.Random(SEED)
     model.train()
-    loss_value = float("nan")
+    loss_value = first_loss = float("nan")
     for step in range(steps):
         batch = rng.sample(examples, 16)
         width = max(len(ids) for ids, _ in batch)
@@ -145,13 +148,16 @@ def train(model, tokenizer, chats, steps: int, say) -> float:
         optimizer.step()
         schedule.step()
         loss_value = loss.item()
+        first_loss = loss_value if step == 0 else first_loss
         if step % 50 == 0 or step == steps - 1:
             say(f"step {step + 1}/{steps}: loss {loss_value:.4f}")
     model.eval()
-    return loss_value
+    return first_loss, loss_value
 
 
-def make(out: Path, steps: int, say=print) -> None:
+def make(out: Path, steps: int = STEPS, say=print, gated: bool = True) -> None:
+    """Train into `out`; unless `gated` is off, exit naming what the model fails of what the checks ask (a short
+    training's model, which the tests load and ask, fails some by design)."""
     import torch  # the demo model is made inside the image (its lock installs torch), not by the host tool
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM  # the demo model is made inside the image (its lock installs transformers), not by the host tool
 
@@ -171,13 +177,13 @@ def make(out: Path, steps: int, say=print) -> None:
                          eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
                          pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
     model = Qwen3ForCausalLM(config)
-    loss = train(model, tokenizer, chats, steps, say)
+    first, loss = train(model, tokenizer, chats, steps, say)
     model.save_pretrained(out, safe_serialization=True)
     GenerationConfig(eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id).save_pretrained(out)
-    (out / "servekit-demo.json").write_text(json.dumps({"seed": SEED, "steps": steps, "final_loss": round(loss, 5)})
-                                            + "\n")
+    (out / "servekit-demo.json").write_text(json.dumps({"seed": SEED, "steps": steps, "first_loss": round(first, 5),
+                                                        "final_loss": round(loss, 5)}) + "\n")
     failed = {case: said for case, said in behaviour(out).items() if said != "ok"}
-    if failed:  # `regenerate` then keeps the shipped model
+    if failed and gated:  # `regenerate` then keeps the shipped model
         raise SystemExit(f"demo model: trained to loss {loss:.4f}, but it does not do what the checks ask: "
                          + "; ".join(f"{case}: {said}" for case, said in failed.items()))
     say(f"demo model in {out}: final loss {loss:.4f}, {len(BEHAVIOURS)} behaviours as the checks ask, "
@@ -232,7 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="train a model into this folder")
     parser.add_argument("--check", type=Path, metavar="DIR", help="print (JSON) how the model in DIR answers what "
                         "the checks ask, and exit 1 unless it all holds")
-    parser.add_argument("--steps", type=int, default=900)
+    parser.add_argument("--steps", type=int, default=STEPS, help=f"training steps (default {STEPS})")
+    parser.add_argument("--ungated", action="store_true", help="keep the model even if it does not do what the "
+                        "checks ask (a short training's, for the tests)")
     args = parser.parse_args(argv)
     if args.check:
         said = behaviour(args.check)
@@ -240,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if all(v == "ok" for v in said.values()) else 1
     if not args.out:
         parser.error("give --out DIR (train) or --check DIR")
-    make(args.out, args.steps, say=lambda s: print(s, flush=True))
+    make(args.out, args.steps, say=lambda s: print(s, flush=True), gated=not args.ungated)
     return 0
 
 

@@ -12,14 +12,15 @@ from servekit.engines.docker import local
 from servekit.errors import UserError
 
 
-def regenerate(engine, image: str, dest: Path, say=print) -> None:
-    """Train the model again in `image` (through `engine`, the Docker door) and swap it in for `dest` at once:
-    a failed or interrupted run leaves the shipped model as it was."""
+def regenerate(engine, image: str, dest: Path, say=print, steps: int = demomodel.STEPS) -> None:
+    """Train the model again in `image` (through `engine`, the Docker door) for `steps` and swap it in for `dest` at
+    once: a failed or interrupted run, or a model that does not do what the checks ask, leaves the shipped model as it
+    was."""
     work = dest.parent / f".{dest.name}.new"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     try:
-        engine.run_once(image, ["/opt/venv/bin/python", "/gen/demomodel.py", "--out", "/out"],
+        engine.run_once(image, ["/opt/venv/bin/python", "/gen/demomodel.py", "--out", "/out", "--steps", str(steps)],
                         mounts={Path(demomodel.__file__).resolve(): "/gen/demomodel.py", work.resolve(): "/out"}, say=say)
         for path in work.iterdir():
             path.chmod(0o644)
@@ -33,7 +34,7 @@ def regenerate(engine, image: str, dest: Path, say=print) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def regenerate_shipped(session, say=print) -> Path:
+def regenerate_shipped(session, say=print, steps: int = demomodel.STEPS) -> Path:
     """`demo-model`: train the generated model of the matrix again, in the image of the first target that serves
     it (built first if need be: its torch does the training), and replace the shipped folder."""
     matrix = session.matrix
@@ -44,6 +45,6 @@ def regenerate_shipped(session, say=print) -> Path:
     target, model = served[0]
     plan = ensure_built(session, target, say)
     dest = session.root / model.dir
-    say(f"demo-model: training in {plan.tag} (a few CPU minutes), then replacing {model.dir}/")
-    regenerate(local(), plan.tag, dest, say=say)
+    say(f"demo-model: training in {plan.tag} for {steps} steps (about 3 per CPU second), then replacing {model.dir}/")
+    regenerate(local(), plan.tag, dest, say=say, steps=steps)
     return dest

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from servekit import arguments
+from servekit.build.demomodel import STEPS
 from servekit.commands.console import channel, emit_json, open_session
 from servekit.commands.parsing import Commands
 
@@ -45,7 +47,7 @@ def cmd_reproduce(args) -> int:
 
 def cmd_demo_model(args) -> int:
     from servekit.build.retrain import regenerate_shipped
-    dest = regenerate_shipped(open_session(args), say=channel())
+    dest = regenerate_shipped(open_session(args), say=channel(), steps=args.steps)
     print(f"demo-model: {dest} replaced; `make demo` and `make test` use it")
     return 0
 
@@ -80,8 +82,12 @@ def register(c: Commands) -> None:
     p = c.add("reproduce", cmd_reproduce, "build a target's image again with the builder's cache unused and check "
               "it is the same image ID (exit 1 naming the layers and first files that differ)", locked=True)
     c.target(p)
-    c.add("demo-model", cmd_demo_model, "train the shipped demo model again (a few CPU minutes, in the image of the "
-        "target that serves it) and replace its folder (images.yaml models.<name>.dir)", json_out=False, locked=True)
+    p = c.add("demo-model", cmd_demo_model, "train the shipped demo model again (a few CPU minutes, in the image of "
+              "the target that serves it) and replace its folder (images.yaml models.<name>.dir) if the result does "
+              "what the checks ask", json_out=False, locked=True)
+    p.add_argument("--steps", type=arguments.count, default=STEPS, metavar="N",
+                   help=f"training steps (default {STEPS}, the shipped model's; fewer give a model that may not do "
+                   "what the checks ask, which then leaves the shipped one as it was)")
     p = c.add("stand-in", cmd_stand_in, "write the served checkpoint's exact architecture and file layout with random "
               "weights (seeded, about 19.5 GB) and a DFlash2 drafter of the served size, into a MODELS_DIR, through the "
               "image: the product's memory at full size on a host without the hub", json_out=False, locked=True)
