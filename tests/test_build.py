@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from servekit.image.series import read_series
-from support import ROOT, cpu_tag, docker, run_build_py, tracked_copy, work_dir
+from support import ROOT, TEST_PROJECT, cpu_tag, docker, run_build_py, tracked_copy, work_dir
 from servekit.build.plan import plan_targets
 from servekit.layout import WHEELHOUSE
 
@@ -301,6 +301,7 @@ def _kvarn_folder(root: Path, dtype: str = "kvarn_k4v2_g128") -> None:
 def test_kvarn_in_the_sources_layout_is_installed_after_the_series_and_checked(tmp_path, cpu_image):
     root = tracked_copy(tmp_path)
     _kvarn_folder(root)
+    _matrix_edit(root, "  name: vllm-serve\n", f"  name: {TEST_PROJECT}-kvarn\n")  # removed below: the run's own
     offered = _offered_wheel_stats(root)
     result = run_build_py("image", "--target", "cpu", "--json", cwd=root, timeout=3000)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -392,14 +393,15 @@ def test_a_build_with_a_credentialed_index_leaves_the_credential_nowhere(tmp_pat
     """Every step run again with PyPI's URL carrying a credential: not in a layer, a label, the history or the log."""
     root = tracked_copy(tmp_path)
     matrix = root / "images.yaml"
-    matrix.write_text(matrix.read_text().replace("  name: vllm-serve\n", "  name: servekit-secret-test\n", 1))
+    # an image name of the run's own: the test removes its image, which no other run may be using
+    matrix.write_text(matrix.read_text().replace("  name: vllm-serve\n", f"  name: {TEST_PROJECT}-secret\n", 1))
     env = dict(os.environ, SERVEKIT_INDEX_AUTH_PYPI=f"servekit-test:{TOKEN}")
     done = subprocess.run([sys.executable, str(ROOT / "build.py"), "image", "--target", "cpu", "--no-cache", "--json"],
                           cwd=root, env=env, capture_output=True, text=True, timeout=3000)
     assert done.returncode == 0, done.stderr[-3000:]
     tag = json.loads(done.stdout)["images"][0]["tag"]
     try:
-        assert tag.startswith("servekit-secret-test:")
+        assert tag.startswith(f"{TEST_PROJECT}-secret:")
         logs = "".join(p.read_text(errors="replace") for p in (root / "logs").glob("build-*.log"))
         assert "pypi.org" in logs or "Successfully installed" in logs  # pip really ran
         inspect = docker("image", "inspect", tag).stdout + docker("history", "--no-trunc", tag).stdout

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from support import ROOT, docker, project_containers, run_build_py, tracked_copy
+from support import ROOT, TEST_PROJECT, docker, project_containers, run_build_py, tracked_copy
 
 pytestmark = [pytest.mark.engine, pytest.mark.network]
 
@@ -186,7 +186,8 @@ def test_a_base_without_what_a_gpu_boot_compiles_is_refused_and_nothing_is_tagge
     root = tracked_copy(tmp_path)
     matrix = root / "images.yaml"
     text = matrix.read_text()
-    for old, new in (("libpython3.11-dev, ", ""), ("image: servekit/bookworm-cuda:13.0", "image: servekit/test-noheaders:13.0")):
+    base = f"servekit/{TEST_PROJECT}-noheaders:13.0"
+    for old, new in (("libpython3.11-dev, ", ""), ("image: servekit/bookworm-cuda:13.0", f"image: {base}")):
         assert old in text
         text = text.replace(old, new)
     matrix.write_text(text)
@@ -199,7 +200,7 @@ def test_a_base_without_what_a_gpu_boot_compiles_is_refused_and_nothing_is_tagge
         assert "requirements-torch" not in result.stderr.split("Python's headers are missing")[0]  # before the wheels
         assert docker("image", "inspect", tag).returncode != 0
     finally:
-        docker("image", "rm", "-f", "servekit/test-noheaders:13.0")
+        docker("image", "rm", "-f", base)
         shutil.rmtree(root / ".cache", ignore_errors=True)
 
 
