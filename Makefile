@@ -63,7 +63,7 @@ derived: $(STAMP)
 WORKERS ?= 2
 XDIST = $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
 
-# The rerun rule (tests/flaky_lines.py): a failed test runs once more; one that passes only then ends the run with a
+# The rerun rule (tests/summary_lines.py): a failed test runs once more; one that passes only then ends the run with a
 # FLAKY: line (a bug to fix next) and the run passes; one that fails twice fails it. RERUNS=0: none.
 RERUNS ?= 1
 

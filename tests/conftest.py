@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import flaky_lines  # noqa: E402
+import summary_lines  # noqa: E402
 import support  # noqa: E402
 from support import ROOT, TEST_PROJECT, run_build_py  # noqa: E402
 
@@ -24,7 +24,7 @@ def pytest_configure(config):
     support.STATE_AT_START.update(support.checkout_state())
     os.environ["SERVEKIT_PROJECT"] = TEST_PROJECT  # for the commands run in-process and in subprocesses alike
     os.environ[MPS_DIR_ENV] = str(support.MPS_DIR)  # never the machine's own MPS folder
-    flaky_lines.register(config)
+    summary_lines.register(config)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups

@@ -1,6 +1,7 @@
 """The rerun rule `make test` runs under, proven on a tiny suite of its own in a subprocess (two workers, as CI):
 a test that fails once then passes shows as FLAKY with its first failure and the run passes; a test that fails
-twice fails the run."""
+twice fails the run. And the SLOW line, for a slow test whose docstring does not say what it buys (the tiny suite's
+bound is a fifth of a second, not a minute)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,16 @@ from support import ROOT
 CONFTEST = f"""
 import sys
 sys.path.insert(0, {str(ROOT / "tests")!r})
-import flaky_lines
+import summary_lines
 
 def pytest_configure(config):
-    flaky_lines.register(config)
+    summary_lines.SLOW_S = 0.2
+    summary_lines.register(config)
 """
 
 # The first run of test_once_then_passes leaves a mark and fails; its rerun finds the mark and passes.
 TESTS = """
+import time
 from pathlib import Path
 
 MARK = Path(__file__).with_name("failed-once")
@@ -35,6 +38,13 @@ def test_always_fails():
 
 def test_steady():
     pass
+
+def test_slow_and_silent():
+    time.sleep(0.4)  # taking time is what it is for
+
+def test_slow_and_explained():
+    '''Buys what no cheaper test can.'''
+    time.sleep(0.4)
 """
 
 
@@ -54,7 +64,9 @@ def test_a_test_that_passes_on_its_rerun_is_flaky_and_the_run_passes(tmp_path):
     assert flaky[0].startswith("FLAKY: test_tiny.py::test_once_then_passes passed only on its rerun"), done.stdout
     assert any("the first try's own words" in line for line in flaky[1:]), flaky
     assert not any("test_steady" in line for line in flaky)
-    assert "2 passed, 1 rerun" in done.stdout
+    assert "4 passed, 1 rerun" in done.stdout
+    slow = [line for line in done.stdout.splitlines() if line.startswith("SLOW:")]
+    assert len(slow) == 1 and slow[0].startswith("SLOW: test_tiny.py::test_slow_and_silent took 0 s"), slow
 
 
 def test_a_test_that_fails_twice_fails_the_run(tmp_path):
