@@ -1,7 +1,8 @@
 """Waits for one holder at a time, each with a deadline, saying for whom: one build, boot or release at a time in a
-checkout (they share the engine's port, the Compose project, compose/.env and the key), and one build of an image
+checkout (they share the engine's port, the Compose project, compose/.env and the key), one build of an image
 tag (or a base) at a time on a machine, whatever the checkout: the builder's own tag and the canonical pass belong
-to the engine, which every checkout of this machine shares."""
+to the engine, which every checkout of this machine shares; and one BuildKit solve at a time on the machine's
+engine, whatever the tag."""
 
 from __future__ import annotations
 
@@ -56,3 +57,12 @@ def machine_wide(kind: str, key: str, say=print, wait_s: float = WAIT_S):
     name = hashlib.sha256(f"{kind} {key}".encode()).hexdigest()[:24] + ".lock"
     return exclusive(MACHINE_LOCKS, f"{kind} of {key}", say, wait_s, name=name,
                      scope=f"one {kind} of {key} at a time on this machine")
+
+
+def one_buildkit_solve(say=print, wait_s: float = WAIT_S):
+    """One BuildKit solve at a time on this machine's engine, whichever tag and checkout: Docker 20.10's BuildKit
+    (Debian 12's docker.io) panics with "failed to get edge" on two solves at once that share steps, and the panic
+    takes the whole daemon down (moby/moby#42414; two workers of the tests building two cpu images at once did)."""
+    return exclusive(MACHINE_LOCKS, "a BuildKit build", say, wait_s, name="buildkit-solve.lock",
+                     scope="one BuildKit build at a time on this machine's engine (Docker 20.10's BuildKit crashes "
+                     "on two at once)")

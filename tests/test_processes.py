@@ -172,3 +172,30 @@ def test_one_build_of_a_tag_at_a_time_on_the_machine_whichever_checkout_asks(tmp
     worker.join(30)
     assert said == [f"waiting for pid {os.getpid()} (build of vllm-serve:1-cpu-abc) to finish: one build of "
                     "vllm-serve:1-cpu-abc at a time on this machine"]
+
+
+def test_one_buildkit_solve_at_a_time_whatever_the_tag(tmp_path, monkeypatch):
+    """Docker 20.10's BuildKit takes the daemon down on two solves at once (moby/moby#42414, seen in a full run):
+    a build of another tag waits for the solve under way, saying why."""
+    import os
+    import threading
+
+    from servekit import exclusive
+    monkeypatch.setattr(exclusive, "MACHINE_LOCKS", tmp_path / "locks")
+    said: list[str] = []
+    holding, release = threading.Event(), threading.Event()
+
+    def first():
+        with exclusive.one_buildkit_solve(say=said.append):
+            holding.set()
+            release.wait(30)
+
+    worker = threading.Thread(target=first)
+    worker.start()
+    assert holding.wait(30)
+    threading.Timer(1.0, release.set).start()
+    with exclusive.one_buildkit_solve(say=said.append):
+        assert release.is_set()  # held only once the first let go
+    worker.join(30)
+    assert said == [f"waiting for pid {os.getpid()} (a BuildKit build) to finish: one BuildKit build at a time on "
+                    "this machine's engine (Docker 20.10's BuildKit crashes on two at once)"]

@@ -29,7 +29,7 @@ from servekit.atomic import write_text
 from servekit.build.bases import ensure_made_base
 from servekit.engines.docker import docker_cli, local
 from servekit.errors import EnvironmentProblem, UserError
-from servekit.exclusive import machine_wide
+from servekit.exclusive import machine_wide, one_buildkit_solve
 from servekit.output import as_output
 from servekit.build.index import IndexUnreachable, release_exists
 from servekit.config.matrix import Matrix, substitute
@@ -369,8 +369,9 @@ def _build(matrix: Matrix, plan: TargetPlan, root: Path, workdir: Path, extra_in
         write_text(pip_conf, credentials.pip_config(
             credentials.with_auth(matrix.indexes["pypi"].url, "pypi"),
             [credentials.with_auth(matrix.indexes[key].url, key) for key in extra_indexes]), mode=0o600)
-        code = _stream(_command(matrix, plan, root, workdir, {"pip_conf": pip_conf}, no_cache), log_path, root,
-                       say.step)
+        with one_buildkit_solve(say=say):
+            code = _stream(_command(matrix, plan, root, workdir, {"pip_conf": pip_conf}, no_cache), log_path, root,
+                           say.step)
     if code != 0:
         raise EnvironmentProblem(f"build of {plan.target} failed after {time.monotonic() - started:.0f} s, nothing "
                                  f"tagged: {_failure_summary(log_path)} (full log: {log_path.relative_to(root)})")
