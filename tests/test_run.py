@@ -42,6 +42,11 @@ def test_run_writes_the_three_files_and_compare_reads_two(tmp_path):
         assert {p.name for p in run.iterdir()} == {"report.json", "report.md", "memory.png"}
         assert (run / "memory.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (work_dir() / "reports" / "latest").resolve() == runs[-1].resolve()
+    # vLLM's memory budget from the cpu image's real log: the node's memory, the KV cache it set aside, the pool
+    budget = json.loads((runs[0] / "report.json").read_text())["boot"]["budget"]
+    assert {"total_gib", "kv_available_gib", "kv_pool_tokens"} <= budget.keys(), budget
+    assert 0 < budget["kv_available_gib"] < budget["total_gib"]
+    assert "| left for the KV cache |" in (runs[0] / "report.md").read_text()
     table = run_build_py("compare", str(runs[0]), str(runs[1]))
     assert table.returncode == 0
     assert "time to healthy" in table.stdout and "burst: tokens_per_s" in table.stdout

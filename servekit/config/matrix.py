@@ -234,6 +234,17 @@ class ProfileTarget(Strict):
                                          "report lists them as not required here, and they do not gate")
 
 
+class SourceBudget(Strict):
+    """The source's published figures for a profile on one host, which a report shows beside its own memory budget
+    (the figure names are the budget's, servekit/records/budget.py)."""
+    source: str = Field(description="where each figure comes from (the source's page, its setup and version)")
+    util: float | None = Field(None, gt=0, le=1)
+    weights_gib: float | None = Field(None, gt=0)
+    activation_peak_gib: float | None = Field(None, gt=0)
+    kv_available_gib: float | None = Field(None, gt=0)
+    kv_pool_tokens: int | None = Field(None, gt=0)
+
+
 class Profile(Strict):
     description: str
     targets: dict[str, ProfileTarget | None] = Field(description="targets that serve this profile")
@@ -244,6 +255,8 @@ class Profile(Strict):
     required_for_release: bool = False
     auth: Literal["key", "none"] = Field("key", description="key: the server refuses to start without a non-empty "
                                          "API key; none: it serves without one (the report says so)")
+    source_budget: dict[str, SourceBudget] = Field({}, description="host to the source's published memory figures "
+                                                   "for this profile there, shown beside a report's own")
 
 
 class Component(Strict):
@@ -592,6 +605,8 @@ class _References:
             for host, table in p.hosts.items():
                 self.need(host, m.hosts, "host", (*loc, "hosts", host))
                 self.knobs(table, (*loc, "hosts", host))
+            for host in p.source_budget:
+                self.need(host, m.hosts, "host", (*loc, "source_budget", host))
             for check, params in p.checks.items():
                 self.check_params(check, params, (*loc, "checks", check))
             for i, comp in enumerate(p.components):

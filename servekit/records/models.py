@@ -43,6 +43,7 @@ class BootFigures(Record):
     kv_pool_tokens: int | None = None
     detection_lag_s: float | None = None
     phases: list[tuple[str, float]] = []
+    budget: dict[str, float | int] = {}  # vLLM's memory budget from the boot's log (records/budget.py), as far as it got
 
 
 class Memory(Record):
@@ -66,6 +67,7 @@ class RunReport(Document):
     pins: dict[str, str]
     knobs: dict[str, str] = {}
     boot: BootFigures = BootFigures()
+    source_budget: dict[str, Any] | None = None  # the source's figures for this profile and host (images.yaml)
     memory: Memory = Memory()
     checks: list[Result] = []
     passed: bool = False  # set from the checks, by the one rule (smoke.all_passed)

@@ -7,6 +7,7 @@ from pathlib import Path
 import tempfile
 
 from servekit.atomic import write_text
+from servekit.records.budget import FIELDS
 from servekit.records.models import RunReport, load, save
 
 GiB = 2**30
@@ -69,6 +70,7 @@ def render_markdown(r: RunReport) -> str:
              f"| KV pool | {boot.kv_pool_tokens:,} tokens |" if boot.kv_pool_tokens else "| KV pool | not logged |",
              f"| detection lag | {_seconds(boot.detection_lag_s, 'not measured')} |",
              f"| phases | {', '.join(f'{n} {t:.1f} s' for n, t in boot.phases)} |", ""]
+    lines += budget_lines(boot.budget, r.source_budget)
     if memory.gpus:
         lines += ["| GPU | total | peak used | min margin | samples |", "|---|---|---|---|---|"]
         lines += [f"| {g['index']}: {g['name']} | {_gib(g['total_bytes'])} | {_gib(g['peak_used_bytes'])} | "
@@ -92,6 +94,34 @@ def render_markdown(r: RunReport) -> str:
     for note in r.notes:
         lines.append(f"\nNote: {note}")
     return "\n".join(lines) + "\n"
+
+
+def budget_lines(budget: dict, source: dict | None) -> list[str]:
+    """vLLM's memory budget as its log gave it (a failed boot's as far as it got), beside the source's figures
+    where images.yaml has them for this profile and host."""
+    if not budget and not source:
+        return ["vLLM's memory budget: not in the log (the boot ended before vLLM sized its memory).", ""]
+    source = source or {}
+    head = "| vLLM's memory budget | this run |" + (" the source's |" if source else "")
+    rows = [head, "|---|---|" + ("---|" if source else "")]
+    for name, what in FIELDS:
+        if name not in budget and name not in source:
+            continue
+        mine, theirs = (_budget_figure(name, figures.get(name)) for figures in (budget, source))
+        rows.append(f"| {what} | {mine} |" + (f" {theirs} |" if source else ""))
+    if source:
+        rows += ["", f"The source's figures: {source['source']}."]
+    return rows + [""]
+
+
+def _budget_figure(name: str, value) -> str:
+    if value is None:
+        return ""
+    if name.endswith("_gib"):
+        return f"{value:.2f} GiB"
+    if name in ("kv_pool_tokens", "block_size", "max_len_fits"):
+        return f"{value:,}"
+    return f"{value:g}" + ("x" if name == "max_concurrency" else "")
 
 
 def _mb(value) -> str:

@@ -10,6 +10,7 @@ from pathlib import Path
 from servekit import engines
 from servekit.engines import transfer
 from servekit.image.boundary import read_secret
+from servekit.records.budget import read_budget
 from servekit.records.models import BootFigures, ImageUsed, Memory, ReleaseRecord, RunReport
 from servekit.serve import deploy
 from servekit.serve.boot import BootInterrupted, Stopped, boot
@@ -35,6 +36,8 @@ def _new_report(matrix, dep: deploy.Deployment, profile: str) -> RunReport:
                        host=dep.host, engine=dep.engine.given, url=dep.url, image=ImageUsed(tag=dep.image),
                        stand_in=dep.stand_in, pins=matrix.target_pins(dep.target))
     report.image.id = dep.engine.image_id(dep.image)  # what a release is matched by, known before the boot
+    source = matrix.profiles[profile].source_budget.get(dep.host)
+    report.source_budget = source.model_dump(exclude_none=True) if source else None
     if dep.stand_in:
         report.notes.append(f"served {dep.stand_in} ({matrix.models[dep.stand_in].dir}, through MODEL_DIR) in place "
                             f"of {matrix.targets[dep.target].model}, with its check parameters (images.yaml models."
@@ -53,7 +56,8 @@ def _record_memory(report: RunReport, b) -> dict:
     memory = b.memory() if b else {"gpus": [], "shared_usage": None, "phases": [], "notes": [], "container": None}
     if b:
         report.boot = BootFigures(time_to_healthy_s=b.record.time_to_healthy_s, kv_pool_tokens=b.record.kv_pool_tokens,
-                                  detection_lag_s=b.record.detection_lag_s, phases=memory["phases"])
+                                  detection_lag_s=b.record.detection_lag_s, phases=memory["phases"],
+                                  budget=read_budget(list(b.record.lines)))
     shared = dict(memory["shared_usage"]) if memory["shared_usage"] else None
     series = {"gpus": memory.get("gpu_series") or [], "container": memory.get("container_series"),
               "shared": shared.pop("series") if shared else None}

@@ -1,0 +1,77 @@
+"""The memory budget vLLM computed at boot, read from its log: what the card holds, what vLLM asked for, and where it
+went (weights, the profiled activation peak, memory outside torch, the CUDA-graph estimate) before what was left
+became the KV pool. The series' memory-budget-info patch logs at INFO the figures vLLM 0.31.0 logs at DEBUG only;
+the cpu target's worker logs its own one line. A failed boot's log gives what it got to.
+
+Each figure is vLLM's own, as it printed it (GiB to two decimals); `non_torch_gib` is the one derived here: the
+profile's non-KV memory less its activation peak and the weights, which is how vLLM adds them up."""
+
+from __future__ import annotations
+
+import re
+
+# (figure, what it is) in the order a boot computes them: the report's table rows.
+FIELDS = (
+    ("total_gib", "the device's memory, as vLLM sized from it (the card's, or the CPU node's)"),
+    ("free_at_start_gib", "free when vLLM started"),
+    ("util", "GPU_UTIL (--gpu-memory-utilization)"),
+    ("requested_gib", "what vLLM may use: total x util"),
+    ("weights_gib", "the weights, as loaded"),
+    ("activation_peak_gib", "the profile run's activation peak (torch)"),
+    ("non_torch_gib", "memory outside torch (CUDA context, NCCL, ...)"),
+    ("non_kv_gib", "everything but the KV cache, as profiled"),
+    ("cudagraph_gib", "the CUDA graphs, estimated"),
+    ("kv_available_gib", "left for the KV cache"),
+    ("kv_needed_gib", "needed for one request of max-model-len (a boot refused for it)"),
+    ("max_len_fits", "the longest max-model-len that memory fits (vLLM's estimate)"),
+    ("block_size", "attention block size (tokens)"),
+    ("kv_pool_tokens", "the KV pool (tokens)"),
+    ("max_concurrency", "requests of max-model-len at once"),
+)
+NAMES = tuple(name for name, _ in FIELDS)
+
+_NUMBER = r"([\d.]+)"
+# Each line vLLM 0.31.0 writes (with the series), and the figures its groups are, in order.
+_LINES: tuple[tuple[re.Pattern, tuple[str, ...]], ...] = tuple((re.compile(pattern), names) for pattern, names in (
+    (rf"Model loading took {_NUMBER} GiB memory", ("weights_gib",)),
+    (rf"Initial free memory: {_NUMBER} GiB; Requested memory: {_NUMBER} \(util\), {_NUMBER} GiB",
+     ("free_at_start_gib", "util", "requested_gib")),
+    (rf"Total non KV cache memory: {_NUMBER}GiB; torch peak memory increase: {_NUMBER}GiB; .*weights memory: "
+     rf"{_NUMBER}GiB", ("non_kv_gib", "activation_peak_gib", "weights_gib")),
+    (rf"Estimated CUDA graph memory: {_NUMBER} GiB total", ("cudagraph_gib",)),
+    (rf"The current --gpu-memory-utilization={_NUMBER} is equivalent", ("util",)),
+    (rf"Available KV cache memory: {_NUMBER} GiB", ("kv_available_gib",)),
+    # --kv-cache-memory-bytes (KV_MEM): no profile of the budget, the reserve as given
+    (rf"Initial free memory {_NUMBER} GiB, reserved {_NUMBER} GiB memory for KV Cache",
+     ("free_at_start_gib", "kv_available_gib")),
+    (r"Setting attention block size to (\d+) tokens", ("block_size",)),
+    # the refusal rounds what is available coarser than the line above it: that one's figure stands
+    (rf"\({_NUMBER} GiB KV cache is needed, which is larger than the available KV cache memory \([\d.]+ GiB\)\. "
+     r"Based on the available memory, the estimated maximum model length is (\d+)", ("kv_needed_gib", "max_len_fits")),
+    (r"KV cache size: ([\d,]+) tokens, Maximum concurrency for [\d,]+ tokens per request: ([\d.]+)x",
+     ("kv_pool_tokens", "max_concurrency")),
+    # the cpu worker's one line: the KV cache it set aside of the node's memory (and what the rest took), or was told
+    (rf"Explicitly set \({_NUMBER}/{_NUMBER}\) GiB for KV cache on node \d+", ("kv_available_gib", "total_gib")),
+    (rf"Auto set \({_NUMBER}/{_NUMBER}\) GiB for KV cache on node \d+, with {_NUMBER} GiB requested memory for the "
+     rf"worker\. {_NUMBER} GiB memory was consumed by non-kv usages",
+     ("kv_available_gib", "total_gib", "requested_gib", "non_kv_gib")),
+))
+_WHOLE = {"block_size", "kv_pool_tokens", "max_len_fits"}
+
+
+def read_budget(lines) -> dict[str, float | int]:
+    """The budget's figures that `lines` (a boot's log) hold, by FIELDS' names; a figure logged twice (a restart
+    inside the boot) is its last."""
+    found: dict[str, float | int] = {}
+    for line in lines:
+        for pattern, names in _LINES:
+            match = pattern.search(line)
+            if match:
+                for name, text in zip(names, match.groups()):
+                    found[name] = int(text.replace(",", "")) if name in _WHOLE else float(text)
+    if "total_gib" not in found and found.get("util") and "requested_gib" in found:
+        found["total_gib"] = round(float(found["requested_gib"]) / float(found["util"]), 2)
+    if {"non_kv_gib", "activation_peak_gib", "weights_gib"} <= found.keys():
+        found["non_torch_gib"] = round(float(found["non_kv_gib"]) - float(found["activation_peak_gib"])
+                                       - float(found["weights_gib"]), 2)
+    return {name: found[name] for name in NAMES if name in found}
