@@ -85,3 +85,16 @@ def test_a_figure_in_the_log_is_read_whatever_the_line_around_it():
     noisy = ["\rLoading safetensors checkpoint shards: 100%|| 7/7 Model loading took 15.43 GiB memory and 61.2 s",
              "garbage", "Available KV cache memory: not-a-number GiB"]
     assert read_budget(noisy) == {"weights_gib": 15.43}
+
+
+def test_the_compile_cache_is_cold_where_vllm_compiled_and_warm_where_it_loaded():
+    """Cold from a real boot log of the H200 visits; warm from vLLM 0.31.0's own line (compilation/backends.py),
+    as a second boot of one image and profile writes it."""
+    from servekit.records.budget import compile_cache
+    cold = (GPU / "20261203-105645-alternative-cuda-boot.log").read_text().splitlines()
+    assert (compile_cache(cold) or "").startswith("cold: compiled now (")
+    warm = ["(EngineCore pid=83) INFO 12-06 10:00:00 [backends.py:290] Directly load the compiled graph(s) for "
+            "compile range (1, 2048) from the cache, took 2.114 s"]
+    assert compile_cache(warm) == "warm: loaded from the cache"
+    assert (compile_cache(warm + cold) or "").startswith("partly warm")
+    assert compile_cache(["Available KV cache memory: 2.83 GiB"]) is None

@@ -75,3 +75,20 @@ def read_budget(lines) -> dict[str, float | int]:
         found["non_torch_gib"] = round(float(found["non_kv_gib"]) - float(found["activation_peak_gib"])
                                        - float(found["weights_gib"]), 2)
     return {name: found[name] for name in NAMES if name in found}
+
+
+_LOADED = re.compile(r"Directly load the compiled graph\(s\) for compile range .* from the cache")
+_COMPILED = re.compile(r"Compiling a graph for compile range .* takes ([\d.]+) s")
+
+
+def compile_cache(lines) -> str | None:
+    """Whether the boot found torch.compile's graphs in the cache volume (warm) or compiled them now (cold), by vLLM's
+    own lines: the profiled activation peak, and so the KV pool, differ between the two (a cold compile's scratch is
+    charged to the budget). None where the log says neither (a target that does not compile, a boot that ended
+    first)."""
+    loaded = any(_LOADED.search(line) for line in lines)
+    compiled = [float(m[1]) for line in lines if (m := _COMPILED.search(line))]
+    if compiled:
+        took = f"compiled now ({sum(compiled):.1f} s)"
+        return f"cold: {took}" if not loaded else f"partly warm: some graphs loaded, others {took}"
+    return "warm: loaded from the cache" if loaded else None

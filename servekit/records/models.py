@@ -44,6 +44,7 @@ class BootFigures(Record):
     detection_lag_s: float | None = None
     phases: list[tuple[str, float]] = []
     budget: dict[str, float | int] = {}  # vLLM's memory budget from the boot's log (records/budget.py), as far as it got
+    compile_cache: str | None = None  # warm or cold: torch.compile's graphs loaded from the cache volume, or compiled
 
 
 class Memory(Record):

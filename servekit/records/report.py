@@ -69,6 +69,7 @@ def render_markdown(r: RunReport) -> str:
              f"| time to healthy | {_seconds(boot.time_to_healthy_s, 'never healthy')} |",
              f"| KV pool | {boot.kv_pool_tokens:,} tokens |" if boot.kv_pool_tokens else "| KV pool | not logged |",
              f"| detection lag | {_seconds(boot.detection_lag_s, 'not measured')} |",
+             f"| compile cache | {boot.compile_cache or 'not in the log'} |",
              f"| phases | {', '.join(f'{n} {t:.1f} s' for n, t in boot.phases)} |", ""]
     lines += budget_lines(boot.budget, r.source_budget)
     if memory.gpus:

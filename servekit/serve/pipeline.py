@@ -10,7 +10,7 @@ from pathlib import Path
 from servekit import engines
 from servekit.engines import transfer
 from servekit.image.boundary import read_secret
-from servekit.records.budget import read_budget
+from servekit.records.budget import compile_cache, read_budget
 from servekit.records.models import BootFigures, ImageUsed, Memory, ReleaseRecord, RunReport
 from servekit.serve import deploy
 from servekit.serve.boot import BootInterrupted, Stopped, boot
@@ -57,7 +57,8 @@ def _record_memory(report: RunReport, b) -> dict:
     if b:
         report.boot = BootFigures(time_to_healthy_s=b.record.time_to_healthy_s, kv_pool_tokens=b.record.kv_pool_tokens,
                                   detection_lag_s=b.record.detection_lag_s, phases=memory["phases"],
-                                  budget=read_budget(list(b.record.lines)))
+                                  budget=read_budget(list(b.record.lines)),
+                                  compile_cache=compile_cache(list(b.record.lines)))
     shared = dict(memory["shared_usage"]) if memory["shared_usage"] else None
     series = {"gpus": memory.get("gpu_series") or [], "container": memory.get("container_series"),
               "shared": shared.pop("series") if shared else None}
