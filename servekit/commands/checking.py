@@ -82,6 +82,28 @@ def cmd_sweep(args) -> int:
     return 130 if doc.interrupted else 0
 
 
+def cmd_run_plan(args) -> int:
+    from servekit.serve.runplan import TABLE_HEADER, record_path, run_plan, table_rows
+    session = open_session(args)
+    plan = Path(args.plan)
+    results, left = run_plan(session, plan, args.target, engine_of(args) if args.engine else None, args.until,
+                             say=channel())
+    rows = table_rows(results)
+    if args.json:
+        emit_json({"passed": not left and all(r is not None and r.passed for _, r in results), "left": left,
+                   "runs": [dict(zip(TABLE_HEADER, row)) for row in rows]})
+    else:
+        markdown = "\n".join(["| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]
+                             + ["| " + " | ".join(row) + " |" for row in rows])
+        print_wide(f"plan {plan.name}", TABLE_HEADER, rows, markdown)
+    record = record_path(session.root, plan).relative_to(session.root)
+    if left:
+        print(f"run-plan: stopped before {', '.join(left)}: --until leaves less than their bounds; the same command "
+              f"again resumes there ({record} names what is done)", file=sys.stderr)
+        return 3
+    return 0 if all(r is not None and r.passed for _, r in results) else 1
+
+
 def cmd_compare(args) -> int:
     from servekit.records.report import compare, load_report
     reports = [load_report(Path(path)) for path in (args.report_a, args.report_b)]
@@ -115,6 +137,15 @@ def register(c: Commands) -> None:
     p.add_argument("--timeout", type=arguments.seconds, metavar="S", help="seconds each boot may take to healthy; a "
                    "boot past it fails with its report written (default: serve.boot_timeout_s)")
     c.card(p)
+    p = c.add("run-plan", cmd_run_plan, "run a plan of runs back to back (profiles, cards, knobs, checks, model "
+              "folders; a YAML file), each boot bounded, skipping those done: one table at the end; exit 0 when every "
+              "run passed, 1 when one failed, 3 when --until stopped it with runs left (run it again to resume)",
+              locked=True)
+    p.add_argument("plan", metavar="PLAN", help="the plan's YAML file (servekit/serve/runplan.py shows one)")
+    c.target(p)
+    c.engine(p)
+    p.add_argument("--until", type=arguments.seconds, metavar="S", help="start no run whose own bound would carry "
+                   "this call past S seconds (a host reachable in short calls); the next call resumes")
     p = c.add("smoke", cmd_smoke, "run a profile's smoke checks against a running server (local or --url)")
     p.add_argument("profile", metavar="PROFILE")
     p.add_argument("--url", type=arguments.http_url, help="the server's base URL (default: the profile's container "

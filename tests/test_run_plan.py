@@ -1,0 +1,71 @@
+"""run-plan: a plan of runs back to back, each boot bounded, resumable after a stop, one table at the end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from support import run_build_py, work_dir
+
+pytestmark = pytest.mark.engine
+
+
+def _plan(folder: Path, name: str, text: str) -> Path:
+    path = folder / name
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("text, says", [
+    ("runs: [", "not YAML"),
+    ("runs: []", "runs: List should have at least 1 item"),
+    ("runs:\n  - {name: a, profile: default, colour: red}", "runs.0.colour: Extra inputs are not permitted"),
+    ("runs:\n  - {name: a, profile: default}\n  - {name: a, profile: default}", "each run's name once: a"),
+    ("runs:\n  - {name: ../a, profile: default}", "runs.0.name: String should match pattern"),
+    ("runs:\n  - {name: a, profile: default, timeout_s: 5}", "runs.0.timeout_s: Input should be greater than"),
+    ("runs:\n  - {name: a, profile: default}\n  - {name: b, profile: nope}",
+     "runs.1 (b): profile nope: not a profile of the cpu target"),
+    ("runs:\n  - {name: a, profile: default, checks: [helth]}", "runs.0 (a): "),
+    ("runs:\n  - {name: a, profile: default, knobs: {MAX_SEQS: lots}}", "runs.0 (a): "),
+], ids=["not-yaml", "no-runs", "unknown-key", "name-twice", "name-a-path", "timeout-too-short", "unknown-profile",
+        "unknown-check", "bad-knob"])
+def test_a_bad_plan_is_refused_in_one_line(tmp_path, text, says):
+    done = run_build_py("run-plan", str(_plan(tmp_path, "bad.yaml", text)), "--target", "cpu")
+    assert done.returncode in (1, 2) and "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and says in last, last
+
+
+def test_until_shorter_than_a_runs_bound_stops_before_it_and_says_how_to_resume(tmp_path):
+    plan = _plan(tmp_path, "short.yaml", "runs:\n  - {name: first, profile: default, timeout_s: 600}\n")
+    done = run_build_py("run-plan", str(plan), "--target", "cpu", "--until", "5", "--json")
+    assert done.returncode == 3, done.stderr[-2000:]
+    said = json.loads(done.stdout)
+    assert said["left"] == ["first"] and said["passed"] is False
+    assert said["runs"][0]["healthy in"] == "not run yet"
+    assert "stopped before first" in done.stderr and "the same command again resumes there" in done.stderr
+
+
+@pytest.mark.slow
+def test_a_plan_stopped_by_until_resumes_where_it_stopped_and_ends_with_its_table(tmp_path):
+    """Buys the resume on real boots: the first call runs what fits its time and stops before a run whose bound does
+    not; the second skips what the record names and runs the rest; the table has both runs' figures."""
+    plan = _plan(tmp_path, "resume.yaml", "runs:\n"
+                 "  - {name: quick, profile: default, checks: [health], timeout_s: 300}\n"
+                 "  - {name: long, profile: default, checks: [health], timeout_s: 3000, knobs: {MAX_SEQS: '2'}}\n")
+    first = run_build_py("run-plan", str(plan), "--target", "cpu", "--until", "1000", "--json", timeout=1500)
+    assert first.returncode == 3, first.stderr[-3000:]
+    assert json.loads(first.stdout)["left"] == ["long"]
+    record = work_dir() / "reports" / "plans" / "resume.json"
+    assert list(json.loads(record.read_text())) == ["quick"]
+    second = run_build_py("run-plan", str(plan), "--target", "cpu", "--json", timeout=3500)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "run-plan: quick: done" in second.stderr
+    runs = json.loads(second.stdout)["runs"]
+    assert [(r["run"], r["checks"]) for r in runs] == [("quick", "passed"), ("long", "passed")]
+    assert runs[1]["knobs"] == "MAX_SEQS=2" and runs[1]["healthy in"].endswith(" s") and runs[1]["KV pool"]
+    folders = json.loads(record.read_text())
+    assert list(folders) == ["quick", "long"] and folders["quick"] != folders["long"]
+    assert json.loads((Path(folders["long"]) / "report.json").read_text())["knobs"]["MAX_SEQS"] == "2"
