@@ -106,12 +106,14 @@ def _done(record: Path) -> dict[str, str]:
 
 @contextmanager
 def _model_folders(run: PlannedRun, root: Path):
-    """MODEL_DIR and DRAFTER_DIR as the run names them (relative to the checkout), for this run only."""
+    """MODEL_DIR and DRAFTER_DIR as the run names them (relative to the checkout), for this run only; a run that
+    names no model serves what the environment names (airgap.sh sets them), as `run` would; one that names a model
+    serves its drafter only if it names one too."""
     before = {name: os.environ.get(name) for name in ("MODEL_DIR", "DRAFTER_DIR")}
     for name, folder in (("MODEL_DIR", run.model_dir), ("DRAFTER_DIR", run.drafter_dir)):
         if folder:
             os.environ[name] = str((root / folder).resolve())
-        else:
+        elif run.model_dir:
             os.environ.pop(name, None)
     try:
         yield
