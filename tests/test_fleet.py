@@ -336,3 +336,42 @@ def test_sigterm_during_a_fleet_run_leaves_nothing_running_on_any_engine(second)
     _, err = proc.communicate(timeout=180)
     assert proc.returncode == 130, err[-2000:]
     assert not _running(None) and not _running(second)
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_an_update_packed_on_top_of_an_image_carries_only_its_new_layers_and_loads_as_the_same_id(second, cpu_base,
+                                                                                                 tmp_path):
+    """Buys the GPU kit's update path on real engines: an image of two new layers on the base another engine has
+    packs to those layers alone (pack.py --on-top-of), and `airgap.sh update` loads them there as the very image ID
+    built here; an update whose base that engine lacks is refused before anything is loaded."""
+    from servekit.engines.transfer import ensure_image
+    ensure_image(resolve(second), cpu_base, say=lambda line: None)
+    tag = f"{TEST_PROJECT}-update:1"
+    (tmp_path / "Dockerfile").write_text(f"FROM {cpu_base}\nRUN echo one > /one\nRUN echo two > /two\n")
+    built = subprocess.run(["docker", "build", "-q", "-t", tag, str(tmp_path)], capture_output=True, text=True,
+                           timeout=600)
+    assert built.returncode == 0, built.stderr
+    parts = tmp_path / "parts"
+    env = {**__import__("os").environ, "DOCKER_HOST": second, "SERVEKIT_KIT": str(tmp_path / "kit")}
+    try:
+        packed = subprocess.run([sys.executable, str(ROOT / "bench/gpu/pack.py"), str(parts), "--tag", tag,
+                                 "--on-top-of", cpu_base], capture_output=True, text=True, timeout=600)
+        assert packed.returncode == 0, packed.stderr[-2000:]
+        assert "2 of " in packed.stdout and not list(parts.glob("kit-*")), packed.stdout
+        assert sum(p.stat().st_size for p in parts.glob("image-*")) < 1 << 20  # the base's MBs stay home
+        local_id = subprocess.run(["docker", "image", "inspect", "-f", "{{.Id}}", tag], capture_output=True,
+                                  text=True).stdout.strip()
+        bad = tmp_path / "bad"
+        subprocess.run(["cp", "-r", str(parts), str(bad)], check=True)
+        (bad / "ON-TOP-OF").write_text("sha256:" + "0" * 64 + "\n")
+        refused = subprocess.run(["bash", str(ROOT / "bench/gpu/airgap.sh"), "update", str(bad)], env=env,
+                                 capture_output=True, text=True, timeout=120)
+        assert refused.returncode == 1 and "this host lacks image sha256:000" in refused.stderr, refused.stderr
+        updated = subprocess.run(["bash", str(ROOT / "bench/gpu/airgap.sh"), "update", str(parts)], env=env,
+                                 capture_output=True, text=True, timeout=600)
+        assert updated.returncode == 0, updated.stderr[-2000:]
+        assert _on_second(second, "image", "inspect", "-f", "{{.Id}}", tag).stdout.strip() == local_id
+    finally:
+        subprocess.run(["docker", "image", "rm", "-f", tag], capture_output=True)
+        _on_second(second, "image", "rm", "-f", tag)

@@ -8,6 +8,8 @@
 #   bench/gpu/airgap.sh setup PARTS_DIR    # every part checked against SHA256SUMS (a part it does not name is
 #                                          # refused), the host tool in .venv, the engine, the image loaded (its ID
 #                                          # checked against IMAGE), the kit's models unpacked, then `doctor`
+#   bench/gpu/airgap.sh update PARTS_DIR   # an update packed with `pack.py --on-top-of`: its parts checked, the image
+#                                          # it sits on checked present, its new layers loaded (its ID checked)
 #   bench/gpu/airgap.sh run COMMAND ARGS   # python build.py COMMAND --target cuda ARGS (run, sweep, up, smoke...),
 #                                          # serving the kit's --model/--drafter where it has them, else the checkout's
 #                                          # stand-in (images.yaml models.qwen35-mini), or MODEL_DIR and DRAFTER_DIR
@@ -17,7 +19,7 @@
 set -euo pipefail
 
 say() { echo "airgap: $*" >&2; }
-usage() { sed -n '2,18p' "$0" >&2; exit 2; }
+usage() { sed -n '2,20p' "$0" >&2; exit 2; }
 
 KIT=${SERVEKIT_KIT:-$HOME/servekit-kit}
 KIT=${KIT%/}
@@ -35,7 +37,7 @@ checked() {
     [ -f "$dir/SHA256SUMS" ] && [ -f "$dir/IMAGE" ] || { say "$dir: no SHA256SUMS and IMAGE: not a folder of parts"; exit 1; }
     for file in "$dir"/*; do
         name=${file##*/}
-        [[ $name == SHA256SUMS || $name == IMAGE ]] && continue
+        [[ $name == SHA256SUMS || $name == IMAGE || $name == LAYERS || $name == ON-TOP-OF ]] && continue
         [ -f "$file" ] && [ -n "$(named "$name" "$dir/SHA256SUMS")" ] ||
             { say "$file: not named in SHA256SUMS, so never checked; remove it or pack again"; exit 1; }
     done
@@ -63,6 +65,21 @@ setup)
     [ -d "$KIT/kit/models" ] && chmod -R a+rX "$KIT/kit/models"  # the image's user reads them
     .venv/bin/python build.py doctor || true
     say "ready in $(( $(date +%s) - started )) s: $tag ($image_id)"
+    ;;
+update)
+    [ $# -eq 2 ] && [ -d "$2" ] && [ -f "$2/ON-TOP-OF" ] || { say "update: expected a folder packed with --on-top-of"; usage; }
+    started=$(date +%s)
+    checked "$2"
+    read -r base < "$2/ON-TOP-OF"
+    docker image inspect "$base" > /dev/null 2>&1 ||
+        { say "update: this host lacks image $base, which the update sits on: set up its full pack first"; exit 1; }
+    read -r tag image_id < "$2/IMAGE"
+    zstd=zstd
+    [ -x "$KIT/kit/tools/zstd" ] && zstd=$KIT/kit/tools/zstd
+    cat "$2"/image-* | LD_LIBRARY_PATH=$KIT/kit/tools "$zstd" -d -c | docker load
+    loaded=$(docker image inspect --format '{{.Id}}' "$tag")
+    [ "$loaded" = "$image_id" ] || { say "$tag loaded as $loaded, not the packed $image_id"; exit 1; }
+    say "updated in $(( $(date +%s) - started )) s: $tag ($image_id), on top of $base"
     ;;
 run)
     [ $# -ge 2 ] || { say "run: expected a command of build.py, e.g. run --profile default"; usage; }

@@ -2,6 +2,7 @@
 the image, the engine's Debian packages, the host tool's wheels, zstd, and the model folders it is to serve.
 
     python bench/gpu/pack.py PARTS_DIR [--tag TAG] [--part-size MIB] [--python X.Y] [--model DIR] [--drafter DIR]
+    python bench/gpu/pack.py PARTS_DIR --on-top-of OLD_PARTS_DIR|IMAGE [--tag TAG] [--part-size MIB]
 
 PARTS_DIR gets kit-NNN and image-NNN parts of at most --part-size MiB each (default 256; any whole number down to 1,
 for a transfer that takes small pieces), SHA256SUMS naming every part, and IMAGE (the tag and its ID):
@@ -13,8 +14,16 @@ for a transfer that takes small pieces), SHA256SUMS naming every part, and IMAGE
 - image-*: `docker save TAG | zstd -3`, split (the image ID survives save and load, so the reports made there name
   the image built here).
 
+Every pack also writes LAYERS, the image's layers (DiffIDs, lowest first). `--on-top-of` packs an update for a host
+that has loaded an earlier pack (its parts folder, read for its LAYERS and IMAGE) or an image built here (a tag or
+ID): no kit, and of the image only the layers it does not share with that one from the bottom up, plus ON-TOP-OF,
+the image ID the host must have. A change to the series or the image's code rebuilds only the layers above the
+wheels, so its update is a few MiB where the whole image is GBs. `docker load` of the kit's engine (Docker 20.10)
+reads a layer's tar only where the host lacks its chain, so the update loads as the very image ID built here.
+
 Copy PARTS_DIR and a checkout of this repository to the host by any means, then there, from the checkout:
-`bench/gpu/airgap.sh setup PARTS_DIR` and `bench/gpu/airgap.sh run ...` (docs/gpu/README.md).
+`bench/gpu/airgap.sh setup PARTS_DIR` (an update: `bench/gpu/airgap.sh update PARTS_DIR`) and
+`bench/gpu/airgap.sh run ...` (docs/gpu/README.md).
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,21 +119,46 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                         metavar="X.Y", help="the host's Python, for the host tool's wheels (default: this one's)")
     parser.add_argument("--model", type=model_folder, metavar="DIR", help="a model folder for the host to serve")
     parser.add_argument("--drafter", type=model_folder, metavar="DIR", help="its drafter's folder")
+    parser.add_argument("--on-top-of", metavar="OLD_PARTS_DIR|IMAGE", help="pack an update for a host that loaded "
+                        "that pack (or has that image): no kit, only the layers it lacks")
     return parser.parse_args(argv)
+
+
+def base_of(given: str) -> tuple[str, list[str]]:
+    """--on-top-of: (the image ID the host has, its layers) from an earlier pack's folder or an image here."""
+    folder = Path(given)
+    if folder.is_dir():
+        if not (folder / "LAYERS").is_file() or not (folder / "IMAGE").is_file():
+            sys.exit(f"pack: {given}: no LAYERS and IMAGE: not a folder of parts (packs before LAYERS need the image)")
+        return (folder / "IMAGE").read_text().split()[1], (folder / "LAYERS").read_text().split()
+    found = inspect(given)
+    if found is None:
+        sys.exit(f"pack: --on-top-of {given}: neither a folder of parts nor an image here")
+    return found["Id"], found["RootFS"]["Layers"]
+
+
+def inspect(image: str) -> dict | None:
+    """`docker image inspect IMAGE`, or None where there is no such image here."""
+    found = subprocess.run(["docker", "image", "inspect", image], capture_output=True, text=True)
+    return json.loads(found.stdout)[0] if found.returncode == 0 else None
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     tag = args.tag or planned_tag()
-    image_id = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", tag], capture_output=True,
-                              text=True).stdout.strip()
-    if not image_id:
+    image = inspect(tag)
+    if image is None:
         sys.exit(f"pack: {tag} is not built here: run `make image TARGET=cuda` first")
+    image_id = image["Id"]
     if args.out.exists():
         shutil.rmtree(args.out)
     args.out.mkdir(parents=True)
     sums: list[str] = []
     size = args.part_size * 2**20
+    (args.out / "LAYERS").write_text("\n".join(image["RootFS"]["Layers"]) + "\n")
+    (args.out / "IMAGE").write_text(f"{tag} {image_id}\n")
+    if args.on_top_of:
+        return pack_update(tag, image_id, args, sums, size)
     models = {name: path for name, path in (("model", args.model), ("drafter", args.drafter)) if path}
     with tempfile.TemporaryDirectory() as tmp:
         kit = Path(tmp) / "kit"
@@ -144,9 +179,37 @@ def main(argv: list[str] | None = None) -> int:
     if zstd.wait() or save.wait():
         sys.exit("pack: docker save | zstd failed")
     (args.out / "SHA256SUMS").write_text("\n".join(sums) + "\n")
-    (args.out / "IMAGE").write_text(f"{tag} {image_id}\n")
     print(f"pack: {kit_parts + image_parts} parts of at most {args.part_size} MiB in {args.out} ({image_parts} of "
           "the image); there: bench/gpu/airgap.sh setup PARTS_DIR")
+    return 0
+
+
+def pack_update(tag: str, image_id: str, args: argparse.Namespace, sums: list[str], size: int) -> int:
+    """The image's layers the host lacks, zstd-compressed and split, and ON-TOP-OF: no kit."""
+    from servekit.engines.transfer import save_on_top_of
+    base_id, base_layers = base_of(args.on_top_of)
+    (args.out / "ON-TOP-OF").write_text(base_id + "\n")
+    zstd = subprocess.Popen(["zstd", "-3", "-T0", "-q", "-c"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert zstd.stdin and zstd.stdout
+    counted: dict[str, int] = {}
+
+    def feed() -> None:  # the save streams into zstd while the parts are cut from its output
+        assert zstd.stdin
+        try:
+            counted.update(save_on_top_of(tag, base_layers, zstd.stdin, say=lambda line: print(f"pack: {line}")))
+        finally:
+            zstd.stdin.close()
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    parts = split(zstd.stdout, "image", args.out, sums, size)
+    feeder.join()
+    if zstd.wait() or not counted:
+        sys.exit("pack: docker save | zstd failed")
+    (args.out / "SHA256SUMS").write_text("\n".join(sums) + "\n")
+    carried = sum((args.out / f"image-{n:03d}").stat().st_size for n in range(parts))
+    print(f"pack: an update of {tag} on top of {base_id[:19]}: {counted['carried']} of {counted['layers']} layers "
+          f"({counted['bytes'] / 2**20:.1f} MiB, {carried / 2**20:.1f} MiB compressed) in {parts} part(s) in "
+          f"{args.out}; there: bench/gpu/airgap.sh update PARTS_DIR")
     return 0
 
 

@@ -3,6 +3,7 @@ streamed `docker save | docker load` (no registry needed, nothing written to dis
 
 from __future__ import annotations
 
+import io
 import time
 
 from servekit.errors import EnvironmentProblem, UserError
@@ -71,3 +72,75 @@ def ensure_image(engine: Engine, tag: str, release: ReleaseRecord | None = None,
     if engine.image_id(tag) != local.id:
         raise EnvironmentProblem(f"after loading, {engine.given} has no {tag} of image {local.id[:19]}")
     return f"sent (save+load) in {time.monotonic() - started:.0f} s"
+
+
+def shared_prefix(layers: list[str], host_layers: list[str]) -> list[str]:
+    """The layers (DiffIDs, lowest first) an image shares with one the host has, counted from the bottom: a layer
+    counts only with every layer under it, since an engine keys a layer by its whole chain."""
+    shared = []
+    for mine, theirs in zip(layers, host_layers):
+        if mine != theirs:
+            break
+        shared.append(mine)
+    return shared
+
+
+def save_on_top_of(tag: str, host_layers: list[str], out, say=print) -> dict[str, int]:
+    """`docker save TAG` into the binary stream `out`, less the layers the host has: those TAG shares with
+    `host_layers` (an image of the host's, its DiffIDs lowest first). What it writes loads on top of that image
+    as TAG, the same image ID: Docker 20.10's `docker load` (the kit's engine) reads a layer's tar only where its
+    chain is missing (moby's tarexport/load.go). Each layer's tar is hashed as it streams by (its DiffID) and
+    spilled to a temporary file until the hash says whether it is the host's. Returns the counts: layers,
+    layers carried, bytes of the carried layers."""
+    import hashlib
+    import tarfile
+    import tempfile
+
+    image = local_engine().image(tag)
+    if image is None:
+        raise UserError(f"image {tag} is not built here: run `python build.py image` for its target first")
+    skip = set(shared_prefix(list(image.attrs["RootFS"]["Layers"]), host_layers))
+    client = local_engine().sdk(timeout=3600)
+    stream = io.BufferedReader(_ChunkStream(client.api.get_image(tag, chunk_size=CHUNK)), CHUNK)
+    counts = {"layers": len(image.attrs["RootFS"]["Layers"]), "carried": 0, "bytes": 0}
+    with tarfile.open(fileobj=stream, mode="r|") as source, tarfile.open(fileobj=out, mode="w|") as sink:
+        for member in source:
+            data = source.extractfile(member) if member.isfile() else None
+            if data is None or not member.name.endswith("/layer.tar"):
+                sink.addfile(member, data)
+                continue
+            digest = hashlib.sha256()
+            with tempfile.TemporaryFile() as spill:
+                while chunk := data.read(CHUNK):
+                    digest.update(chunk)
+                    spill.write(chunk)
+                if f"sha256:{digest.hexdigest()}" in skip:
+                    continue
+                spill.seek(0)
+                sink.addfile(member, spill)
+                counts["carried"] += 1
+                counts["bytes"] += member.size
+                say(f"carrying layer {member.name.split('/')[0][:12]}: {member.size / 2**20:.1f} MiB")
+    return counts
+
+
+class _ChunkStream(io.RawIOBase):
+    """A raw stream over an iterator of byte chunks (the SDK's `docker save`), for tarfile's stream mode: no chunk is
+    copied but into the reader's buffer."""
+
+    def __init__(self, chunks):
+        self.chunks, self.pending = iter(chunks), memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self.pending:
+            chunk = next(self.chunks, None)
+            if chunk is None:
+                return 0
+            self.pending = memoryview(chunk)
+        n = min(len(buffer), len(self.pending))
+        buffer[:n] = self.pending[:n]
+        self.pending = self.pending[n:]
+        return n
