@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable, Iterator
 
+from servekit.engines.transfer import ChunkStream
 from servekit.errors import EnvironmentProblem
 
 CHUNK = 4 << 20
@@ -174,7 +175,7 @@ def _read_saved(saved: Iterator[bytes], on_layer: Callable[[str, IO[bytes]], Non
     manifest.json, which names them, may come last."""
     documents: dict[str, object] = {}
     links: dict[str, str] = {}
-    with tarfile.open(fileobj=_ChunkReader(saved), mode="r|") as tar:
+    with tarfile.open(fileobj=ChunkStream(saved), mode="r|") as tar:
         for member in tar:
             if member.issym():
                 links[member.name] = posixpath.normpath(posixpath.join(posixpath.dirname(member.name),
@@ -248,26 +249,6 @@ def files_image_archive(files: dict[str, bytes], tag: str, epoch: int, labels: d
                                                    "Layers": [f"{digest}/layer.tar"]}]).encode())
     out.write(b"\0" * (2 * tarfile.BLOCKSIZE))
     return f"sha256:{image_id}"
-
-
-class _ChunkReader(io.RawIOBase):
-    """A readable file over an iterator of byte chunks (the SDK's `docker save` stream)."""
-
-    def __init__(self, chunks: Iterator[bytes]):
-        self._chunks, self._rest = iter(chunks), b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        while not self._rest:
-            try:
-                self._rest = next(self._chunks)
-            except StopIteration:
-                return 0
-        n = min(len(buffer), len(self._rest))
-        buffer[:n], self._rest = self._rest[:n], self._rest[n:]
-        return n
 
 
 def make_canonical(engine, built: str, tag: str, epoch: int, labels: dict[str, str], workdir: Path,
