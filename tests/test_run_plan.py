@@ -31,21 +31,23 @@ def _plan(folder: Path, name: str, text: str) -> Path:
     ("runs:\n  - {name: a, profile: default, knobs: {MAX_SEQS: lots}}", "runs.0 (a): "),
 ], ids=["not-yaml", "no-runs", "unknown-key", "name-twice", "name-a-path", "timeout-too-short", "unknown-profile",
         "unknown-check", "bad-knob"])
-def test_a_bad_plan_is_refused_in_one_line(tmp_path, text, says):
-    done = run_build_py("run-plan", str(_plan(tmp_path, "bad.yaml", text)), "--target", "cpu")
-    assert done.returncode in (1, 2) and "Traceback" not in done.stderr
-    last = done.stderr.strip().splitlines()[-1]
+def test_a_bad_plan_is_refused_in_one_line(repo, cli, text, says):
+    code, _, err = cli("--matrix", str(repo / "images.yaml"), "run-plan", str(_plan(repo, "bad.yaml", text)),
+                       "--target", "cpu")
+    assert code in (1, 2) and "Traceback" not in err
+    last = err.strip().splitlines()[-1]
     assert last.startswith("error: ") and says in last, last
 
 
-def test_until_shorter_than_a_runs_bound_stops_before_it_and_says_how_to_resume(tmp_path):
-    plan = _plan(tmp_path, "short.yaml", "runs:\n  - {name: first, profile: default, timeout_s: 600}\n")
-    done = run_build_py("run-plan", str(plan), "--target", "cpu", "--until", "5", "--json")
-    assert done.returncode == 3, done.stderr[-2000:]
-    said = json.loads(done.stdout)
+def test_until_shorter_than_a_runs_bound_stops_before_it_and_says_how_to_resume(repo, cli):
+    plan = _plan(repo, "short.yaml", "runs:\n  - {name: first, profile: default, timeout_s: 600}\n")
+    code, out, err = cli("--matrix", str(repo / "images.yaml"), "run-plan", str(plan), "--target", "cpu", "--until",
+                         "5", "--json")
+    assert code == 3, err[-2000:]
+    said = json.loads(out)
     assert said["left"] == ["first"] and said["passed"] is False
     assert said["runs"][0]["healthy in"] == "not run yet"
-    assert "stopped before first" in done.stderr and "the same command again resumes there" in done.stderr
+    assert "stopped before first" in err and "the same command again resumes there" in err
 
 
 @pytest.mark.slow
