@@ -179,6 +179,6 @@ def boot(dep: deploy.Deployment, profile: str, timeout_s: float, say=None, knobs
             exc.add_note(f"taking {profile} down afterwards failed too: {down_failed}")
         if type(exc) is KeyboardInterrupt:
             raise BootInterrupted(elapsed, last_lines) from None
-        if isinstance(exc, BootFailed):
-            exc.boot = b  # its memory up to the failure: an out-of-memory boot's peak is what its report is for
+        if isinstance(exc, Exception):  # its memory up to the failure: an out-of-memory boot's peak is what its
+            exc.boot = b  # type: ignore[attr-defined]  # report is for, whatever ended it
         raise

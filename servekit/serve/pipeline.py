@@ -109,6 +109,7 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
     except Stopped:  # a fleet run told to stop: no report of this profile
         raise
     except Exception as exc:  # an engine's or a sampler's error: the run still ends with its report, failed
+        failed_boot = getattr(exc, "boot", None)  # a boot's samples up to the error, where it got that far
         reason = f"the run ended on an error ({type(exc).__name__}): {_with_notes(exc)}"
         say(f"  {reason}")
         results = done if b else [Result("boot", "failed", reason, {"last_lines": []})]
