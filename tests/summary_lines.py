@@ -38,8 +38,9 @@ class SummaryLines:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.outcome == "rerun":
-            self.first_failure.setdefault(report.nodeid, report.longreprtext)
+        if report.outcome == "rerun":  # what failed (the crash's line: the tail may be a long message's end), then how
+            crash = getattr(getattr(report.longrepr, "reprcrash", None), "message", "").splitlines()[:1]
+            self.first_failure.setdefault(report.nodeid, "\n".join([*crash, "...", report.longreprtext]))
         elif report.when == "call" and report.passed and report.nodeid in self.first_failure:
             self.flaky.append(report.nodeid)  # one that failed again fails the run, as any failure does
         if report.when == "call" and report.duration > SLOW_S and not dict(report.user_properties).get("explained"):
@@ -47,7 +48,8 @@ class SummaryLines:
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         for nodeid in self.flaky:
-            tail = self.first_failure[nodeid].rstrip().splitlines()[-TAIL_LINES:]
+            crash, _, text = self.first_failure[nodeid].partition("\n...\n")
+            tail = [crash[:300], "...", *text.rstrip().splitlines()[-TAIL_LINES:]]
             terminalreporter.write_line(f"FLAKY: {nodeid} passed only on its rerun; its first failure ended:",
                                         yellow=True)
             for line in tail:

@@ -299,6 +299,8 @@ def _kvarn_folder(root: Path, dtype: str = "kvarn_k4v2_g128") -> None:
 
 @pytest.mark.slow
 def test_kvarn_in_the_sources_layout_is_installed_after_the_series_and_checked(tmp_path, cpu_image):
+    """Buys a real build with a component: KVarN in the source's layout installed over the patched vLLM and checked in
+    the image, and the user's wheels left as they were; no build without the component can show it."""
     root = tracked_copy(tmp_path)
     _kvarn_folder(root)
     _matrix_edit(root, "  name: vllm-serve\n", f"  name: {TEST_PROJECT}-kvarn\n")  # removed below: the run's own
@@ -340,6 +342,8 @@ def _offered_wheel_stats(root: Path) -> dict[str, tuple[int, int]]:
 
 @pytest.mark.slow
 def test_a_kvarn_whose_post_install_check_fails_stops_the_build_untagged(tmp_path):
+    """Buys the component's gate on a real build: a check that fails after the install stops the build, naming the
+    check, with nothing tagged."""
     root = tracked_copy(tmp_path)
     _kvarn_folder(root, dtype="kvarn_mistyped")
     tag = cpu_tag(root)

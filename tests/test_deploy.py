@@ -328,6 +328,8 @@ def cpu_built(cpu_image):
 @pytest.mark.slow
 @pytest.mark.engine
 def test_up_brings_the_real_server_to_healthy_and_down_removes_it(cpu_built):
+    """Buys `up` and `down` against a real vLLM server in a real container: healthy, the URL, key and figures printed,
+    and nothing of the project left after `down`."""
     up = run_build_py("up", "default", "--target", "cpu", "--json", timeout=600)
     assert up.returncode == 0, up.stderr[-3000:]
     result = json.loads(up.stdout)
@@ -362,6 +364,8 @@ def test_up_brings_the_real_server_to_healthy_and_down_removes_it(cpu_built):
 @pytest.mark.slow
 @pytest.mark.engine
 def test_plain_compose_works_without_build_py(cpu_built):
+    """Buys the source users' path: the committed Compose files serve a profile with `docker compose` alone, no
+    servekit in between."""
     up = subprocess.run(["docker", "compose", "-f", "compose/compose.yaml", "-f", "compose/compose.cpu.yaml", "up",
                          "-d", "--wait", "default"], cwd=work_dir(), capture_output=True, text=True, timeout=600)
     try:

@@ -87,6 +87,8 @@ def test_the_document_installs_the_cpu_images_lock():
 
 
 def test_the_cpu_section_serves_the_demo_through_the_process_engine(doc_home):
+    """Buys docs/install.md's cpu section as a person runs it: a hand-installed environment, the series applied by
+    patch-env, the demo served as processes and checked."""
     home, env = doc_home
     environment = home / "vllm-cpu"
     reports = work_dir() / "reports"
@@ -137,6 +139,8 @@ def test_a_refused_boot_on_the_process_engine_says_why_and_leaves_nothing(doc_ho
 
 
 def test_a_sweep_runs_on_the_process_engine(doc_home):
+    """Buys a sweep through the process engine: each cell booted as processes of the environment, its table written,
+    nothing left running."""
     home, env = doc_home
     environment = home / "vllm-cpu"
     done = subprocess.run([sys.executable, str(work_dir() / "build.py"), "sweep", "default", "--knob", "MAX_SEQS=2,4",

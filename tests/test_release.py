@@ -60,6 +60,8 @@ def _tags(port: int) -> list[str]:
 
 
 def test_a_registry_that_dies_mid_release_leaves_no_manifest_and_a_rerun_completes(checked_image, registry):
+    """Buys the release's atomicity against a real registry killed mid-push: no manifest written for a half release,
+    and a rerun completes it."""
     port, manifest = registry["port"], work_dir() / "releases" / "v0.31.0.json"
     manifest.unlink(missing_ok=True)
     proc = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "release", "--registry",
@@ -234,6 +236,8 @@ def test_no_login_or_a_wrong_one_is_refused_in_one_line_and_nothing_is_pushed(ch
 
 
 def test_a_release_behind_a_login_pushes_reads_back_and_pulls_by_digest(checked_image, locked_registry, tmp_path):
+    """Buys a release to a registry behind a login: pushed, read back by digest and pulled, the credential in no file
+    or log."""
     port = locked_registry["port"]
     env = _client_config(tmp_path, port, PASSWORD)
     done = _release("--registry", f"127.0.0.1:{port}/locked", "--target", "cpu", env=env)
@@ -429,6 +433,8 @@ def test_compose_on_an_engine_that_never_built_the_image_pulls_the_release_serve
 
 def test_pull_fetches_the_release_of_this_build_as_its_own_tag_and_refuses_a_build_never_released(checked_image,
                                                                                                    registry):
+    """Buys `pull` against a real registry: the release of this very build fetched as its own tag, with progress, and a
+    build never released refused with how to build it."""
     port = registry["port"]
     done = _release("--registry", f"127.0.0.1:{port}/serve", "--target", "cpu")
     assert done.returncode == 0, done.stderr[-2000:]

@@ -16,6 +16,7 @@ pytestmark = pytest.mark.engine
 
 @pytest.mark.slow
 def test_a_profile_expecting_another_model_name_fails_naming_the_check(tmp_path):
+    """Buys a failed check on a real boot: the run exits 1 and report.md names the check and why."""
     root = tracked_copy(tmp_path)
     matrix = root / "images.yaml"
     text = matrix.read_text()
@@ -32,6 +33,8 @@ def test_a_profile_expecting_another_model_name_fails_naming_the_check(tmp_path)
 
 @pytest.mark.slow
 def test_run_writes_the_three_files_and_compare_reads_two(tmp_path):
+    """Buys `run` end to end twice on real boots: the three files and nothing else, reports/latest, the budget from the
+    cpu image's real log, and compare over two real reports."""
     runs = []
     for _ in range(2):
         result = run_build_py("run", "--target", "cpu", "--profile", "default", "--json", timeout=3000)
@@ -80,6 +83,8 @@ def test_two_runs_at_once_both_finish_with_their_own_reports():
 
 @pytest.mark.slow
 def test_run_leaves_a_server_started_by_up_alone():
+    """Buys the rule that a run never restarts or stops somebody's server: a real `up`, then a run of the same profile
+    refused, the server untouched."""
     up = run_build_py("up", "default", "--target", "cpu", "--json", timeout=3000)
     assert up.returncode == 0, up.stderr[-3000:]
     try:

@@ -106,6 +106,8 @@ def test_the_official_openai_client_chats_streams_and_calls_a_tool(server):
 
 @pytest.mark.slow
 def test_smoke_command_against_the_running_server(server):
+    """Buys `smoke` against a real running server: every check of the profile through the command line, its JSON and
+    its exit code."""
     result = run_build_py("smoke", "default", "--target", "cpu", "--json", timeout=600)
     checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
     assert checks["health"]["status"] == "passed"

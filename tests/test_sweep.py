@@ -19,6 +19,8 @@ def _latest_sweep() -> tuple[dict, Path]:
 
 
 def test_two_values_two_boots_each_give_the_table_with_the_spread_column():
+    """Buys a sweep on real boots: two values, two boots each, the table and the spread column that says whether a
+    difference is more than noise."""
     result = run_build_py("sweep", "default", "--target", "cpu", "--knob", "MAX_SEQS=4,16", "--boots", "2",
                           "--checks", "burst,knobs", timeout=3000)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -37,6 +39,8 @@ def test_two_values_two_boots_each_give_the_table_with_the_spread_column():
 
 
 def test_a_value_vllm_refuses_is_a_failed_cell_and_the_rest_completes():
+    """Buys a sweep's failure handling on real boots: a value vLLM refuses is a failed cell with its reason, and the
+    other cells still run."""
     result = run_build_py("sweep", "default", "--target", "cpu", "--knob", "MAX_LEN=1024,100000", "--boots", "1",
                           "--checks", "health", timeout=3000)
     assert result.returncode == 0, result.stderr[-3000:]

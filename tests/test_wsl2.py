@@ -117,6 +117,8 @@ def _check(report: dict, name: str) -> dict:
 @pytest.mark.engine
 @pytest.mark.slow
 def test_a_spill_that_starts_during_traffic_fails_naming_the_phase_and_the_figures(tmp_path):
+    """Buys the spill check on a real boot with the WSL2 sampler's stand-in: a spill that starts during traffic fails,
+    naming the phase and its figures."""
     result, report, folder = _run_on_wsl2("spill-in-traffic", tmp_path)
     assert result.returncode == 1, result.stderr[-3000:]
     spill = _check(report, "spill")
@@ -139,6 +141,8 @@ def test_a_spill_that_starts_during_traffic_fails_naming_the_phase_and_the_figur
 @pytest.mark.engine
 @pytest.mark.slow
 def test_a_load_time_rise_back_down_before_traffic_passes_and_the_card_is_read_beside_a_busy_igpu(tmp_path):
+    """Buys the WSL2 reading on a real boot: a rise during the load that settles before traffic passes, and the card is
+    told apart from a busy iGPU."""
     result, report, folder = _run_on_wsl2("load-rise+busy-igpu", tmp_path)
     assert result.returncode == 0, result.stderr[-3000:] + json.dumps(report["checks"])
     shared = report["memory"]["shared_usage"]
@@ -154,6 +158,7 @@ def test_a_load_time_rise_back_down_before_traffic_passes_and_the_card_is_read_b
 @pytest.mark.engine
 @pytest.mark.slow
 def test_a_sweep_on_wsl2_shows_spill_per_cell(tmp_path):
+    """Buys a sweep on the WSL2 host's terms with real boots: each cell's spill in the table."""
     result = subprocess.run([sys.executable, str(ROOT / "build.py"), "sweep", "default", "--target", "cpu",
                              "--host", "wsl2", "--knob", "MAX_SEQS=4,8", "--boots", "1", "--checks", "greedy"],
                             cwd=work_dir(), env=_wsl2_env("no-spill;spill-in-traffic", tmp_path), capture_output=True,

@@ -16,13 +16,13 @@ from servekit.commands.parsing import Commands
 
 def cmd_run(args) -> int:
     session = open_session(args)
-    if args.engines and (args.knob or args.check or args.timeout or args.card):
-        raise UserError("--knob, --check, --timeout and --card apply to one engine's run; leave out --engines")
+    if args.engines and (args.knob or args.timeout or args.card):
+        raise UserError("--knob, --timeout and --card apply to one engine's run; leave out --engines")
     if args.engines:
         from servekit.engines import parse_engines
         from servekit.serve import fleet
         doc, summary_md, runs = fleet.run(session, parse_engines(args.engines), args.target, args.profile, args.host,
-                                    args.port, say=channel())
+                                    args.port, say=channel(), only=args.check)
         if args.json:
             emit_json({"passed": doc.passed, "summary": str(summary_md),
                        "engines": [e.model_dump() for e in doc.engines]})
@@ -133,7 +133,7 @@ def register(c: Commands) -> None:
     p.add_argument("--knob", action="append", metavar="NAME=VALUE", help="set a knob for every boot, over the "
                    "profile's (repeatable; recorded in the report)")
     p.add_argument("--check", action="append", metavar="NAME", help="run this check instead of the profile's own "
-                   "(repeatable; its parameters from images.yaml)")
+                   "(repeatable; its parameters from images.yaml; on every engine with --engines)")
     p.add_argument("--timeout", type=arguments.seconds, metavar="S", help="seconds each boot may take to healthy; a "
                    "boot past it fails with its report written (default: serve.boot_timeout_s)")
     c.card(p)

@@ -22,6 +22,7 @@ from servekit.engines.docker import Engine
 from servekit.records.models import FleetEngine, FleetSummary, RunReport, Table, save
 from servekit.records.report import write_report
 from servekit.build.builder import ensure_built
+from servekit.serve.checks import checks_to_run
 from servekit.serve.commands import profiles_of
 from servekit.records.releases import released
 
@@ -43,13 +44,14 @@ class EngineRun:
         return self.error is None and bool(self.reports) and all(r.passed for r, _ in self.reports)
 
 
-def _run_one(run: EngineRun, matrix, profiles: list[str], key_file: Path, out: Path, release, say, stop) -> None:
+def _run_one(run: EngineRun, matrix, profiles: list[str], key_file: Path, out: Path, release, say, stop,
+             only: list[str] | None = None) -> None:
     label = run.engine.label
     tell = as_output(say).child(f"[{label}] ")
     try:
         run.engine.check()
         run.reports = run_profiles(matrix, run.dep, profiles, key_file, release=release, say=tell, stop=stop,
-                                   write=lambda report, series: write_report(out / f"{label}-{report.profile}",
+                                   only=only, write=lambda report, series: write_report(out / f"{label}-{report.profile}",
                                                                              report, series, latest=False))
     except Exception as exc:  # one engine's failure is its row in the summary, never the others' end
         run.error = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
@@ -57,11 +59,12 @@ def _run_one(run: EngineRun, matrix, profiles: list[str], key_file: Path, out: P
 
 
 def run_fleet(matrix, deps: list, profiles: list[str], key_file: Path, out: Path, release=None,
-              say=print) -> list[EngineRun]:
-    """Run `profiles` on every deployment's engine in parallel; Ctrl-C takes every engine's profile down."""
+              say=print, only: list[str] | None = None) -> list[EngineRun]:
+    """Run `profiles` on every deployment's engine in parallel (`only` those checks, where given); Ctrl-C takes
+    every engine's profile down."""
     runs = [EngineRun(dep) for dep in deps]
     stop = threading.Event()
-    threads = [threading.Thread(target=_run_one, args=(run, matrix, profiles, key_file, out, release, say, stop),
+    threads = [threading.Thread(target=_run_one, args=(run, matrix, profiles, key_file, out, release, say, stop, only),
                                 name=f"engine-{run.engine.label}", daemon=True) for run in runs]
     for t in threads:
         t.start()
@@ -124,11 +127,14 @@ def write_summary(out: Path, runs: list[EngineRun]) -> tuple[FleetSummary, Path]
 
 
 def run(session, engines: list[Engine], target: str | None = None, profiles: list[str] | None = None,
-        host: str | None = "auto", port: int | None = None, say=print) -> tuple[FleetSummary, Path, list[EngineRun]]:
-    """`run --engines`: build here once, then the profiles on every engine at once; (summary, its file, runs)."""
+        host: str | None = "auto", port: int | None = None, say=print,
+        only: list[str] | None = None) -> tuple[FleetSummary, Path, list[EngineRun]]:
+    """`run --engines`: build here once, then the profiles on every engine at once (`only` those checks, where
+    given); (summary, its file, runs)."""
 
     target = session.target(target, engines[0])
     profiles = profiles_of(session, target, profiles)
+    checks_to_run(session.matrix, profiles[0], target, only)  # a misspelt --check ends here, before any boot
     plan = ensure_built(session, target, say=as_output(say).child("run: "))
     first = port or session.matrix.serve.port  # each engine its own port: engines on one machine share its loopback
     deps = [session.deployment(target, e, host, first + i, tag=plan.tag) for i, e in enumerate(engines)]
@@ -139,6 +145,6 @@ def run(session, engines: list[Engine], target: str | None = None, profiles: lis
     say(f"run: {', '.join(profiles)} on {len(engines)} engines in parallel: "
         f"{', '.join(f'{d.engine.given} ({d.host}, port {d.port})' for d in deps)}")
     runs = run_fleet(session.matrix, deps, profiles, key_file, out, say=say,
-                     release=released(session.root, session.matrix, target, plan.digest))
+                     release=released(session.root, session.matrix, target, plan.digest), only=only)
     doc, summary_md = write_summary(out, runs)
     return doc, summary_md, runs
