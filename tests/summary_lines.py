@@ -32,15 +32,15 @@ class SummaryLines:
     failure that was rerun, the tests whose rerun then passed, and the slow tests that do not say why."""
 
     def __init__(self) -> None:
-        self.first_failure: dict[str, str] = {}
+        self.first_failure: dict[str, tuple[str, str]] = {}  # test id -> (the crash's line, the failure's text)
         self.flaky: list[str] = []
         self.unexplained: dict[str, float] = {}
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.outcome == "rerun":  # what failed (the crash's line: the tail may be a long message's end), then how
-            crash = getattr(getattr(report.longrepr, "reprcrash", None), "message", "").splitlines()[:1]
-            self.first_failure.setdefault(report.nodeid, "\n".join([*crash, "...", report.longreprtext]))
+        if report.outcome == "rerun":  # the crash's line first: the text's tail may be a long message's end
+            crash = getattr(getattr(report.longrepr, "reprcrash", None), "message", "") or ""
+            self.first_failure.setdefault(report.nodeid, (crash.split("\n")[0][:300], report.longreprtext))
         elif report.when == "call" and report.passed and report.nodeid in self.first_failure:
             self.flaky.append(report.nodeid)  # one that failed again fails the run, as any failure does
         if report.when == "call" and report.duration > SLOW_S and not dict(report.user_properties).get("explained"):
@@ -48,8 +48,8 @@ class SummaryLines:
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         for nodeid in self.flaky:
-            crash, _, text = self.first_failure[nodeid].partition("\n...\n")
-            tail = [crash[:300], "...", *text.rstrip().splitlines()[-TAIL_LINES:]]
+            crash, text = self.first_failure[nodeid]
+            tail = [crash, "...", *text.rstrip().splitlines()[-TAIL_LINES:]]
             terminalreporter.write_line(f"FLAKY: {nodeid} passed only on its rerun; its first failure ended:",
                                         yellow=True)
             for line in tail:
