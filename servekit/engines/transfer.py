@@ -3,7 +3,10 @@ streamed `docker save | docker load` (no registry needed, nothing written to dis
 
 from __future__ import annotations
 
+import hashlib
 import io
+import tarfile
+import tempfile
 import time
 
 from servekit.errors import EnvironmentProblem, UserError
@@ -92,10 +95,6 @@ def save_on_top_of(tag: str, host_layers: list[str], out, say=print) -> dict[str
     chain is missing (moby's tarexport/load.go). Each layer's tar is hashed as it streams by (its DiffID) and
     spilled to a temporary file until the hash says whether it is the host's. Returns the counts: layers,
     layers carried, bytes of the carried layers."""
-    import hashlib
-    import tarfile
-    import tempfile
-
     image = local_engine().image(tag)
     if image is None:
         raise UserError(f"image {tag} is not built here: run `python build.py image` for its target first")
