@@ -93,9 +93,8 @@ def cmd_run_plan(args) -> int:
         emit_json({"passed": not left and all(r is not None and r.passed for _, r in results), "left": left,
                    "runs": [dict(zip(TABLE_HEADER, row)) for row in rows]})
     else:
-        markdown = "\n".join(["| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]
-                             + ["| " + " | ".join(row) + " |" for row in rows])
-        print_wide(f"plan {plan.name}", TABLE_HEADER, rows, markdown)
+        from servekit.records.report import markdown_table
+        print_wide(f"plan {plan.name}", TABLE_HEADER, rows, "\n".join(markdown_table(TABLE_HEADER, rows)))
     record = record_path(session.root, plan).relative_to(session.root)
     if left:
         print(f"run-plan: stopped before {', '.join(left)}: --until leaves less than their bounds; the same command "

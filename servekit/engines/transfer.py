@@ -95,13 +95,14 @@ def save_on_top_of(tag: str, host_layers: list[str], out, say=print) -> dict[str
     chain is missing (moby's tarexport/load.go). Each layer's tar is hashed as it streams by (its DiffID) and
     spilled to a temporary file until the hash says whether it is the host's. Returns the counts: layers,
     layers carried, bytes of the carried layers."""
-    image = local_engine().image(tag)
+    here = local_engine()
+    image = here.image(tag)
     if image is None:
         raise UserError(f"image {tag} is not built here: run `python build.py image` for its target first")
-    skip = set(shared_prefix(list(image.attrs["RootFS"]["Layers"]), host_layers))
-    client = local_engine().sdk(timeout=3600)
-    stream = io.BufferedReader(ChunkStream(client.api.get_image(tag, chunk_size=CHUNK)), CHUNK)
-    counts = {"layers": len(image.attrs["RootFS"]["Layers"]), "carried": 0, "bytes": 0}
+    layers = list(image.attrs["RootFS"]["Layers"])
+    skip = set(shared_prefix(layers, host_layers))
+    stream = io.BufferedReader(ChunkStream(here.sdk(timeout=3600).api.get_image(tag, chunk_size=CHUNK)), CHUNK)
+    counts = {"layers": len(layers), "carried": 0, "bytes": 0}
     with tarfile.open(fileobj=stream, mode="r|") as source, tarfile.open(fileobj=out, mode="w|") as sink:
         for member in source:
             data = source.extractfile(member) if member.isfile() else None

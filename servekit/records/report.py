@@ -97,6 +97,13 @@ def render_markdown(r: RunReport) -> str:
     return "\n".join(lines) + "\n"
 
 
+def markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table, one row a line; a cell's `|` (a reason's joined log lines) is written `/`, so a row stays
+    one row."""
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(str(cell).replace("|", "/") for cell in row) + " |" for row in rows)]
+
+
 def budget_lines(budget: dict, source: dict | None) -> list[str]:
     """vLLM's memory budget as its log gave it (a failed boot's as far as it got), beside the source's figures
     where images.yaml has them for this profile and host."""

@@ -20,7 +20,7 @@ from servekit.output import as_output
 from servekit.serve.pipeline import run_profiles
 from servekit.engines.docker import Engine
 from servekit.records.models import FleetEngine, FleetSummary, RunReport, Table, save
-from servekit.records.report import write_report
+from servekit.records.report import markdown_table, write_report
 from servekit.build.builder import ensure_built
 from servekit.serve.checks import checks_to_run
 from servekit.serve.commands import profiles_of
@@ -113,8 +113,7 @@ def summary(runs: list[EngineRun]) -> tuple[FleetSummary, str]:
                                             reports=[str(folder) for _, folder in r.reports]) for r in runs])
     cell = lambda v: "" if v is None else (f"{v:,}" if isinstance(v, int) else str(v))  # noqa: E731
     lines = [f"# Fleet run: {sum(r.passed for r in runs)} of {len(runs)} engines passed", "",
-             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(cell(v).replace("|", "/") for v in row) + " |" for row in rows]
+             *markdown_table(header, [[cell(v) for v in row] for row in rows])]
     lines += ["", "Engines: " + "; ".join(f"{r.engine.label} = {r.engine.url} (port {r.dep.port})" for r in runs)]
     return doc, "\n".join(lines) + "\n"
 

@@ -28,9 +28,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 
 from servekit.atomic import write_text
+from servekit.config.matrix import Strict
 from servekit.errors import UserError
 from servekit.image import boundary
 from servekit.records.models import RunReport
@@ -43,8 +44,7 @@ DEFAULT_TIMEOUT_S = 900
 MAX_BYTES = 1 << 20  # a plan, or its record: a page of runs, never megabytes
 
 
-class PlannedRun(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+class PlannedRun(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     profile: str
     card: str | None = None
@@ -55,8 +55,7 @@ class PlannedRun(BaseModel):
     drafter_dir: str | None = None
 
 
-class Plan(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+class Plan(Strict):
     runs: list[PlannedRun] = Field(min_length=1)
 
     @field_validator("runs")

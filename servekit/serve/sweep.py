@@ -15,7 +15,7 @@ from servekit.atomic import write_text
 from servekit.errors import UserError
 from servekit.config.knobargs import parse_knobs
 from servekit.records.models import RunReport, SweepCell, SweepReport, Table, save
-from servekit.records.report import quiet_matplotlib
+from servekit.records.report import markdown_table, quiet_matplotlib
 from servekit.serve.pipeline import run_profile
 from servekit.image.launcher import build_command
 from servekit.config.profiles import render_profiles
@@ -169,8 +169,7 @@ def sizing_advice(cells: list[Cell], knob: str, min_margin_bytes: int, current: 
 
 
 def render_markdown(title: str, header: list[str], rows: list[list[str]], advice: str | None, notes: list[str]) -> str:
-    lines = [f"# {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    lines = [f"# {title}", "", *markdown_table(header, rows)]
     if advice:
         lines += ["", advice]
     lines += [f"\nNote: {n}" for n in notes]
