@@ -72,6 +72,17 @@ def test_vllms_own_embedding_method_loads_the_int8_embeddings_and_looks_them_up_
     assert facts["vllm"]["embedding_lookup"] < ROUND_TRIP, facts["vllm"]
 
 
+def test_qwen35_builds_both_its_embeddings_so_the_int8_ones_load(facts):
+    """qwen35-quantized-embedding.patch: vLLM's Qwen3.5 model and its MTP module each build their embedding with the
+    checkpoint's quantization config and their own prefix, so the embedding group picks vLLM's int8 method and the
+    converted triplet loads through its weight loaders (as released: a plain embedding, and the load fails)."""
+    built = facts["vllm"]["qwen35_embeddings"]
+    assert built["model"]["prefix"] == "language_model.model.embed_tokens" and built["mtp"]["prefix"] == "mtp.embed_tokens"
+    for module in ("model", "mtp"):
+        assert built[module]["method"] == "CompressedTensorsEmbeddingWNA16Int", built
+        assert built[module]["loaded"] == {"packed": True, "scale": True, "shape": True}, built
+
+
 def test_vllm_on_the_cpu_still_has_no_kernel_for_an_int8_lm_head(facts):
     """Why the cpu target cannot serve the converted checkpoint: when this fails, vLLM's CPU path takes 8-bit
     weights, and the test should load lm_head through it instead."""
@@ -111,9 +122,8 @@ def test_a_crash_mid_step_leaves_a_folder_that_says_so_and_the_next_run_finishes
 def test_prepare_converts_a_fetched_checkpoint_after_its_download(facts):
     run = facts["through_prepare"]
     assert run["rc"] == 0 and "is complete" in run["said"] and "lm_head to int8" in run["said"], run["said"]
-    # the embeddings stay BF16 unless QUANT_EMBED=1: vLLM 0.31.0's Qwen3.5 loads no quantized embedding (a GPU boot)
-    assert "token embeddings left as published (QUANT_EMBED=0: vLLM 0.31.0's Qwen3.5" in run["said"], run["said"]
-    assert run["converted"] == ["lm_head.weight_packed", "mtp.fc.weight_packed", "mtp.layers.0.mlp.down_proj.weight_packed",
+    assert "the token embeddings to int8" in run["said"], run["said"]
+    assert run["converted"] == ["lm_head.weight_packed", "model.language_model.embed_tokens.weight_packed", "mtp.fc.weight_packed", "mtp.layers.0.mlp.down_proj.weight_packed",
                                 "mtp.layers.0.mlp.gate_proj.weight_packed", "mtp.layers.0.mlp.up_proj.weight_packed",
                                 "mtp.layers.0.self_attn.k_proj.weight_packed", "mtp.layers.0.self_attn.o_proj.weight_packed",
                                 "mtp.layers.0.self_attn.q_proj.weight_packed", "mtp.layers.0.self_attn.v_proj.weight_packed"]

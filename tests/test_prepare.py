@@ -471,8 +471,7 @@ def test_profiles_that_are_missing_or_not_profiles_are_refused_in_one_line(tmp_p
 
 def test_compose_hands_prepare_every_conversion_setting():
     """Each step of convert.py can be skipped through plain `docker compose` too: its setting reaches prepare."""
-    from servekit.image.convert import OFF_BY_DEFAULT, STEPS
+    from servekit.image.convert import STEPS
     prepare = yaml.safe_load((ROOT / "compose" / "compose.yaml").read_text())["services"]["prepare"]
     assert {setting: prepare["environment"].get(setting) for setting, _, _ in STEPS.values()} == {
-        setting: f"${{{setting}:-{0 if step in OFF_BY_DEFAULT else 1}}}" for step, (setting, _, _) in STEPS.items()}
-    assert prepare["environment"]["QUANT_EMBED"] == "${QUANT_EMBED:-0}"  # the GPU's vLLM loads no int8 embedding
+        setting: f"${{{setting}:-1}}" for setting, _, _ in STEPS.values()}

@@ -44,10 +44,6 @@ STEPS: dict[str, tuple[str, str, str]] = {
     "embed": ("QUANT_EMBED", "the token embeddings", r"re:.*embed_tokens$"),
     "mtp": ("QUANT_MTP", "the MTP head's linears", r"re:.*mtp\.(fc|layers\..*)$"),
 }
-# Steps off unless their setting is 1, with why. Measured through the cuda image on a GPU (2026-12-05): vLLM 0.31.0
-# builds Qwen3.5's token embedding without the quantization config, so int8 embeddings fail the load ("There is no
-# module or parameter named 'embed_tokens.weight_packed' in Qwen3_5Model") for every profile.
-OFF_BY_DEFAULT = {"embed": "vLLM 0.31.0's Qwen3.5 model loads no quantized token embedding"}
 
 
 class ConvertError(Exception):
@@ -89,10 +85,8 @@ def convert(folder: Path, environ: dict[str, str], say=print) -> None:
         _restore(folder, say)
     _sweep(folder)
     for step, (setting, what, _) in STEPS.items():
-        if environ.get(setting, "0" if step in OFF_BY_DEFAULT else "1").strip() == "0":
-            why = f": {OFF_BY_DEFAULT[step]}; {setting}=1 converts them" if step in OFF_BY_DEFAULT and \
-                setting not in environ else ""
-            say(f"prepare: {what} left as published ({setting}=0{why})")
+        if environ.get(setting, "1").strip() == "0":
+            say(f"prepare: {what} left as published ({setting}=0)")
         else:
             _step(folder, step, say)
     _ignore_bf16_mtp(folder, say)

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -244,6 +245,7 @@ def _vllm_takes(folder: Path) -> dict:
         q = ((packed[:, columns // 4] >> ((columns % 4) * 8)) & 0xFF) - 128  # the kernel's own unpacking
         rows = q.float() * layer.weight_scale[ids].float().repeat_interleave(128, dim=1)
         lookup = _relative(rows, _original(folder, f"{stem}.weight").float()[ids])
+        built = _as_qwen35_builds_it(folder)
         try:
             CompressedTensorsWNA16(strategy="group", num_bits=8, group_size=128, symmetric=True).create_weights(
                 torch.nn.Module(), output_size=vocab, input_size=hidden, output_partition_sizes=[vocab],
@@ -251,7 +253,54 @@ def _vllm_takes(folder: Path) -> dict:
             lm_head = "created"
         except ValueError as exc:
             lm_head = str(exc)
-    return {"embedding_lookup": lookup, "lm_head_on_cpu": lm_head}
+    return {"embedding_lookup": lookup, "lm_head_on_cpu": lm_head, "qwen35_embeddings": built}
+
+
+def _as_qwen35_builds_it(folder: Path) -> dict:
+    """The embedding each of vLLM's Qwen3.5 modules (the model, the MTP module) builds, with the converted folder's
+    quantization config: its quantization method, and whether the checkpoint's int8 triplet loads into it through its
+    own weight loaders (qwen35-quantized-embedding.patch; as released, both are built without the config)."""
+    from types import SimpleNamespace
+    from transformers import AutoConfig
+    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import CompressedTensorsConfig
+    # The vision tower's image processor wants torchvision, which the cpu image's lock leaves out; the text model
+    # and its embeddings need none of it.
+    processor = types.ModuleType("transformers.models.qwen2_vl.image_processing_qwen2_vl")
+    setattr(processor, "__getattr__", lambda name: type(name, (), {}))
+    sys.modules.setdefault(processor.__name__, processor)
+    from vllm.model_executor.models import qwen3_5, qwen3_5_mtp
+
+    class Built(Exception):
+        pass
+
+    def record(*args, **kwargs):
+        raise Built(args, kwargs)
+
+    quant = CompressedTensorsConfig.from_config(json.loads((folder / "config.json").read_text())["quantization_config"])
+    text = AutoConfig.from_pretrained(folder).get_text_config()
+    config = SimpleNamespace(model_config=SimpleNamespace(hf_text_config=text, hf_config=text), quant_config=quant,
+                             parallel_config=SimpleNamespace(eplb_config=SimpleNamespace(num_redundant_experts=0)))
+    out = {}
+    for name, module, cls, prefix in (("model", qwen3_5, qwen3_5.Qwen3_5Model, "language_model.model"),
+                                      ("mtp", qwen3_5_mtp, qwen3_5_mtp.Qwen3_5MultiTokenPredictor, "mtp")):
+        real, module.VocabParallelEmbedding = module.VocabParallelEmbedding, record
+        try:
+            cls(vllm_config=config, prefix=prefix)
+        except Built as built:
+            args, kwargs = built.args
+        finally:
+            module.VocabParallelEmbedding = real
+        embedding = real(*args, **kwargs)
+        loaded = {}
+        for part in ("packed", "scale", "shape"):
+            param = getattr(embedding, f"weight_{part}", None)
+            if param is not None:
+                given = _tensor(folder, f"model.language_model.embed_tokens.weight_{part}")
+                param.weight_loader(param, given)
+                loaded[part] = bool(torch.equal(param.data, given.to(param.dtype)))
+        out[name] = {"prefix": kwargs.get("prefix"), "method": type(embedding.quant_method).__name__,
+                     "loaded": loaded}
+    return out
 
 
 def _interrupted(folder: Path, how: str) -> dict:
@@ -285,9 +334,8 @@ def _through_prepare(folder: Path) -> dict:
     profiles.write_text(json.dumps({"model": {"source": "huggingface", "repo": "org/m", "revision": commit,
                                               "path": str(folder), "served_name": "m", "drafters": {}},
                                     "profiles": {}, "hosts": {}}))
-    environ = {k: v for k, v in os.environ.items() if k != "QUANT_EMBED"}  # prepare's own defaults
     done = subprocess.run([sys.executable, "/opt/servekit/launcher.py", "prepare"], capture_output=True, text=True,
-                          env={**environ, "SERVEKIT_PROFILES": str(profiles), "HF_HUB_OFFLINE": "1"}, timeout=600)
+                          env={**os.environ, "SERVEKIT_PROFILES": str(profiles), "HF_HUB_OFFLINE": "1"}, timeout=600)
     index = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
     return {"rc": done.returncode, "said": done.stdout + done.stderr,
             "converted": sorted(k for k in index if k.endswith(".weight_packed")  # the int4 layers' aside
@@ -295,7 +343,6 @@ def _through_prepare(folder: Path) -> dict:
 
 
 def main(work: Path) -> None:
-    os.environ["QUANT_EMBED"] = "1"  # every step, the embeddings' too (off by default: the GPU's vLLM loads none)
     published = work / "published"
     write(published)
     facts: dict = {"published": {"schemes": _schemes(published)}}
