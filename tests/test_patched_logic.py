@@ -41,3 +41,14 @@ def test_marlin_int8_activations_keep_to_the_layers_the_include_expression_names
     assert set(unset.values()) == {"torch.int8"}  # as released: every layer
     assert mlp == {"model.language_model.layers.0.mlp.gate_up_proj": "torch.int8",
                    "model.language_model.layers.3.self_attn.qkv_proj": "None", "lm_head": "None"}
+
+
+def test_a_cold_boot_measures_a_warm_forward_and_a_pinned_pool_sits_on_an_emptied_cache(facts):
+    """profile-warm-peak.patch: the profile forward runs once (under the allocator's split limit) before vLLM opens
+    the window that measures the activation peak, so a cold compile's scratch is not charged to the KV cache;
+    VLLM_PROFILE_WARMUP=0 measures the first forward, as released. kv-bytes-release-scratch.patch: with a pinned
+    pool (KV_MEM), what the forward left cached is given back before the pool is allocated."""
+    order = facts["profile_order"]
+    assert order["profiled"] == ["split limit", "forward", "measured window"], order
+    assert order["profiled_warmup_off"] == ["measured window"], order
+    assert order["pinned"] == ["forward", "cache emptied"], order

@@ -70,5 +70,59 @@ def marlin_include() -> dict:
     return out
 
 
+def profile_order() -> dict:
+    """profile-warm-peak.patch and kv-bytes-release-scratch.patch: what vLLM's GPU worker does, in order, when it
+    sizes the KV cache, with a model runner and a measuring window that record each step instead of running it.
+    Profiled (GPU_UTIL): an unmeasured forward before the measured window, unless VLLM_PROFILE_WARMUP=0. A pinned pool
+    (kv_cache_memory_bytes): the one forward, then the allocator's cache emptied before the pool."""
+    from contextlib import contextmanager
+    from vllm.v1.worker import gpu_worker
+    steps: list[str] = []
+
+    class Measured(Exception):
+        pass
+
+    @contextmanager
+    def window(*args, **kwargs):
+        steps.append("measured window")
+        raise Measured
+        yield
+
+    @contextmanager
+    def split_limit(max_split_size_mb):
+        steps.append("split limit")
+        yield
+
+    runner = types.SimpleNamespace(profile_run=lambda **kwargs: steps.append("forward"), model_memory_usage=0)
+    saved = (gpu_worker.memory_profiling, gpu_worker.maybe_apply_startup_plan, gpu_worker.reserve_mm_ipc_gpu_memory,
+             torch.accelerator.empty_cache)
+    gpu_worker.memory_profiling = window
+    gpu_worker.maybe_apply_startup_plan = lambda worker: None
+    gpu_worker.reserve_mm_ipc_gpu_memory = lambda size, *args: size
+    torch.accelerator.empty_cache = lambda: steps.append("cache emptied")
+    out = {}
+    try:
+        for name, env, pinned in (("profiled", {}, None), ("profiled_warmup_off", {"VLLM_PROFILE_WARMUP": "0"}, None),
+                                  ("pinned", {}, 5 << 30)):
+            os.environ.pop("VLLM_PROFILE_WARMUP", None)
+            os.environ.update(env)
+            worker = types.SimpleNamespace(
+                model_runner=runner, randomize_dummy_inputs=False, _scoped_allocator_max_split=split_limit,
+                cache_config=types.SimpleNamespace(kv_cache_memory_bytes=pinned),
+                init_snapshot=types.SimpleNamespace(free_memory=20 << 30),
+                model_config=types.SimpleNamespace(multimodal_config=None), parallel_config=types.SimpleNamespace())
+            steps.clear()
+            try:
+                gpu_worker.Worker.determine_available_memory(worker)  # type: ignore[arg-type]
+            except Measured:
+                pass
+            out[name] = list(steps)
+    finally:
+        os.environ.pop("VLLM_PROFILE_WARMUP", None)
+        (gpu_worker.memory_profiling, gpu_worker.maybe_apply_startup_plan, gpu_worker.reserve_mm_ipc_gpu_memory,
+         torch.accelerator.empty_cache) = saved
+    return out
+
+
 if __name__ == "__main__":
-    print(json.dumps({"card_patch": card_patch(), "marlin_include": marlin_include()}))
+    print(json.dumps({"card_patch": card_patch(), "marlin_include": marlin_include(), "profile_order": profile_order()}))
