@@ -96,5 +96,9 @@ def test_the_compile_cache_is_cold_where_vllm_compiled_and_warm_where_it_loaded(
     warm = ["(EngineCore pid=83) INFO 12-06 10:00:00 [backends.py:290] Directly load the compiled graph(s) for "
             "compile range (1, 2048) from the cache, took 2.114 s"]
     assert compile_cache(warm) == "warm: loaded from the cache"
+    # the AOT path (compilation/decorators.py), which the second full-size boot of default took (2026-12-06)
+    aot = ["(EngineCore pid=96) INFO 12-06 06:14:58 [decorators.py:316] Directly load AOT compilation from path "
+           "/cache/vllm/torch_compile_cache/torch_aot_compile/fc8c30fec0/rank_0_0/model"]
+    assert compile_cache(aot) == "warm: loaded from the cache"
     assert (compile_cache(warm + cold) or "").startswith("partly warm")
     assert compile_cache(["Available KV cache memory: 2.83 GiB"]) is None

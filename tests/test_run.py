@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -97,6 +98,49 @@ def test_run_leaves_a_server_started_by_up_alone():
     finally:
         run_build_py("down")
     assert project_containers() == []
+
+
+BOOT_LINES = ["(EngineCore pid=96) INFO 12-06 06:20:00 [gpu_model_runner.py:4519] Model loading took 14.26 GiB memory "
+              "and 37.2 seconds",
+              "(EngineCore pid=96) INFO 12-06 06:23:00 [kv_cache_utils.py:1638] GPU KV cache size: 212,628 tokens, "
+              "Maximum concurrency for 150,000 tokens per request: 1.42x"]
+
+
+@pytest.mark.parametrize("when", ["during the boot", "while taking down a boot that had failed"])
+def test_a_signal_that_ends_a_boot_keeps_the_budget_its_log_gave(repo, monkeypatch, when):
+    """A `timeout` (SIGTERM) 300 s into a full-size boot, or just after the boot's own timeout while the server is
+    taken down: the report still carries the memory budget the log had given (the KV pool sized, the weights), and
+    the run ends interrupted. Once such a report said "interrupted before the boot" and held no budget at all."""
+    from servekit.config.load import load_matrix
+    from servekit.engines import resolve
+    from servekit.serve import boot, deploy, pipeline
+    from servekit.errors import BootFailed
+    matrix = load_matrix(repo / "images.yaml")
+    dep = deploy.Deployment(repo, "cpu", "native", "unused", "127.0.0.1", TEST_PORT,
+                            engine=resolve(f"venv:{repo / 'venv'}"), matrix=matrix)
+    server = SimpleNamespace(memory=lambda: iter(()), image_id=None, state=lambda: {})
+
+    def watch(server, url, timeout_s, record, progress=None):
+        record.lines.extend(BOOT_LINES)
+        if when == "during the boot":
+            raise KeyboardInterrupt
+        raise BootFailed(f"not healthy within {timeout_s} s", "", BOOT_LINES)
+
+    def down(*args, **kwargs):
+        if when != "during the boot":
+            raise KeyboardInterrupt
+    monkeypatch.setattr(deploy, "up", lambda *args, **kwargs: server)
+    monkeypatch.setattr(deploy, "down", down)
+    monkeypatch.setattr(boot, "watch_boot", watch)
+    with pytest.raises(pipeline.RunInterrupted) as ended:
+        pipeline.run_profile(matrix, dep, "default", repo / "no-key", say=lambda line: None)
+    report = ended.value.report
+    assert report.boot is not None and report.boot.budget == {"weights_gib": 14.26, "kv_pool_tokens": 212628,
+                                                              "max_concurrency": 1.42}, report.boot
+    check = report.checks[0]
+    assert check.name == "boot" and check.status == "not_run" and "s into the boot" in check.reason, check
+    if when != "during the boot":
+        assert "after the boot had failed: not healthy within" in check.reason, check
 
 
 def test_a_boot_that_ends_on_an_unexpected_error_still_gets_its_report(repo, monkeypatch):

@@ -77,7 +77,9 @@ def read_budget(lines) -> dict[str, float | int]:
     return {name: found[name] for name in NAMES if name in found}
 
 
-_LOADED = re.compile(r"Directly load the compiled graph\(s\) for compile range .* from the cache")
+# A warm boot's line: the graphs of one compile range from Inductor's cache (compilation/backends.py), or the whole
+# AOT-compiled model from vLLM's cache folder (compilation/decorators.py, the path 0.31.0 takes on a GPU)
+_LOADED = re.compile(r"Directly load (the compiled graph\(s\) for compile range .* from the cache|AOT compilation from path)")
 _COMPILED = re.compile(r"Compiling a graph for compile range .* takes ([\d.]+) s")
 
 

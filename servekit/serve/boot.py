@@ -173,12 +173,20 @@ def boot(dep: deploy.Deployment, profile: str, timeout_s: float, say=None, knobs
     except BaseException as exc:
         elapsed, last_lines = time.time() - (b.record.started or time.time()), list(b.record.lines)[-12:]
         b.stop_samplers()
+        ended: BaseException = exc
         try:
             deploy.down(dep, profile)  # a failed boot, Ctrl-C included, leaves nothing of its own running
         except Exception as down_failed:  # the boot's own failure is the one to report; this one rides along
             exc.add_note(f"taking {profile} down afterwards failed too: {down_failed}")
-        if type(exc) is KeyboardInterrupt:
-            raise BootInterrupted(elapsed, last_lines) from None
-        if isinstance(exc, Exception):  # its memory up to the failure: an out-of-memory boot's peak is what its
-            exc.boot = b  # type: ignore[attr-defined]  # report is for, whatever ended it
-        raise
+        except KeyboardInterrupt:  # a signal while taking it down (a `timeout` after the boot's own): stop
+            ended = KeyboardInterrupt()
+        if isinstance(ended, KeyboardInterrupt):
+            ended = BootInterrupted(elapsed, last_lines)
+            if ended is not exc and not isinstance(exc, KeyboardInterrupt):
+                ended.add_note(f"after the boot had failed: {exc}")
+        # The boot's log and memory up to the end, whatever ended it: a refused or interrupted boot's budget and
+        # peak are what its report is for.
+        ended.boot = b  # type: ignore[attr-defined]
+        if ended is exc:
+            raise
+        raise ended from None

@@ -118,7 +118,8 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
         results += [Result(name, "not_run", f"not run: {reason}") for name in checks
                     if name not in {r.name for r in results}]
     except KeyboardInterrupt as exc:  # a `timeout` or Ctrl-C: the report keeps what was measured before it
-        interrupted = str(exc) if isinstance(exc, BootInterrupted) else "interrupted " + (
+        failed_boot = getattr(exc, "boot", None)  # a boot's log and samples up to the signal
+        interrupted = _with_notes(exc) if isinstance(exc, BootInterrupted) else "interrupted " + (
             "during the checks" if b else "before the boot")
         say(f"  {interrupted}")
         results = done if b else [Result("boot", "not_run", interrupted, {
