@@ -203,3 +203,37 @@ def test_two_real_builds_made_canonical_are_compared_to_the_file_that_differs(cp
     finally:
         for n in (1, 2):
             subprocess.run(["docker", "image", "rm", "-f", f"{TEST_PROJECT}-canonical:{n}"], capture_output=True)
+
+
+def test_a_rebuild_reuses_the_canonical_layers_its_unchanged_build_layers_had(cpu_base, tmp_path):
+    """A change to the last step only (a patch of the series, say): the base's and the first step's layers are the
+    builder's cached ones, so the canonical pass reuses their canonical form from the first build instead of
+    rewriting them, and the image is the very one a pass that rewrites every layer gives."""
+    from servekit.engines.docker import local
+    from servekit.exclusive import one_buildkit_solve
+    engine = local()
+    tags = [f"{TEST_PROJECT}-canonical-reuse:{n}" for n in (1, 2)]
+    made = []
+    try:
+        for n, tag in enumerate(tags, 1):
+            (tmp_path / "Dockerfile").write_text(f"FROM {cpu_base}\nRUN date +%s%N > /first\nRUN echo {n} > /last\n")
+            compose = tmp_path / "compose.build.yaml"  # BuildKit, as the builder runs it: its cache outlives
+            compose.write_text(json.dumps({"services": {"image": {"image": f"{tag}-raw",  # the replaced image
+                                                                  "build": {"context": str(tmp_path)}}}}))
+            with one_buildkit_solve():
+                built = subprocess.run(["docker", "compose", "-p", f"{TEST_PROJECT}-canonical-reuse", "-f",
+                                        str(compose), "build", "image"], capture_output=True, text=True, timeout=300)
+            assert built.returncode == 0, built.stderr[-2000:]
+            if n == 2:  # what a pass that rewrites every layer makes of the second build
+                whole = reproducible.canonical_archive(engine.sdk().api.get_image(f"{tag}-raw"), tag, EPOCH, {},
+                                                       io.BytesIO(), say=lambda line: None)
+            made.append(reproducible.make_canonical(engine, f"{tag}-raw", tag, EPOCH, {}, tmp_path,
+                                                    say=lambda line: None))
+        base_layers = len(engine.image(cpu_base).attrs["RootFS"]["Layers"])
+        assert made[0].reused == 0 and made[1].reused == base_layers + 1  # the base's and `RUN date`'s
+        assert made[1].image_id == whole.image_id and engine.image(tags[1]).id == whole.image_id
+        remembered = json.loads((tmp_path / reproducible.CANONICAL_MEMORY).read_text())["images"]
+        assert set(remembered) == {engine.image(tag).id for tag in tags}
+    finally:
+        for tag in tags:
+            subprocess.run(["docker", "image", "rm", "-f", tag, f"{tag}-raw"], capture_output=True)

@@ -384,7 +384,8 @@ def _build(matrix: Matrix, plan: TargetPlan, root: Path, workdir: Path, extra_in
     finally:  # made canonical or not, the builder's own image is not left tagged
         if engine.image_exists(provisional_tag(plan)):
             engine.sdk().images.remove(provisional_tag(plan))
-    say(f"{plan.tag} is {canonical.image_id[:19]} ({canonical.layers} layers, canonical in "
+    reused = f", {canonical.reused} of them unchanged since an earlier build" if canonical.reused else ""
+    say(f"{plan.tag} is {canonical.image_id[:19]} ({canonical.layers} layers{reused}, canonical in "
         f"{canonical.seconds:.0f} s)")
     return BuildResult(plan.target, plan.tag, True, time.monotonic() - started, log_path)
 

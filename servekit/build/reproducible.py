@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable, Iterator
 
+from servekit.atomic import write_text
 from servekit.engines.transfer import ChunkStream
 from servekit.errors import EnvironmentProblem
 
@@ -132,13 +133,17 @@ class Canonical:
     image_id: str
     seconds: float
     layers: int
+    reused: int = 0  # layers whose canonical form the engine had from an earlier build
 
 
 @dataclass(frozen=True)
 class Archive:
-    """A canonical `docker load` archive written: its image ID (the config's digest) and its layers' digests."""
+    """A canonical `docker load` archive written: its image ID (the config's digest), its layers' digests, and each
+    saved layer's path with the digest of its canonical form (what `known` takes on the next pass)."""
     image_id: str
     diff_ids: list[str]
+    by_path: dict[str, str] = field(default_factory=dict, compare=False)  # how this save named them
+    reused: int = field(default=0, compare=False)
 
 
 class _Prefixed(io.RawIOBase):
@@ -202,13 +207,25 @@ def _read_saved(saved: Iterator[bytes], on_layer: Callable[[str, IO[bytes]], Non
 
 
 def canonical_archive(saved: Iterator[bytes], tag: str, epoch: int, labels: dict[str, str], out: IO[bytes],
-                      say=print) -> Archive:
+                      say=print, known: dict[str, str] | None = None) -> Archive:
     """`saved` (the chunks of `docker save` of one image) written to `out` as a `docker load` archive of the
-    canonical image, tagged `tag`. One pass, each layer re-written as it streams by."""
+    canonical image, tagged `tag`. One pass, each layer re-written as it streams by, except a layer `known` names
+    by its saved path (a classic save's `<id>/layer.tar`, whose id the engine derives from the layer and every layer
+    below it): its canonical form is already in the engine, so the archive names it without holding it, and the
+    engine's load, which reads a layer only where it lacks the layer's chain, takes it from there."""
     layers: dict[str, tuple[str, int]] = {}  # the archive's layer path -> (canonical digest, size)
+    reused = 0
 
     def rewrite(path: str, layer: IO[bytes]) -> None:
+        nonlocal reused
         started = time.monotonic()
+        if known and path in known and path.endswith("/layer.tar"):
+            while layer.read(CHUNK):  # the stream passes on; nothing is parsed or written
+                pass
+            layers[path] = (known[path], 0)
+            reused += 1
+            say(f"layer {len(layers)}: unchanged since it was last made canonical, reused")
+            return
         header_at = _write_placeholder(out)
         digest, size = canonical_layer(layer, out, epoch)
         _close_member(out, header_at, f"{digest}/layer.tar", size)
@@ -225,7 +242,8 @@ def canonical_archive(saved: Iterator[bytes], tag: str, epoch: int, labels: dict
     _add_bytes(out, "manifest.json", json.dumps([{"Config": f"{image_id}.json", "RepoTags": [tag],
                                                    "Layers": [f"{d}/layer.tar" for d in order]}]).encode())
     out.write(b"\0" * (2 * tarfile.BLOCKSIZE))
-    return Archive(f"sha256:{image_id}", [f"sha256:{d}" for d in order])
+    return Archive(f"sha256:{image_id}", [f"sha256:{d}" for d in order],
+                   {path: digest for path, (digest, _) in layers.items()}, reused)
 
 
 def files_image_archive(files: dict[str, bytes], tag: str, epoch: int, labels: dict[str, str],
@@ -259,20 +277,70 @@ def make_canonical(engine, built: str, tag: str, epoch: int, labels: dict[str, s
     choice) by its manifest's, which it writes itself: there the loaded image is checked by its layers instead."""
     started = time.monotonic()
     client = engine.sdk(timeout=3600)
-    with tempfile.TemporaryFile(dir=workdir, prefix="canonical-") as file:
-        archive = canonical_archive(client.api.get_image(built, chunk_size=CHUNK), tag, epoch, labels, file, say)
-        file.seek(0)
-        for message in client.api.load_image(iter(lambda: file.read(CHUNK), b"")):
-            if "error" in message:
-                raise EnvironmentProblem(f"loading the canonical {tag} failed: {message['error']}")
+    memory = _CanonicalMemory(workdir / CANONICAL_MEMORY, engine, f"{CANONICAL_FORMAT}:{epoch}")
+    try:
+        archive = _canonical_load(client, built, tag, epoch, labels, workdir, say, memory.known())
+    except EnvironmentProblem:
+        if not memory.known():
+            raise
+        say("loading with the reused layers failed; every layer made canonical again")
+        memory.forget()
+        archive = _canonical_load(client, built, tag, epoch, labels, workdir, say, {})
     loaded = engine.image(tag)
     if loaded is None or (loaded.id != archive.image_id
                           and loaded.attrs.get("RootFS", {}).get("Layers") != archive.diff_ids):
         raise EnvironmentProblem(f"after loading, {tag} is {loaded.id[:19] if loaded else 'missing'}, not the "
                                  f"canonical {archive.image_id[:19]}")
+    memory.remember(archive.by_path, loaded.id)
     if built != tag:
         client.images.remove(built, noprune=False)
-    return Canonical(archive.image_id, time.monotonic() - started, len(archive.diff_ids))
+    return Canonical(archive.image_id, time.monotonic() - started, len(archive.diff_ids), archive.reused)
+
+
+def _canonical_load(client, built: str, tag: str, epoch: int, labels: dict[str, str], workdir: Path, say,
+                    known: dict[str, str]) -> Archive:
+    with tempfile.TemporaryFile(dir=workdir, prefix="canonical-") as file:
+        archive = canonical_archive(client.api.get_image(built, chunk_size=CHUNK), tag, epoch, labels, file, say,
+                                    known)
+        file.seek(0)
+        for message in client.api.load_image(iter(lambda: file.read(CHUNK), b"")):
+            if "error" in message:
+                raise EnvironmentProblem(f"loading the canonical {tag} failed: {message['error']}")
+    return archive
+
+
+CANONICAL_MEMORY = "canonical-layers.json"
+
+
+class _CanonicalMemory:
+    """Which saved layer (by its path in the builder's save) has which canonical digest under which canonical form
+    (the format and the epoch), and in which canonical image the engine holds it: a layer is reused only while that
+    image is there, so that its chain is the engine's."""
+
+    def __init__(self, path: Path, engine, form: str):
+        self.path, self.form = path, form
+        try:
+            images = json.loads(path.read_text())["images"]
+            self.images: dict[str, dict] = {image: {"form": str(entry["form"]), "layers": dict(entry["layers"])}
+                                            for image, entry in images.items()}
+        except (OSError, ValueError, KeyError, AttributeError, TypeError):
+            self.images = {}  # none yet, or not ours: every layer is made canonical, as on a first build
+        self.images = {image: entry for image, entry in self.images.items() if engine.image(image) is not None}
+
+    def known(self) -> dict[str, str]:
+        return {path: digest for entry in self.images.values() if entry["form"] == self.form
+                for path, digest in entry["layers"].items()}
+
+    def forget(self) -> None:
+        self.images = {}
+        self._write()
+
+    def remember(self, by_path: dict[str, str], image_id: str) -> None:
+        self.images[image_id] = {"form": self.form, "layers": by_path}
+        self._write()
+
+    def _write(self) -> None:
+        write_text(self.path, json.dumps({"images": self.images}, indent=1, sort_keys=True))
 
 
 # --- comparing two images ------------------------------------------------------------------------------------

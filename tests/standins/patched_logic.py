@@ -113,7 +113,7 @@ def profile_order() -> dict:
                 model_config=types.SimpleNamespace(multimodal_config=None), parallel_config=types.SimpleNamespace())
             steps.clear()
             try:
-                gpu_worker.Worker.determine_available_memory(worker)  # type: ignore[arg-type]
+                gpu_worker.Worker.determine_available_memory(worker)
             except Measured:
                 pass
             out[name] = list(steps)
