@@ -127,7 +127,66 @@ def cmd_derive(args) -> int:
     return 1 if args.check and changed else 0
 
 
+def cmd_fit(args) -> int:
+    import json
+    from servekit.config.profiles import render_profiles
+    from servekit.errors import UserError
+    from servekit.image.launcher import build_command
+    from servekit.image.standin import FULL
+    from servekit.records.fit import Layout, calibration_for, calibrations, predict
+    session = open_session(args)
+    matrix = session.matrix
+    target = session.check_target(args.target or next(t for t, spec in matrix.targets.items() if spec.gpu))
+    try:
+        layout = Layout.from_config(json.loads(Path(args.config).read_text()) if args.config else FULL)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise UserError(f"fit: --config {args.config}: not a Qwen3.5-family config.json ({exc})") from None
+    rendered = render_profiles(matrix, target)
+    profiles = args.profile or list(rendered["profiles"])
+    for name in profiles:
+        if name not in rendered["profiles"]:
+            raise UserError(f"fit: --profile {name}: not a profile of target {target} "
+                            f"({', '.join(rendered['profiles'])})")
+    if args.card and args.card not in matrix.cards:
+        raise UserError(f"fit: --card {args.card}: expected one of {', '.join(matrix.cards)}")
+    measured = calibrations(session.root / "docs" / "gpu", session.root / "reports")
+    predictions = []
+    if args.host and args.host not in matrix.hosts:
+        raise UserError(f"fit: --host {args.host}: expected one of {', '.join(matrix.hosts)}")
+    for host in [args.host] if args.host else list(matrix.hosts):
+        card = args.card or matrix.hosts[host].card
+        if card is None:
+            continue
+        for name in profiles:
+            argv, _ = build_command(rendered, name, host, {})
+            source = matrix.profiles[name].source_budget.get(host) if matrix.profiles[name].source_budget else None
+            predictions.append((card, predict(name, host, argv, layout, matrix.cards[card].memory_gib,
+                                              calibration_for(measured, name, host),
+                                              source.kv_pool_tokens if source else None)))
+    if args.json:
+        emit_json([{"card": card, **p.to_json()} for card, p in predictions])
+        return 0
+    print(f"which profiles fit (target {target}, vLLM {matrix.vllm}):")
+    for card, p in predictions:
+        verdict = {True: "fits", False: "DOES NOT FIT", None: "not predicted"}[p.fits]
+        pool = f"pool {p.pool_tokens:,} tokens" if p.pool_tokens is not None else ""
+        source = f" (the source's: {p.source_pool:,})" if p.source_pool else ""
+        calibrated = f"; overhead {p.calibration.overhead_gib} GiB from {p.calibration.report}" if p.calibration else ""
+        print(f"  {p.profile} on {card} ({p.host}, {p.flags.kv_dtype} KV, MAX_LEN {p.flags.max_len:,}): {verdict}"
+              f"{', ' + pool if pool else ''}{source}: {p.why}{calibrated}")
+    return 0
+
+
 def register(c: Commands) -> None:
+    p = c.add("fit", cmd_fit, "which profiles fit a card, before the checkpoint is downloaded: each profile's KV "
+              "pool from the checkpoint's config, the profile's flags and vLLM's overhead as the full-size reports "
+              "measured it (docs/gpu, reports/), or what one request needs where none has")
+    c.target(p)
+    p.add_argument("--profile", action="append", metavar="NAME", help="a profile (default: every one); repeatable")
+    p.add_argument("--card", metavar="NAME", help="a card of images.yaml (default: each host's own card)")
+    p.add_argument("--host", metavar="KIND", help="a host of images.yaml (default: every one)")
+    p.add_argument("--config", metavar="FILE", help="the checkpoint's config.json (default: the served model's "
+                   "layout, servekit/image/standin.py)")
     p = c.add("plan", cmd_plan, "show what each target would build: base, pins, content digest, tag, already built")
     c.target(p, many=True, help="only this target (repeatable)")
     p = c.add("verify", cmd_verify, "check pins against every file that repeats them and against vLLM's own "

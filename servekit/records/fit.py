@@ -1,0 +1,205 @@
+"""`fit`: which profiles fit a card, from the checkpoint's config.json, the profile's flags and the overheads the
+full-size reports measured, before 20 GB is downloaded.
+
+The KV arithmetic is vLLM 0.31.0's for this hybrid model (../shared/served-model.md section 3, which reproduces the
+source's published pools): the attention page per token and layer from the KV dtype, the GDN state per layer and
+sequence (the conv rows grow with the MTP drafts), the block size that makes one attention page hold a GDN state,
+layers grouped by the smaller kind's count (the MTP layer makes 17, with padding), a block id costing one page per
+layer of a group, and a request holding cdiv(MAX_LEN, block) attention blocks plus 1 + drafts (+1 with prefix
+caching) blocks per GDN group. What vLLM keeps for itself (weights, activation peak, memory outside torch, CUDA
+graphs) does not come out of one constant (served-model.md 3.10): it is taken per profile from its newest
+full-size report's budget, as requested less available, and a profile without one gets no pool, only what one
+request needs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+GiB = 2**30
+ALIGN = 16  # the attention backends' kernel alignment of the hybrid block size
+# bytes per token and layer per KV head and head dimension, by --kv-cache-dtype: (per element, per head)
+KV_BYTES = {"auto": (2, 0), "bfloat16": (2, 0), "float16": (2, 0), "fp8": (1, 0), "fp8_e4m3": (1, 0),
+            "int4_per_token_head": (0.5, 4), "int8_per_token_head": (1, 4)}  # the per-token-head dtypes: fp32 scales
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What the KV arithmetic needs of a Qwen3.5-family text config."""
+    attention_layers: int
+    gdn_layers: int
+    kv_heads: int
+    head_dim: int
+    conv_dim: int
+    conv_rows: int  # the conv kernel less one
+    ssm_elements: int
+
+    @classmethod
+    def from_config(cls, config: dict) -> "Layout":
+        t = config.get("text_config", config)
+        types = t.get("layer_types") or ["full_attention" if (i + 1) % t["full_attention_interval"] == 0
+                                          else "linear_attention" for i in range(t["num_hidden_layers"])]
+        key_dim = t["linear_num_key_heads"] * t["linear_key_head_dim"]
+        return cls(attention_layers=types.count("full_attention"), gdn_layers=types.count("linear_attention"),
+                   kv_heads=t["num_key_value_heads"], head_dim=t["head_dim"],
+                   conv_dim=2 * key_dim + t["linear_num_value_heads"] * t["linear_value_head_dim"],
+                   conv_rows=t["linear_conv_kernel_dim"] - 1,
+                   ssm_elements=t["linear_num_value_heads"] * t["linear_key_head_dim"] * t["linear_value_head_dim"])
+
+
+@dataclass(frozen=True)
+class Flags:
+    """The profile's flags that size the pool, as the launcher passes them."""
+    kv_dtype: str
+    max_len: int
+    util: float
+    block: int | None = None
+    kv_bytes: int | None = None  # --kv-cache-memory-bytes: a pinned pool
+    method: str | None = None  # the speculative method
+    drafts: int = 0
+    prefix_caching: bool = True
+    ssm_bytes: int = 2  # --mamba-ssm-cache-dtype float16 (the launcher's); float32 takes 4
+
+    @classmethod
+    def from_argv(cls, argv: list[str]) -> "Flags":
+        values: dict[str, str] = {}
+        for i, token in enumerate(argv):
+            if token.startswith("--"):
+                name, _, value = token.partition("=")
+                values[name] = value if value else (argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--")
+                                                    else "")
+        spec = json.loads(values["--speculative-config"]) if values.get("--speculative-config") else {}
+        return cls(kv_dtype=values.get("--kv-cache-dtype", "auto"), max_len=int(values["--max-model-len"]),
+                   util=float(values.get("--gpu-memory-utilization", "0.92")),
+                   block=int(values["--block-size"]) if values.get("--block-size") else None,
+                   kv_bytes=int(values["--kv-cache-memory-bytes"]) if values.get("--kv-cache-memory-bytes") else None,
+                   method=spec.get("method"), drafts=int(spec.get("num_speculative_tokens", 0)),
+                   # vLLM 0.31.0 caches prefixes unless told not to; the GDN groups then keep one block more
+                   prefix_caching="--no-enable-prefix-caching" not in values,
+                   ssm_bytes=4 if values.get("--mamba-ssm-cache-dtype") == "float32" else 2)
+
+
+@dataclass(frozen=True)
+class Need:
+    """One request's KV: the block size, the layers' grouping, and the blocks and bytes of one request."""
+    block: int
+    group_size: int
+    groups: int
+    block_bytes: int  # one block id: a page for every layer of a group
+    blocks_per_request: int
+
+    @property
+    def request_bytes(self) -> int:
+        return self.blocks_per_request * self.block_bytes
+
+    def pool(self, kv_available: float, max_len: int) -> tuple[int, int]:
+        """(blocks, the pool in tokens as vLLM logs it) for `kv_available` bytes."""
+        blocks = int(kv_available // self.block_bytes)
+        return blocks, int(blocks / self.blocks_per_request * max_len)
+
+
+class NotPredicted(Exception):
+    """A profile whose KV this arithmetic does not cover, and why."""
+
+
+def need(layout: Layout, flags: Flags) -> Need:
+    if flags.method not in (None, "mtp"):
+        raise NotPredicted(f"{flags.method} drafting: its drafter's sliding-window layers are grouped apart, which "
+                           "this arithmetic does not do yet")
+    if flags.kv_dtype not in KV_BYTES:
+        raise NotPredicted(f"KV dtype {flags.kv_dtype}: its page is not in this arithmetic")
+    per_element, per_head = KV_BYTES[flags.kv_dtype]
+    attention_page = int(2 * layout.kv_heads * (layout.head_dim * per_element + per_head))  # one token, one layer
+    drafts = flags.drafts if flags.method == "mtp" else 0
+    gdn_page = (layout.conv_rows + drafts) * layout.conv_dim * 2 + layout.ssm_elements * flags.ssm_bytes
+    block = flags.block or ALIGN * math.ceil(gdn_page / (ALIGN * attention_page))
+    attention = layout.attention_layers + (1 if flags.method == "mtp" else 0)  # the MTP head's one attention layer
+    group = min(attention, layout.gdn_layers)
+    attention_groups, gdn_groups = math.ceil(attention / group), math.ceil(layout.gdn_layers / group)
+    per_request = (attention_groups * math.ceil(flags.max_len / block)
+                   + gdn_groups * (1 + drafts + (1 if flags.prefix_caching else 0)))
+    return Need(block, group, attention_groups + gdn_groups, group * block * attention_page, per_request)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What vLLM kept for itself in a full-size report of the profile: requested less available for the KV."""
+    overhead_gib: float
+    report: str
+    host: str
+
+
+def calibrations(*folders: Path) -> dict[tuple[str, str], Calibration]:
+    """(profile, host) -> its newest full-size report's overhead (a report of an emulated card with vLLM's budget),
+    from the report folders of `folders` (each named for its start time, so the newest sorts last)."""
+    out: dict[tuple[str, str], Calibration] = {}
+    for path in sorted((p for folder in folders for p in folder.glob("*/report.json")), key=lambda p: p.parent.name):
+        try:
+            doc = json.loads(path.read_text())
+            budget = (doc.get("boot") or {}).get("budget") or {}
+            overhead = budget["requested_gib"] - budget["kv_available_gib"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if doc.get("card"):
+            out[(doc["profile"], doc["host"])] = Calibration(round(overhead, 2), path.parent.name, doc["host"])
+    return out
+
+
+def calibration_for(measured: dict[tuple[str, str], Calibration], profile: str, host: str) -> Calibration | None:
+    """The profile's overhead measured on this host kind, else on another (which the prediction then names)."""
+    return measured.get((profile, host)) or next((c for (p, _), c in sorted(measured.items()) if p == profile), None)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    profile: str
+    host: str
+    flags: Flags
+    need: Need | None
+    calibration: Calibration | None
+    kv_available_gib: float | None
+    blocks: int | None
+    pool_tokens: int | None
+    fits: bool | None
+    why: str
+    source_pool: int | None
+
+    def to_json(self) -> dict:
+        return {"profile": self.profile, "host": self.host, "kv_dtype": self.flags.kv_dtype,
+                "max_len": self.flags.max_len, "util": self.flags.util,
+                "block": self.need.block if self.need else None,
+                "request_gib": round(self.need.request_bytes / GiB, 2) if self.need else None,
+                "overhead_gib": self.calibration.overhead_gib if self.calibration else None,
+                "calibrated_by": self.calibration.report if self.calibration else None,
+                "kv_available_gib": self.kv_available_gib, "blocks": self.blocks, "pool_tokens": self.pool_tokens,
+                "fits": self.fits, "why": self.why, "source_pool_tokens": self.source_pool}
+
+
+def predict(profile: str, host: str, argv: list[str], layout: Layout, card_gib: float,
+            calibration: Calibration | None, source_pool: int | None = None) -> Prediction:
+    """One profile on one card: its pool where the overhead was measured at size, else what one request needs."""
+    flags = Flags.from_argv(argv)
+    try:
+        one = need(layout, flags)
+    except NotPredicted as exc:
+        return Prediction(profile, host, flags, None, calibration, None, None, None, None, str(exc), source_pool)
+    request = f"one request of {flags.max_len:,} tokens needs {one.request_bytes / GiB:.2f} GiB of KV"
+    if flags.kv_bytes:
+        available = flags.kv_bytes / GiB
+    elif calibration:
+        available = card_gib * flags.util - calibration.overhead_gib
+    else:
+        return Prediction(profile, host, flags, one, None, None, None, None, None,
+                          f"{request}; vLLM's own overhead not yet measured at size (no full-size report of "
+                          f"{profile})", source_pool)
+    blocks, pool = one.pool(max(available, 0) * GiB, flags.max_len)
+    fits = blocks >= one.blocks_per_request
+    why = (f"{available:.2f} GiB for the KV cache, {request}" if fits else
+           f"{request}, {available:.2f} GiB left for the KV cache")
+    if calibration and calibration.host != host:
+        why += f" (vLLM's overhead as measured on a {calibration.host} host)"
+    return Prediction(profile, host, flags, one, calibration, round(available, 2), blocks, pool, fits, why,
+                      source_pool)

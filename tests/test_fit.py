@@ -1,0 +1,90 @@
+"""`fit`: the KV arithmetic against the published pools (../shared/served-model.md sections 3-4), vLLM's own words
+in the full-size reports, and the command's prediction against the report it is calibrated by."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from servekit.image.standin import FULL
+from servekit.records.fit import GiB, Flags, Layout, NotPredicted, need
+from support import ROOT
+
+LAYOUT = Layout.from_config(FULL)
+GPU = ROOT / "docs" / "gpu"
+
+
+def test_the_served_layout_is_sixteen_attention_and_forty_eight_gdn_layers():
+    assert (LAYOUT.attention_layers, LAYOUT.gdn_layers, LAYOUT.conv_dim, LAYOUT.ssm_elements) == (16, 48, 10240, 786432)
+
+
+@pytest.mark.parametrize("flags, blocks, block, pool", [
+    # the source's batch (fp8 KV, fp16 state, 150,000, no prefix caching): 285 blocks, 223,821 tokens, "1.49x"
+    (Flags("fp8", 150000, 0.972, prefix_caching=False), 285, 800, 223821),
+    # a 3090 on stock vLLM 0.20.2 (bf16 KV, fp32 state, 16K, MTP 1 and 3): 20,024 and 16,384 tokens
+    (Flags("bfloat16", 16384, 0.9, method="mtp", drafts=1, prefix_caching=False, ssm_bytes=4), 33, 800, 20024),
+    (Flags("bfloat16", 16384, 0.9, method="mtp", drafts=3, prefix_caching=False, ssm_bytes=4), 33, 800, 16384),
+    # 0.31.0's batch as the source publishes it (GPU_UTIL 0.94, prefix caching on by default): 217,268
+    (Flags("fp8", 150000, 0.94), 281, 800, 217268),
+    # measured at full size here, 2026-12-06: default (MTP 4, bf16 KV) and batch, on an emulated 3090
+    (Flags("bfloat16", 65536, 0.93, method="mtp", drafts=4), 221, 432, 85196),
+    (Flags("fp8", 150000, 0.94), 275, 800, 212628),
+])
+def test_the_block_arithmetic_gives_each_published_and_measured_pool(flags, blocks, block, pool):
+    one = need(LAYOUT, flags)
+    assert one.block == block
+    assert one.pool(blocks * one.block_bytes, flags.max_len) == (blocks, pool)
+    assert one.pool((blocks + 1) * one.block_bytes - 1, flags.max_len) == (blocks, pool)  # a block is a block
+
+
+def test_one_request_needs_what_vllm_said_it_needed_at_full_size():
+    """vLLM's own refusals on an emulated 3090 (2026-12-05): 4.76 GiB for default's 65,536 tokens, 4.74 GiB for
+    batch's 150,000."""
+    refusals = {json.loads((GPU / run / "report.json").read_text())["checks"][0]["reason"]
+                for run in ("20261205-182425-default-cuda", "20261205-183052-batch-cuda")}
+    default = need(LAYOUT, Flags("bfloat16", 65536, 0.93, method="mtp", drafts=4))
+    batch = need(LAYOUT, Flags("fp8", 150000, 0.94))
+    for one, max_len in ((default, 65536), (batch, 150000)):
+        said = f"max seq len ({max_len}), ({one.request_bytes / GiB:.2f} GiB KV cache is needed"
+        assert any(said in reason for reason in refusals), (said, refusals)
+
+
+def test_a_drafter_this_arithmetic_does_not_cover_is_said_not_guessed():
+    with pytest.raises(NotPredicted, match="dflash"):
+        need(LAYOUT, Flags("int4_per_token_head", 160000, 0.95, method="dflash", drafts=7))
+    with pytest.raises(NotPredicted, match="kvarn"):
+        need(LAYOUT, Flags("kvarn_k4v2_g128", 200000, 0.93))
+
+
+def test_the_flags_come_from_the_launchers_own_argv():
+    flags = Flags.from_argv(["--max-model-len", "65536", "--gpu-memory-utilization", "0.93", "--kv-cache-dtype",
+                             "bfloat16", "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 4}',
+                             "--kv-cache-memory-bytes=5583457484", "--no-enable-prefix-caching"])
+    assert (flags.max_len, flags.util, flags.method, flags.drafts, flags.kv_bytes, flags.prefix_caching) == (
+        65536, 0.93, "mtp", 4, 5583457484, False)
+
+
+def _fit(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "build.py"), "fit", *args], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+
+
+def test_fit_predicts_the_full_size_default_within_two_percent_and_names_what_it_cannot():
+    done = _fit("--profile", "default", "--profile", "alternative", "--host", "native", "--json")
+    assert done.returncode == 0, done.stderr
+    default, alternative = json.loads(done.stdout)
+    measured = json.loads((GPU / default["calibrated_by"] / "report.json").read_text())["boot"]["kv_pool_tokens"]
+    assert default["fits"] is True and abs(default["pool_tokens"] - measured) / measured < 0.02, (default, measured)
+    assert alternative["fits"] is None and "dflash" in alternative["why"]
+
+
+def test_fit_refuses_bad_input_in_one_line(tmp_path):
+    (tmp_path / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    for args, said in ((["--config", str(tmp_path / "config.json")], "not a Qwen3.5-family config.json"),
+                       (["--card", "rtx9090"], "--card rtx9090: expected one of"),
+                       (["--profile", "nope"], "--profile nope: not a profile of target")):
+        done = _fit(*args)
+        assert done.returncode != 0 and said in done.stderr and "Traceback" not in done.stderr, done.stderr
