@@ -129,11 +129,8 @@ def cmd_derive(args) -> int:
 
 def cmd_fit(args) -> int:
     import json
-    from servekit.config.profiles import render_profiles
     from servekit.errors import UserError
-    from servekit.image.launcher import build_command
-    from servekit.image.standin import FULL
-    from servekit.records.fit import Layout, calibration_for, calibrations, predict
+    from servekit.records.fit import FULL, Layout, predict_all
     session = open_session(args)
     matrix = session.matrix
     target = session.check_target(args.target or next(t for t, spec in matrix.targets.items() if spec.gpu))
@@ -141,28 +138,16 @@ def cmd_fit(args) -> int:
         layout = Layout.from_config(json.loads(Path(args.config).read_text()) if args.config else FULL)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise UserError(f"fit: --config {args.config}: not a Qwen3.5-family config.json ({exc})") from None
-    rendered = render_profiles(matrix, target)
-    profiles = args.profile or list(rendered["profiles"])
-    for name in profiles:
-        if name not in rendered["profiles"]:
-            raise UserError(f"fit: --profile {name}: not a profile of target {target} "
-                            f"({', '.join(rendered['profiles'])})")
+    served = [name for name, p in matrix.profiles.items() if target in p.targets]
+    for name in args.profile or []:
+        if name not in served:
+            raise UserError(f"fit: --profile {name}: not a profile of target {target} ({', '.join(served)})")
     if args.card and args.card not in matrix.cards:
         raise UserError(f"fit: --card {args.card}: expected one of {', '.join(matrix.cards)}")
-    measured = calibrations(session.root / "docs" / "gpu", session.root / "reports")
-    predictions = []
     if args.host and args.host not in matrix.hosts:
         raise UserError(f"fit: --host {args.host}: expected one of {', '.join(matrix.hosts)}")
-    for host in [args.host] if args.host else list(matrix.hosts):
-        card = args.card or matrix.hosts[host].card
-        if card is None:
-            continue
-        for name in profiles:
-            argv, _ = build_command(rendered, name, host, {})
-            source = matrix.profiles[name].source_budget.get(host) if matrix.profiles[name].source_budget else None
-            predictions.append((card, predict(name, host, argv, layout, matrix.cards[card].memory_gib,
-                                              calibration_for(measured, name, host),
-                                              source.kv_pool_tokens if source else None)))
+    predictions = predict_all(matrix, session.root, target, layout, args.profile,
+                              [args.host] if args.host else None, args.card)
     if args.json:
         emit_json([{"card": card, **p.to_json()} for card, p in predictions])
         return 0

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
+from servekit.records.fit import summary
 from servekit.wsl2.detect import wsl2_signs
-
 from servekit.errors import EnvironmentProblem, UserError
 from servekit.gpu import NvmlUnavailable, driver_version, list_gpus
 from servekit.engines.docker import docker_cli, gpu_access_of, local
@@ -173,6 +174,9 @@ def doctor(matrix_path) -> list[Finding]:
         if gpu:
             engine = local()
             findings.append(gpu_container(engine, images_to_try(engine, matrix), engine.gpu_access()))
+        host = "wsl2" if wsl2_signs() else "native"
+        if host in matrix.hosts:
+            findings.append(Finding("fit", "ok", summary(matrix, Path(matrix_path).resolve().parent, host)))
         can, why = doctor_line(matrix)  # information, not a fault: most hosts are the card itself
         findings.append(Finding("card emulation", "ok", f"--card: {why}" if can else
                                 f"--card cannot emulate a card here: {why}"))

@@ -19,6 +19,10 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from servekit.config.profiles import render_profiles
+from servekit.image.launcher import build_command
+from servekit.image.standin import FULL
+
 GiB = 2**30
 ALIGN = 16  # the attention backends' kernel alignment of the hybrid block size
 # bytes per token and layer per KV head and head dimension, by --kv-cache-dtype: (per element, per head)
@@ -203,3 +207,36 @@ def predict(profile: str, host: str, argv: list[str], layout: Layout, card_gib: 
         why += f" (vLLM's overhead as measured on a {calibration.host} host)"
     return Prediction(profile, host, flags, one, calibration, round(available, 2), blocks, pool, fits, why,
                       source_pool)
+
+
+def predict_all(matrix, root: Path, target: str, layout: Layout, profiles: list[str] | None = None,
+                hosts: list[str] | None = None, card: str | None = None) -> list[tuple[str, Prediction]]:
+    """(card, prediction) for each host (each on its own card unless `card` names one) and profile of `target`,
+    calibrated by the full-size reports in docs/gpu and reports/."""
+    rendered = render_profiles(matrix, target)
+    measured = calibrations(root / "docs" / "gpu", root / "reports")
+    out = []
+    for host in hosts or list(matrix.hosts):
+        on = card or matrix.hosts[host].card
+        if on is None:
+            continue
+        for name in profiles or list(rendered["profiles"]):
+            argv, _ = build_command(rendered, name, host, {})
+            source = (matrix.profiles[name].source_budget or {}).get(host)
+            out.append((on, predict(name, host, argv, layout, matrix.cards[on].memory_gib,
+                                    calibration_for(measured, name, host),
+                                    source.kv_pool_tokens if source else None)))
+    return out
+
+
+def summary(matrix, root: Path, host: str) -> str:
+    """One line for `doctor`: which of the GPU target's profiles fit this host kind's card."""
+    target = next((t for t, spec in matrix.targets.items() if spec.gpu), None)
+    if target is None or matrix.hosts[host].card is None:
+        return "no GPU target, or no card for this host kind in images.yaml"
+    predictions = predict_all(matrix, root, target, Layout.from_config(FULL), hosts=[host])
+    said = {verdict: [p.profile for _, p in predictions if p.fits is fits]
+            for verdict, fits in (("fit", True), ("do not fit", False), ("not predicted", None))}
+    return (f"on {matrix.hosts[host].card} ({host}): " + "; ".join(f"{verdict}: {', '.join(names)}"
+                                                                    for verdict, names in said.items() if names)
+            + " (`python build.py fit` says why)")
