@@ -274,3 +274,19 @@ def test_a_key_no_http_header_can_carry_is_refused_without_showing_it(tmp_path, 
     key_file.write_text(secret + "\n")
     key, why = read_key(str(key_file))
     assert key is None and f"U+{ord(hidden):04X}" in why and "k" * 12 not in why
+
+
+def test_the_registry_comes_from_compose_env_as_compose_reads_it(tmp_path, monkeypatch):
+    """`pull` and `release` find SERVEKIT_REGISTRY where the README says to put it, compose/.env; the shell wins
+    over the file and --registry over both."""
+    from servekit.config.load import load_matrix
+    from servekit.release.publish import registry_path
+    matrix = load_matrix(ROOT / "images.yaml")
+    (tmp_path / "compose").mkdir()
+    (tmp_path / "compose" / ".env").write_text("export SERVEKIT_REGISTRY='127.0.0.1:5999/team'  # ours\n")
+    monkeypatch.delenv("SERVEKIT_REGISTRY", raising=False)
+    assert registry_path(matrix, None, tmp_path) == "127.0.0.1:5999/team"
+    assert registry_path(matrix, None) == matrix.release.registry.rstrip("/")  # no checkout named: the matrix's
+    monkeypatch.setenv("SERVEKIT_REGISTRY", "127.0.0.1:6000/shell")
+    assert registry_path(matrix, None, tmp_path) == "127.0.0.1:6000/shell"
+    assert registry_path(matrix, "127.0.0.1:7000/given", tmp_path) == "127.0.0.1:7000/given"

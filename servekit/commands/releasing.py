@@ -13,7 +13,7 @@ from servekit.commands.parsing import Commands
 # answer in a tenth of a second, without loading the engine's SDK, pydantic or Rich (a second and more).
 
 
-REGISTRY_HELP = "default: SERVEKIT_REGISTRY, else release.registry in images.yaml"
+REGISTRY_HELP = "default: SERVEKIT_REGISTRY (the shell, else compose/.env), else release.registry in images.yaml"
 
 
 def cmd_release(args) -> int:

@@ -30,7 +30,7 @@ class Pulled:
 def pull_release(session, target: str, given_registry: str | None = None, say=None) -> Pulled:
     say = as_output(say)
     plan = session.plan(target)
-    reference = released_reference(session.matrix, plan, given_registry)
+    reference = released_reference(session.matrix, plan, given_registry, session.root)
     repository, _, tag = reference.rpartition(":")
     engine = local()
     engine.check()
@@ -40,7 +40,7 @@ def pull_release(session, target: str, given_registry: str | None = None, say=No
         if registry.digest(client, repository, tag) is None:
             raise CheckFailed(f"{reference} is not in the registry: this build ({plan.tag}) was not released there; "
                               f"build it here with `python build.py image --target {target}`, or name the registry "
-                              "it was released to with --registry (SERVEKIT_REGISTRY)")
+                              "it was released to with --registry (SERVEKIT_REGISTRY in the shell or compose/.env)")
         say(f"{target}: pulling {reference}")
         shown = registry.PushProgress(tag, lambda text, live: say.step(text) if live else say(text),
                                       sys.stderr.isatty(), verb="pull")

@@ -35,6 +35,7 @@ from servekit.image.prepare import identity
 from servekit.config.profiles import render_profiles
 from servekit.build.builder import component_digest
 from servekit.engines.docker import local
+from servekit.serve.deploy import source_settings
 
 ENV_REGISTRY = "SERVEKIT_REGISTRY"
 
@@ -44,14 +45,16 @@ def release_tags(matrix: Matrix, plan: TargetPlan) -> list[str]:
     return [f"{base}-{plan.digest[:12]}", base, f"latest-{plan.target}"]
 
 
-def registry_path(matrix: Matrix, given: str | None = None) -> str:
-    """Where releases go and come from: --registry, else SERVEKIT_REGISTRY, else images.yaml's release.registry."""
-    return (given or os.environ.get(ENV_REGISTRY) or matrix.release.registry).rstrip("/")
+def registry_path(matrix: Matrix, given: str | None = None, root: Path | None = None) -> str:
+    """Where releases go and come from: --registry, else SERVEKIT_REGISTRY (in the shell, else in the checkout's
+    compose/.env, as Compose reads it there too), else images.yaml's release.registry."""
+    settings = source_settings(root, ENV_REGISTRY) if root else {}
+    return (given or os.environ.get(ENV_REGISTRY) or settings.get(ENV_REGISTRY) or matrix.release.registry).rstrip("/")
 
 
-def released_reference(matrix: Matrix, plan: TargetPlan, given: str | None = None) -> str:
+def released_reference(matrix: Matrix, plan: TargetPlan, given: str | None = None, root: Path | None = None) -> str:
     """The immutable reference `release` pushes this build as (its content digest is in the tag)."""
-    return f"{registry_path(matrix, given)}/{matrix.image.name}:{release_tags(matrix, plan)[0]}"
+    return f"{registry_path(matrix, given, root)}/{matrix.image.name}:{release_tags(matrix, plan)[0]}"
 
 
 # Where run reports are read from: this machine's runs, and the GPU runs brought back and committed (docs/gpu/).
@@ -392,7 +395,7 @@ def release(session, registry: str | None = None, targets: list[str] | None = No
     engine.check()
     names = [session.check_target(t) for t in (targets or list(matrix.targets))]
     plans = {p.target: p for p in session.plans(names)}
-    releases = release_targets(matrix, root, engine, registry_path(matrix, registry), plans,
+    releases = release_targets(matrix, root, engine, registry_path(matrix, registry, root), plans,
                                explicit=bool(targets), dry_run=dry_run, say=say)
     if dry_run:
         return None, releases
