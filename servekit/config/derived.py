@@ -156,8 +156,22 @@ def _profile_flags(matrix: Matrix) -> list[str]:
 
 
 def _source_table(matrix: Matrix) -> list[str]:
+    """The source's names: the same knob here, or what became of it. A knob all of whose variables nothing in the
+    shipped cuda image reads (docker/env-readers.cuda.json) is the same name, and says it does nothing here yet."""
+    read = json.loads(SHIPPED_READERS.read_text())["read"]
+    sets: dict[str, set[str]] = {}
+    for variable, knobs in _setting_knobs().items():
+        for knob in knobs:
+            sets.setdefault(knob, set()).add(variable)
+
+    def same(name: str) -> str:
+        inert = sorted(v for v in sets.get(name, ()) if v not in read and v != ARGV)
+        if inert and len(inert) == len(sets[name]):  # no flag, and no variable anything reads
+            return ("the same name and values; **inert** in the shipped image: nothing there reads "
+                    + ", ".join(f"`{v}`" for v in inert))
+        return "the same as here"
     rows = ["", "| the source's name | what it did there | here |", "|---|---|---|"]
-    rows += [f"| `{name}` | the same as here | {_cell(KNOBS[name].help)} |" for name in SAME_AS_SOURCE]
+    rows += [f"| `{name}` | {same(name)} | {_cell(KNOBS[name].help)} |" for name in SAME_AS_SOURCE]
     for name, n in SOURCE_NAMES.items():
         here = f"{n.here}: set `{n.renamed_to}`; the launcher refuses `{name}` naming it" if n.renamed_to else n.here
         rows.append(f"| `{name}` | {_cell(n.there)} | {_cell(here)} |")
@@ -174,10 +188,13 @@ def _knob_table(matrix: Matrix) -> list[str]:
 SHIPPED_READERS = Path(__file__).resolve().parent.parent.parent / "docker" / "env-readers.cuda.json"
 
 
+ARGV = "vllm serve's flags"  # a key of _setting_knobs beside the variables: the knobs that change the flags
+
+
 def _setting_knobs() -> dict[str, set[str]]:
-    """variable -> the knobs whose value sets it or changes it, found by running the recipe over each mode's rows
-    (alone, and with the draft count and prefix caching that CTX=huge's DFlash2 rules need) with and without each
-    knob at each of a few values."""
+    """variable (or ARGV) -> the knobs whose value sets it or changes it, found by running the recipe over each
+    mode's rows (alone, and with the draft count and prefix caching that CTX=huge's DFlash2 rules need) with and
+    without each knob at each of a few values."""
     samples = {name: list(k.choices) if k.kind == "enum" else ["0", "1"] if k.kind == "bool" else ["15", "4"]
                for name, k in KNOBS.items() if name != "MODE"}
     model = {"drafters": {"dflash": {"path": "/drafter"}}}
@@ -188,15 +205,17 @@ def _setting_knobs() -> dict[str, set[str]]:
                     for more in ({}, {"DRAFT_TOKENS": "15", "PREFIX_CACHE": "1"})):
             for host in ("native", "wsl2"):
                 try:
-                    _, plain = recipe.command({"MODE": mode, **row}, host, model)
+                    plain_argv, plain = recipe.command({"MODE": mode, **row}, host, model)
                 except recipe.RecipeError:
                     continue
                 for name, values in samples.items():
                     for value in values:
                         try:
-                            _, env = recipe.command({"MODE": mode, **row, name: value}, host, model)
+                            argv, env = recipe.command({"MODE": mode, **row, name: value}, host, model)
                         except recipe.RecipeError:
                             continue
+                        if argv != plain_argv:
+                            found.setdefault(ARGV, set()).add(name)
                         for variable in set(env) | set(plain):
                             if env.get(variable) != plain.get(variable):
                                 found.setdefault(variable, set()).add(name)
