@@ -3,6 +3,8 @@ servers are Servers, and nothing outside servekit/engines/ names one engine's cl
 
 from __future__ import annotations
 
+import pytest
+
 import ast
 import subprocess
 import sys
@@ -45,3 +47,20 @@ def test_nothing_outside_the_engines_names_one_engines_classes():
     # a report's engine field is read as text by the release gate: the process engine's scheme, no engine object
     allowed = {"servekit/release/publish.py": ["servekit.engines.process"]}
     assert {path: names for path, names in named.items() if names} == allowed
+
+
+@pytest.mark.parametrize("stats, shown", [
+    # cgroup v2 (Debian 12, Docker Desktop): usage less inactive_file, as `docker stats` shows it
+    ({"usage": 6_000_000_000, "stats": {"inactive_file": 4_500_000_000, "active_file": 100}}, 1_500_000_000),
+    # cgroup v1: total_inactive_file
+    ({"usage": 3_000_000_000, "stats": {"total_inactive_file": 1_000_000_000, "cache": 2_000_000_000}}, 2_000_000_000),
+    # no page-cache figure, or one not below the usage: the usage itself
+    ({"usage": 2_000_000_000, "stats": {}}, 2_000_000_000),
+    ({"usage": 1_000, "stats": {"inactive_file": 5_000}}, 1_000),
+    ({}, None),
+])
+def test_container_memory_is_what_docker_stats_shows_not_the_page_cache(stats, shown):
+    """The files a boot reads (the weights) sit in the container's page cache, which raw cgroup usage counts and
+    `docker stats` leaves out; the report's container memory is docker stats' figure."""
+    from servekit.engines.docker import memory_in_use
+    assert memory_in_use(stats) == shown

@@ -293,7 +293,7 @@ class DockerServer:
 
     def memory(self):
         for stats in self.container.stats(stream=True, decode=True):
-            usage = (stats.get("memory_stats") or {}).get("usage")
+            usage = memory_in_use(stats.get("memory_stats") or {})
             if usage:
                 yield usage
 
@@ -312,6 +312,19 @@ class DockerServer:
             raise EngineError(f"the server's environment cannot be read: docker exec exited {done.returncode}"
                               + (f": {why}" if why else ""), why)
         return parse_environ(done.stdout)
+
+
+def memory_in_use(memory_stats: dict) -> int | None:
+    """A container's memory as `docker stats` shows it: the cgroup's usage less its inactive page cache (files
+    read once, such as the weights, which the kernel gives back under pressure), on cgroup v1 and v2 alike."""
+    usage = memory_stats.get("usage")
+    if not usage:
+        return None
+    stats = memory_stats.get("stats") or {}
+    for key in ("total_inactive_file", "inactive_file"):  # cgroup v1 names it total_; v2 does not
+        if key in stats and stats[key] < usage:
+            return usage - stats[key]
+    return usage
 
 
 def state_of(container) -> ServerState:
