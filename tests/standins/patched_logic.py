@@ -124,5 +124,53 @@ def profile_order() -> dict:
     return out
 
 
+def kv_groups() -> dict:
+    """kv-group-by-request.patch: the group size vLLM gives the hybrid KV cache of Qwen3.5 with the DFlash2 drafter
+    (16 full-attention, 48 GDN, 5 sliding-window layers) and with the MTP head (17 full-attention, 48 GDN), each
+    kind needing per request of 65,536 tokens what vLLM 0.31.0 sizes (152 full-attention blocks of 432 tokens, 9 GDN
+    blocks with k7 and prefix caching, 15 window blocks): the specs stand in for vLLM's, answering what the grouping
+    asks of them."""
+    from dataclasses import dataclass
+    from vllm.v1.core import kv_cache_utils
+
+    @dataclass(frozen=True)
+    class Kind:
+        name: str
+        blocks: int  # what one request of max_model_len needs
+        page_size_bytes: int = 1
+
+        @classmethod
+        def merge(cls, specs):
+            if any(spec != specs[0] for spec in specs):
+                raise ValueError("another kind")
+            return specs[0]
+
+        def max_memory_usage_bytes(self, vllm_config) -> int:
+            return self.blocks * self.page_size_bytes
+
+    full, gdn, window = Kind("full", 152), Kind("gdn", 9), Kind("window", 15)
+    layouts = {"dflash2": {**{f"full.{i}": full for i in range(16)}, **{f"gdn.{i}": gdn for i in range(48)},
+                           **{f"drafter.{i}": window for i in range(5)}},
+               "mtp": {**{f"full.{i}": full for i in range(17)}, **{f"gdn.{i}": gdn for i in range(48)}}}
+    saved = kv_cache_utils.create_kv_cache_group_specs
+    kv_cache_utils.create_kv_cache_group_specs = lambda specs, grouped: grouped
+    out = {}
+    try:
+        for env in ({}, {"VLLM_KV_GROUP_BY_REQUEST": "0"}):
+            os.environ.pop("VLLM_KV_GROUP_BY_REQUEST", None)
+            os.environ.update(env)
+            for name, layout in layouts.items():
+                grouped = kv_cache_utils._get_kv_cache_groups_uniform_page_size(layout, types.SimpleNamespace())
+                size = max(len(group) for group in grouped)
+                pages = len(grouped) and sum(size * layout[group[0]].blocks for group in grouped)
+                out[f"{name}{'_released' if env else ''}"] = {"group_size": size, "groups": len(grouped),
+                                                              "pages_per_request": pages}
+    finally:
+        os.environ.pop("VLLM_KV_GROUP_BY_REQUEST", None)
+        kv_cache_utils.create_kv_cache_group_specs = saved
+    return out
+
+
 if __name__ == "__main__":
-    print(json.dumps({"card_patch": card_patch(), "marlin_include": marlin_include(), "profile_order": profile_order()}))
+    print(json.dumps({"card_patch": card_patch(), "marlin_include": marlin_include(), "profile_order": profile_order(),
+                      "kv_groups": kv_groups()}))
