@@ -92,3 +92,14 @@ def test_the_drafter_is_a_w4a16_dflash2_drafter_fed_by_five_target_layers(facts)
     assert drafter["tensors"]["layers.0.mlp.gate_proj.weight_packed"] == "I32"
     assert drafter["tensors"]["fc.weight"] == "BF16" and "fc" in config["quantization_config"]["ignore"]
     assert "embed_tokens.weight" not in drafter["tensors"]  # shared with the target, as the published requant
+
+
+def test_the_drafter_has_the_served_window_layers_and_the_scales_autorounds_signs(facts):
+    """What the memory patches and the W4A8 path depend on: the DFlash2 drafter's layers are sliding-window
+    attention of window 2048, as served (vLLM groups their KV apart: kv-group-by-request.patch), and the int4 scales
+    are of either sign, about half negative, as AutoRound's."""
+    config = facts["drafter"]["config"]
+    assert config["layer_types"] == ["sliding_attention"] * config["num_hidden_layers"]
+    assert config["sliding_window"] == 2048
+    scales = facts["int4_scales"]
+    assert scales["layers"] > 0 and 0.45 < scales["negative_share"] < 0.55, scales

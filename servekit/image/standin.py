@@ -52,8 +52,11 @@ VISION_SMALL: dict = dict(VISION_FULL, depth=2, hidden_size=128, intermediate_si
 # The DFlash2 drafter: hidden states of five target layers into Qwen3 layers with grouped convolutions (vLLM's
 # qwen3_dflash2). Its published W4A16 requant is about 1.2 GB and the BF16 original 3.85 GB; five layers of the
 # target's width land there ([I]: the layer count and taps are not published; chosen to match the sizes).
+# Its layers are sliding-window attention, window 2048, as served (the source's KV arithmetic confirms both on the
+# published pools, served-model.md 3.8); causality is left to vLLM's rule for such layers ([I]: not published).
 DRAFTER_FULL: dict = dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=5, num_attention_heads=32,
-                          num_key_value_heads=8, head_dim=128, target_layer_ids=[1, 16, 31, 46, 61])
+                          num_key_value_heads=8, head_dim=128, target_layer_ids=[1, 16, 31, 46, 61],
+                          sliding_window=2048)
 DRAFTER_SMALL: dict = dict(DRAFTER_FULL, hidden_size=256, intermediate_size=512, num_hidden_layers=1,
                            num_attention_heads=2, num_key_value_heads=1, target_layer_ids=[1, 3])
 
@@ -82,10 +85,14 @@ class Weights:
         return np.zeros(n, dtype=np.uint16)
 
     def int4(self, name: str, rows: int, columns: int) -> dict[str, Array]:
-        """A W4A16 linear as compressed-tensors packs it: eight int4 per int32 along the input, a scale per 128."""
+        """A W4A16 linear as compressed-tensors packs it: eight int4 per int32 along the input, a scale per 128 of
+        either sign, half negative, as AutoRound's are (it folds a group's sign into its scale; a path that assumes
+        positive scales, such as a W4A8 requant, must meet them)."""
         import numpy as np
         packed = np.frombuffer(self.rng.bytes(rows * columns // 2), dtype=np.int32).reshape(rows, columns // 8)
-        scale = (self.rng.random((rows, columns // GROUP), dtype=np.float32) * 1e-3 + 5e-4).astype(np.float16)
+        magnitude = self.rng.random((rows, columns // GROUP), dtype=np.float32) * 1e-3 + 5e-4
+        sign = np.where(self.rng.random((rows, columns // GROUP)) < 0.5, -1.0, 1.0).astype(np.float32)
+        scale = (magnitude * sign).astype(np.float16)
         return {f"{name}.weight_packed": packed, f"{name}.weight_scale": scale,
                 f"{name}.weight_shape": np.array([rows, columns], dtype=np.int64)}
 
@@ -350,6 +357,7 @@ def write_drafter(out: Path, seed: int, t: dict, d: dict, say=print) -> dict:
     config = {"architectures": ["DFlash2DraftModel"], "model_type": "qwen3",
               **{k: d[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                                    "num_key_value_heads", "head_dim")},
+              "layer_types": ["sliding_attention"] * d["num_hidden_layers"], "sliding_window": d["sliding_window"],
               "vocab_size": t["vocab_size"], "max_position_embeddings": 262144, "rms_norm_eps": 1e-6,
               "hidden_act": "silu", "attention_bias": False,
               "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0}, "tie_word_embeddings": False,

@@ -85,6 +85,14 @@ def main(work: Path) -> None:
     with safe_open(str(drafter / "model.safetensors"), framework="pt") as f:
         facts["drafter"] = {"config": json.loads((drafter / "config.json").read_text()),
                             "tensors": {k: str(f.get_slice(k).get_dtype()) for k in f.keys()}}
+    index = json.loads((model / "model.safetensors.index.json").read_text())["weight_map"]
+    scales = [k for k in index if k.endswith(".weight_scale")]
+    negative = total = 0
+    for key in scales:
+        with safe_open(str(model / index[key]), framework="pt") as f:
+            tensor = f.get_tensor(key)
+        negative, total = negative + int((tensor < 0).sum()), total + tensor.numel()
+    facts["int4_scales"] = {"layers": len(scales), "negative_share": negative / total}
     again = work / "again"
     subprocess.run([sys.executable, "/opt/servekit/standin.py", "--out", str(again), "--tokenizer", "/tokenizer",
                     "--scale", "small", "--convert"], check=True, stdout=subprocess.PIPE)
