@@ -29,8 +29,9 @@ def _plan(folder: Path, name: str, text: str) -> Path:
      "runs.1 (b): profile nope: not a profile of the cpu target"),
     ("runs:\n  - {name: a, profile: default, checks: [helth]}", "runs.0 (a): "),
     ("runs:\n  - {name: a, profile: default, knobs: {MAX_SEQS: lots}}", "runs.0 (a): "),
+    ("runs:\n  - {name: a, profile: default, host: windows}", "runs.0 (a): host 'windows': expected auto or one of"),
 ], ids=["not-yaml", "no-runs", "unknown-key", "name-twice", "name-a-path", "timeout-too-short", "unknown-profile",
-        "unknown-check", "bad-knob"])
+        "unknown-check", "bad-knob", "unknown-host"])
 def test_a_bad_plan_is_refused_in_one_line(repo, cli, text, says):
     code, _, err = cli("--matrix", str(repo / "images.yaml"), "run-plan", str(_plan(repo, "bad.yaml", text)),
                        "--target", "cpu")

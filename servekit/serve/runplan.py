@@ -9,6 +9,7 @@ A plan (YAML):
       - name: batch-64k            # a plain name, once a plan; the plan's record keys its report by it
         profile: batch
         card: rtx3090              # optional: --card
+        host: native               # optional: --host (a host of images.yaml; default auto, the engine's)
         knobs: {INT8_ACT: "off", MAX_LEN: "65536"}
         checks: [health, forced_prefill, burst, logs]   # optional: the profile's own otherwise
         timeout_s: 600             # the boot's bound (default 900)
@@ -48,6 +49,7 @@ class PlannedRun(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     profile: str
     card: str | None = None
+    host: str = "auto"
     knobs: dict[str, str] = {}
     checks: list[str] | None = None
     timeout_s: int = Field(DEFAULT_TIMEOUT_S, ge=10, le=86_400)
@@ -133,6 +135,8 @@ def check_runs(session, plan: Plan, plan_path: Path, target: str, engine) -> Non
             checks_to_run(session.matrix, run.profile, target, run.checks)
             session.check_knobs([run.profile], target, run.knobs)
             session.check_card(run.card, target, engine)
+            if run.host != "auto" and run.host not in session.matrix.hosts:
+                raise UserError(f"host {run.host!r}: expected auto or one of {', '.join(session.matrix.hosts)}")
         except UserError as exc:
             said = str(exc)
             for flag in ("--profile ", "--check ", "--card ", "--knob "):  # the plan names them without dashes
@@ -161,8 +165,9 @@ def run_plan(session, plan_path: Path, target: str | None, engine=None, until_s:
             continue
         say(f"run-plan: {run.name}: {run.profile}" + (f" on {run.card}" if run.card else ""))
         with _model_folders(run, session.root):
-            [(_, folder)] = commands.run(session, target, [run.profile], engine=engine, say=say, knobs=run.knobs,
-                                         only=run.checks, boot_timeout_s=run.timeout_s, card=run.card)
+            [(_, folder)] = commands.run(session, target, [run.profile], run.host, engine=engine, say=say,
+                                         knobs=run.knobs, only=run.checks, boot_timeout_s=run.timeout_s,
+                                         card=run.card)
         done[run.name] = str(folder)
         record.parent.mkdir(parents=True, exist_ok=True)
         write_text(record, json.dumps(done, indent=2) + "\n")
