@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from support import run_build_py, work_dir
+from support import ROOT, run_build_py, work_dir
 
 pytestmark = pytest.mark.engine
 
@@ -75,3 +75,19 @@ def test_a_plan_stopped_by_until_resumes_where_it_stopped_and_ends_with_its_tabl
     folders = json.loads(record.read_text())
     assert list(folders) == ["quick", "long"] and folders["quick"] != folders["long"]
     assert json.loads((Path(folders["long"]) / "report.json").read_text())["knobs"]["MAX_SEQS"] == "2"
+
+
+@pytest.mark.parametrize("plan", sorted((ROOT / "bench" / "gpu" / "plans").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_plan_the_gpu_kit_carries_is_a_plan_the_cuda_target_can_run(plan):
+    """A visit's plan found wrong on the host costs device time: each shipped plan's runs are judged here as
+    run-plan judges them there (profile, checks, knobs, host, card), the card's GPU left out."""
+    from servekit.config.load import load_matrix
+    from servekit.image.knobs import KNOBS
+    from servekit.serve.checks import checks_to_run
+    from servekit.serve.runplan import load_plan
+    matrix = load_matrix(ROOT / "images.yaml")
+    for run in load_plan(plan).runs:
+        assert "cuda" in matrix.profiles[run.profile].targets, run.name
+        checks_to_run(matrix, run.profile, "cuda", run.checks)
+        assert run.card in matrix.cards and run.host in {"auto", *matrix.hosts}, run.name
+        assert set(run.knobs) <= set(KNOBS), run.name
