@@ -50,6 +50,7 @@ def test_cpu_image_installs_exactly_its_lock(cpu_image):
     assert _frozen(cpu_image) == read(ROOT / lock_file("cpu", "3.11")).packages
 
 
+@pytest.mark.slow
 def test_a_file_whose_hash_differs_from_the_lock_stops_the_build_untagged(tmp_path):
     """pip checks each file against the lock as it fetches it: a tampered or replaced wheel stops the build in
     seconds, named, with nothing tagged."""
@@ -252,6 +253,7 @@ def _probe_component(root: Path, sha256: str | None) -> None:
     _matrix_edit(root, "    model: demo\n", "    model: demo\n    components: [probe]\n")
 
 
+@pytest.mark.slow
 def test_a_component_with_a_wrong_hash_is_refused(tmp_path):
     root = tracked_copy(tmp_path)
     _probe_component(root, sha256="0" * 64)

@@ -139,6 +139,7 @@ def test_a_context_name_resolves_to_its_endpoint(second):
         subprocess.run(["docker", "context", "rm", "-f", name], capture_output=True)
 
 
+@pytest.mark.slow
 @pytest.mark.engine
 def test_restarting_a_second_engine_leaves_the_first_engines_bridge_alone(tmp_path, cpu_base):
     """On an engine of its own: the run's second engine is in use by the other tests of its group."""

@@ -328,8 +328,12 @@ def test_a_malformed_report_is_refused_by_compare_in_one_line(tmp_path, cli, cas
     good = ROOT / "docs/gpu/20261201-045103-default-cuda/report.json"
     bad = tmp_path / "report.json"
     doc = json.loads(good.read_text())
-    sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))  # json.dumps of the deep case, not the code under test
-    bad.write_text(json.dumps(mutate(doc)))
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 20000))  # json.dumps of the deep case only: the code under test, and every
+    try:  # test after this one in the worker, run at the interpreter's own limit
+        bad.write_text(json.dumps(mutate(doc)))
+    finally:
+        sys.setrecursionlimit(limit)
     code, _, err = cli("compare", str(bad), str(good))
     _refused(code, err, str(bad))
 
@@ -435,6 +439,7 @@ def test_a_redirect_to_another_origin_fails_the_check(server):
     assert result.seconds < 10
 
 
+@pytest.mark.slow
 def test_smoke_timeout_bounds_every_check(repo, tmp_path, server):
     """`smoke --url` against a server that never answers, `--timeout 2`: every check fails by then, named."""
     key = tmp_path / "key"

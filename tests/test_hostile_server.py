@@ -69,6 +69,7 @@ def test_a_hostile_server_fails_the_check_within_its_deadline(hostile, mode, say
     assert result.status == "failed" and says in result.reason, result
 
 
+@pytest.mark.slow
 def test_the_runs_deadline_bounds_all_its_checks(hostile):
     Hostile.mode = "hang"
     ctx = Context(f"http://127.0.0.1:{hostile.server_port}", "k" * 20, "m", check_deadline_s=DEADLINE_S)

@@ -107,6 +107,7 @@ def test_the_image_digest_follows_the_lock_not_a_file_that_mirrors_the_pins(repo
     assert after["cpu"] != before["cpu"] and after["cuda"] == before["cuda"]
 
 
+@pytest.mark.slow
 def test_uv_makes_the_cpu_lock_and_the_host_lock_from_the_pins(repo, cli):
     """The real resolver against PyPI (torch 2.13.0+cpu from the folder of wheels pip is configured with, as the
     build takes it): every pin at its version, the excluded distributions absent, verify content."""

@@ -8,6 +8,8 @@ import subprocess
 import sys
 
 
+import pytest
+
 from support import ROOT
 from servekit.wsl2.shared_usage import AdapterSeries, choose_adapter, parse_sample, summarize
 
@@ -44,6 +46,7 @@ def test_wsl2_stand_in_gives_the_right_adapter_baseline_peak_and_end():
     assert shared["samples"] >= 8  # the ramp, the lone-object sample, then the steady state
 
 
+@pytest.mark.slow
 def test_an_adapter_named_in_the_matrix_is_the_one_monitor_reads(tmp_path):
     matrix = tmp_path / "images.yaml"
     matrix.write_text("hosts:\n  wsl2:\n    adapter: '0x0000a18d'\n")

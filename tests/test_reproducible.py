@@ -205,6 +205,7 @@ def test_two_real_builds_made_canonical_are_compared_to_the_file_that_differs(cp
             subprocess.run(["docker", "image", "rm", "-f", f"{TEST_PROJECT}-canonical:{n}"], capture_output=True)
 
 
+@pytest.mark.slow
 def test_a_rebuild_reuses_the_canonical_layers_its_unchanged_build_layers_had(cpu_base, tmp_path):
     """A change to the last step only (a patch of the series, say): the base's and the first step's layers are the
     builder's cached ones, so the canonical pass reuses their canonical form from the first build instead of
