@@ -88,3 +88,13 @@ def test_fit_refuses_bad_input_in_one_line(tmp_path):
                        (["--profile", "nope"], "--profile nope: not a profile of target")):
         done = _fit(*args)
         assert done.returncode != 0 and said in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_report_of_another_shape_calibrates_nothing_and_stops_nothing(tmp_path):
+    from servekit.records.fit import calibrations
+    for name, text in (("a", "[]"), ("b", '{"boot": {"budget": {"requested_gib": 21.9}}}'), ("c", "not json"),
+                       ("d", '{"card": {}, "profile": "p", "boot": {"budget": {"requested_gib": 21.9, '
+                             '"kv_available_gib": 6.2}}}')):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "report.json").write_text(text)
+    assert calibrations(tmp_path) == {}

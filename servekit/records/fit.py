@@ -141,14 +141,15 @@ def calibrations(*folders: Path) -> dict[tuple[str, str], Calibration]:
     from the report folders of `folders` (each named for its start time, so the newest sorts last)."""
     out: dict[tuple[str, str], Calibration] = {}
     for path in sorted((p for folder in folders for p in folder.glob("*/report.json")), key=lambda p: p.parent.name):
-        try:
+        try:  # a report of another shape (an older one, a process engine's) calibrates nothing
             doc = json.loads(path.read_text())
             budget = (doc.get("boot") or {}).get("budget") or {}
             overhead = budget["requested_gib"] - budget["kv_available_gib"]
-        except (OSError, ValueError, KeyError, TypeError):
+            key = (str(doc["profile"]), str(doc["host"]))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
         if doc.get("card"):
-            out[(doc["profile"], doc["host"])] = Calibration(round(overhead, 2), path.parent.name, doc["host"])
+            out[key] = Calibration(round(overhead, 2), path.parent.name, key[1])
     return out
 
 
