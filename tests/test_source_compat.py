@@ -290,3 +290,18 @@ def test_the_registry_comes_from_compose_env_as_compose_reads_it(tmp_path, monke
     monkeypatch.setenv("SERVEKIT_REGISTRY", "127.0.0.1:6000/shell")
     assert registry_path(matrix, None, tmp_path) == "127.0.0.1:6000/shell"
     assert registry_path(matrix, "127.0.0.1:7000/given", tmp_path) == "127.0.0.1:7000/given"
+
+
+def test_env_example_names_every_setting_the_compose_files_read():
+    """compose/.env.example lists what a user may set: every ${VARIABLE} of compose/*.yaml is there, or a knob, or
+    one servekit writes itself (its block of compose/.env, or the profile of the command it runs)."""
+    import re
+    from servekit.config.derived import USER_SETTINGS
+    from servekit.image.knobs import KNOBS
+    from servekit.serve.deploy import OWN_KEYS
+    read = {m for path in (ROOT / "compose").glob("*.yaml") for m in re.findall(r"\$\{([A-Z_]+)", path.read_text())}
+    ours = {name for name in read if OWN_KEYS.match(f"{name}=")} | {"SERVEKIT_PROFILE"}
+    assert read - ours - set(KNOBS) - set(USER_SETTINGS) == set()
+    example = (ROOT / "compose" / ".env.example").read_text()
+    assert all(f"# {name}=" in example for name in USER_SETTINGS)
+    assert all(f"# {name}=" in example for name, knob in KNOBS.items() if knob.passthrough)

@@ -272,6 +272,42 @@ def _context(matrix: Matrix) -> list[str]:
     return ["*", f"!{IMAGE_CODE}/", *(f"!{path}/" for path in STAGED), "**/__pycache__"]
 
 
+# --- compose/.env.example ------------------------------------------------------------------------
+
+# What a user may set in compose/.env besides the knobs, and what each does; tests/test_source_compat.py holds the
+# names to the ${VARIABLES} the Compose files read (less those servekit's own block writes).
+USER_SETTINGS: dict[str, str] = {
+    "VLLM_API_KEY": "the key clients send, as the source's users set it: `python build.py up` writes it into "
+                    "compose/secrets/api_key, the file Compose hands the server (plain `docker compose up` reads "
+                    "that file only)",
+    "BIND": "the address the server is published on (the source's name; default 127.0.0.1)",
+    "PORT": "the port the server is published on (the source's name)",
+    "SERVEKIT_REGISTRY": "where releases come from and go (e.g. registry.example:5000/team): `pull`, `release` and a "
+                         "plain `docker compose up` of a release read it",
+    "MODELS_DIR": "the models folder (the source's): prepare fetches into it, the server reads from it",
+    "MODEL_DIR": "a model folder of yours, served as it is (with compose.model-dir.yaml in COMPOSE_FILE)",
+    "DRAFTER_DIR": "a DFlash2 drafter folder of yours (with compose.drafter-dir.yaml in COMPOSE_FILE)",
+    "HF_HUB_OFFLINE": "1: prepare never asks the hub; every file must be in the models folder already",
+    "QUANT_LM_HEAD": "0 leaves lm_head as published (prepare converts it to int8 otherwise)",
+    "QUANT_EMBED": "0 leaves the token embeddings as published (prepare converts them to int8 otherwise)",
+    "QUANT_MTP": "0 leaves the MTP head's linears as published (prepare converts them to int8 otherwise)",
+    "GPU_COUNT": "how many GPUs Compose gives the server (the source's; default 1)",
+    "SERVEKIT_API_KEY_FILE": "the key's file, instead of compose/secrets/api_key",
+    "SERVEKIT_HF_TOKEN_FILE": "the hub token's file, instead of compose/secrets/hf_token",
+    "SERVEKIT_DRIVER_DIR": "the host's NVIDIA driver folder, where a container gets the GPU by its device nodes "
+                           "(no NVIDIA container toolkit: compose.gpu-devices.yaml; default /usr/local/nvidia)",
+    "SERVEKIT_GPU_DEVICE": "the GPU's device node on that route (default /dev/nvidia0)",
+}
+
+
+def _env_settings(matrix: Matrix) -> list[str]:
+    return [f"# {name}=   # {what}" for name, what in USER_SETTINGS.items()]
+
+
+def _env_knobs(matrix: Matrix) -> list[str]:
+    return [f"# {name}=   # {_cell(knob.help)}" for name, knob in KNOBS.items() if knob.passthrough]
+
+
 # file -> block name -> lines of the block (indented as its markers)
 PARTS = {
     ".dockerignore": {"context": _context},
@@ -282,6 +318,7 @@ PARTS = {
     "compose/compose.model-dir.yaml": {"profiles": _compose_model_dir_services},
     "compose/compose.drafter-dir.yaml": {"profiles": _compose_drafter_dir_services},
     "compose/compose.card.yaml": {"profiles": _compose_card_services},
+    "compose/.env.example": {"settings": _env_settings, "knobs": _env_knobs},
     "docs/profiles.md": {"profile-table": _profile_table, "check-table": _check_table, "profile-flags": _profile_flags,
                          "knob-table": _knob_table, "source-table": _source_table,
                          "variable-table": _variable_table},
