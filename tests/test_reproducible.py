@@ -238,3 +238,20 @@ def test_a_rebuild_reuses_the_canonical_layers_its_unchanged_build_layers_had(cp
     finally:
         for tag in tags:
             subprocess.run(["docker", "image", "rm", "-f", tag, f"{tag}-raw"], capture_output=True)
+
+
+def test_the_memory_offers_only_layers_the_image_it_names_still_holds(tmp_path):
+    """A remembered layer is reused only while the engine holds that very digest in that image, under the same
+    canonical form: an image since removed, a digest it does not hold (a stale or altered memory), or another epoch
+    offers nothing, and the pass then rewrites the layer."""
+    from types import SimpleNamespace
+    held = {"sha256:img1": SimpleNamespace(attrs={"RootFS": {"Layers": ["sha256:aaa", "sha256:bbb"]}})}
+    engine = SimpleNamespace(image=lambda ref: held.get(ref))
+    memory_file = tmp_path / reproducible.CANONICAL_MEMORY
+    memory_file.write_text(json.dumps({"images": {
+        "sha256:img1": {"form": "1:0", "layers": {"x/layer.tar": "aaa", "y/layer.tar": "ccc"}},
+        "sha256:gone": {"form": "1:0", "layers": {"z/layer.tar": "bbb"}}}}))
+    assert reproducible._CanonicalMemory(memory_file, engine, "1:0").known() == {"x/layer.tar": "aaa"}
+    assert reproducible._CanonicalMemory(memory_file, engine, "1:99").known() == {}
+    memory_file.write_text("not json")
+    assert reproducible._CanonicalMemory(memory_file, engine, "1:0").known() == {}

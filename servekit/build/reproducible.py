@@ -325,7 +325,12 @@ class _CanonicalMemory:
                                             for image, entry in images.items()}
         except (OSError, ValueError, KeyError, AttributeError, TypeError):
             self.images = {}  # none yet, or not ours: every layer is made canonical, as on a first build
-        self.images = {image: entry for image, entry in self.images.items() if engine.image(image) is not None}
+        for image, entry in list(self.images.items()):  # only what the engine still holds, in that very image
+            held = engine.image(image)
+            layers = set(held.attrs.get("RootFS", {}).get("Layers") or []) if held is not None else set()
+            entry["layers"] = {path: digest for path, digest in entry["layers"].items() if f"sha256:{digest}" in layers}
+            if not entry["layers"]:
+                del self.images[image]
 
     def known(self) -> dict[str, str]:
         return {path: digest for entry in self.images.values() if entry["form"] == self.form
