@@ -44,7 +44,8 @@ def logs(ctx: Context) -> dict:
     return figures
 
 
-def _flag_values(argv: list[str]) -> dict[str, str | bool]:
+def flag_values(argv: list[str]) -> dict[str, str | bool]:
+    """vLLM's flags in `argv` by name (dashes as underscores): a flag's value, or True for a bare switch."""
     out: dict[str, str | bool] = {}
     i = 0
     while i < len(argv):
@@ -115,7 +116,7 @@ def _engine_args(lines: list[str]) -> tuple[dict[str, str | bool], dict]:
     except (ValueError, SyntaxError) as exc:
         raise CheckFailure(f"the engine's argument line cannot be read ({type(exc).__name__}): "
                            f"{engine[1][:160]}") from None
-    return _flag_values(shlex.split(launch[1])), got
+    return flag_values(shlex.split(launch[1])), got
 
 
 def _flags_missing(wanted: dict[str, str | bool], got: dict) -> tuple[dict, dict, list[str]]:

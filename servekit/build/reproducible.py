@@ -278,10 +278,11 @@ def make_canonical(engine, built: str, tag: str, epoch: int, labels: dict[str, s
     started = time.monotonic()
     client = engine.sdk(timeout=3600)
     memory = _CanonicalMemory(workdir / CANONICAL_MEMORY, engine, f"{CANONICAL_FORMAT}:{epoch}")
+    known = memory.known()
     try:
-        archive = _canonical_load(client, built, tag, epoch, labels, workdir, say, memory.known())
+        archive = _canonical_load(client, built, tag, epoch, labels, workdir, say, known)
     except EnvironmentProblem:
-        if not memory.known():
+        if not known:
             raise
         say("loading with the reused layers failed; every layer made canonical again")
         memory.forget()

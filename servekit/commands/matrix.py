@@ -133,7 +133,7 @@ def cmd_fit(args) -> int:
     from servekit.records.fit import FULL, Layout, predict_all
     session = open_session(args)
     matrix = session.matrix
-    target = session.check_target(args.target or next(t for t, spec in matrix.targets.items() if spec.gpu))
+    target = session.check_target(args.target or matrix.default_target(gpu=True))
     try:
         layout = Layout.from_config(json.loads(Path(args.config).read_text()) if args.config else FULL)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:

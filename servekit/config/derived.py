@@ -9,6 +9,7 @@ test fail while a committed file differs from what this renders.
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import re
 import shlex
@@ -191,6 +192,7 @@ SHIPPED_READERS = Path(__file__).resolve().parent.parent.parent / "docker" / "en
 ARGV = "vllm serve's flags"  # a key of _setting_knobs beside the variables: the knobs that change the flags
 
 
+@functools.cache  # two tables read it; the recipe is run over every knob and row once
 def _setting_knobs() -> dict[str, set[str]]:
     """variable (or ARGV) -> the knobs whose value sets it or changes it, found by running the recipe over each
     mode's rows (alone, and with the draft count and prefix caching that CTX=huge's DFlash2 rules need) with and

@@ -22,6 +22,8 @@ from pathlib import Path
 from servekit.config.profiles import render_profiles
 from servekit.image.launcher import build_command
 from servekit.image.standin import FULL
+from servekit.records.report import report_files
+from servekit.smoke.logs import flag_values
 
 GiB = 2**30
 ALIGN = 16  # the attention backends' kernel alignment of the hybrid block size
@@ -69,21 +71,16 @@ class Flags:
 
     @classmethod
     def from_argv(cls, argv: list[str]) -> "Flags":
-        values: dict[str, str] = {}
-        for i, token in enumerate(argv):
-            if token.startswith("--"):
-                name, _, value = token.partition("=")
-                values[name] = value if value else (argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--")
-                                                    else "")
-        spec = json.loads(values["--speculative-config"]) if values.get("--speculative-config") else {}
-        return cls(kv_dtype=values.get("--kv-cache-dtype", "auto"), max_len=int(values["--max-model-len"]),
-                   util=float(values.get("--gpu-memory-utilization", "0.92")),
-                   block=int(values["--block-size"]) if values.get("--block-size") else None,
-                   kv_bytes=int(values["--kv-cache-memory-bytes"]) if values.get("--kv-cache-memory-bytes") else None,
+        values = {name: str(value) for name, value in flag_values(argv).items()}  # as the logs check reads them
+        spec = json.loads(values["speculative_config"]) if values.get("speculative_config") else {}
+        return cls(kv_dtype=values.get("kv_cache_dtype", "auto"), max_len=int(values["max_model_len"]),
+                   util=float(values.get("gpu_memory_utilization", "0.92")),
+                   block=int(values["block_size"]) if values.get("block_size") else None,
+                   kv_bytes=int(values["kv_cache_memory_bytes"]) if values.get("kv_cache_memory_bytes") else None,
                    method=spec.get("method"), drafts=int(spec.get("num_speculative_tokens", 0)),
                    # vLLM 0.31.0 caches prefixes unless told not to; the GDN groups then keep one block more
-                   prefix_caching="--no-enable-prefix-caching" not in values,
-                   ssm_bytes=4 if values.get("--mamba-ssm-cache-dtype") == "float32" else 2)
+                   prefix_caching="no_enable_prefix_caching" not in values,
+                   ssm_bytes=4 if values.get("mamba_ssm_cache_dtype") == "float32" else 2)
 
 
 @dataclass(frozen=True)
@@ -136,11 +133,11 @@ class Calibration:
     host: str
 
 
-def calibrations(*folders: Path) -> dict[tuple[str, str], Calibration]:
+def calibrations(root: Path) -> dict[tuple[str, str], Calibration]:
     """(profile, host) -> its newest full-size report's overhead (a report of an emulated card with vLLM's budget),
-    from the report folders of `folders` (each named for its start time, so the newest sorts last)."""
+    from the checkout's report folders (each run's named for its start time, so the newest sorts last)."""
     out: dict[tuple[str, str], Calibration] = {}
-    for path in sorted((p for folder in folders for p in folder.glob("*/report.json")), key=lambda p: p.parent.name):
+    for path in sorted(report_files(root), key=lambda p: p.parent.name):
         try:  # a report of another shape (an older one, a process engine's) calibrates nothing
             doc = json.loads(path.read_text())
             budget = (doc.get("boot") or {}).get("budget") or {}
@@ -215,7 +212,7 @@ def predict_all(matrix, root: Path, target: str, layout: Layout, profiles: list[
     """(card, prediction) for each host (each on its own card unless `card` names one) and profile of `target`,
     calibrated by the full-size reports in docs/gpu and reports/."""
     rendered = render_profiles(matrix, target)
-    measured = calibrations(root / "docs" / "gpu", root / "reports")
+    measured = calibrations(root)
     out = []
     for host in hosts or list(matrix.hosts):
         on = card or matrix.hosts[host].card

@@ -26,6 +26,17 @@ def write_report(run_dir: Path, report: RunReport, series: dict, latest: bool = 
     return run_dir
 
 
+# Where run reports are read from: this machine's runs, and the GPU runs brought back and committed (docs/gpu/).
+REPORT_DIRS = ("reports", "docs/gpu")
+
+
+def report_files(root: Path) -> list[Path]:
+    """Every run's report.json under the checkout's report folders, each once (reports/latest, a link to a run
+    listed by its own name, left out), in path order."""
+    return sorted(p for folder in REPORT_DIRS for p in (root / folder).glob("*/report.json")
+                  if not p.parent.is_symlink())
+
+
 def load_report(path: Path) -> RunReport:
     """A run's report.json (or its folder), or one line saying what it is instead."""
     return load(path / "report.json" if path.is_dir() else path, RunReport)

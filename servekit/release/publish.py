@@ -29,7 +29,7 @@ from servekit.release import attach, registry
 from servekit.build.reproducible import epoch_seconds
 from servekit.release.registry import TransientRegistryError
 from servekit.records.models import ProfileGate, ReleaseManifest, ReleaseRecord, RunReport, load
-from servekit.records.report import load_report
+from servekit.records.report import load_report, report_files
 from servekit.image.launcher import build_command, served_parts
 from servekit.image.prepare import identity
 from servekit.config.profiles import render_profiles
@@ -57,15 +57,9 @@ def released_reference(matrix: Matrix, plan: TargetPlan, given: str | None = Non
     return f"{registry_path(matrix, given, root)}/{matrix.image.name}:{release_tags(matrix, plan)[0]}"
 
 
-# Where run reports are read from: this machine's runs, and the GPU runs brought back and committed (docs/gpu/).
-REPORT_DIRS = ("reports", "docs/gpu")
-
-
 def _reports(root: Path) -> list[tuple[Path, RunReport]]:
     out = []
-    for path in sorted(p for folder in REPORT_DIRS for p in (root / folder).glob("*/report.json")):
-        if path.parent.is_symlink():  # reports/latest points at a run that is listed by its own name
-            continue
+    for path in report_files(root):
         try:
             out.append((path, load_report(path)))
         except UserError:  # a sweep's table, another version, a broken file: none of them gates a release
