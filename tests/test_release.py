@@ -95,6 +95,10 @@ def test_a_registry_that_dies_mid_release_leaves_no_manifest_and_a_rerun_complet
 
 
 def test_a_second_release_duplicates_nothing(checked_image, registry):
+    """Released once here (not relying on an earlier test's release reaching this registry), then again: the
+    registry's tags are as the first release left them."""
+    first = _release("--registry", f"127.0.0.1:{registry['port']}/serve", "--target", "cpu")
+    assert first.returncode == 0, first.stderr[-2000:]
     before = _tags(registry["port"])
     done = _release("--registry", f"127.0.0.1:{registry['port']}/serve", "--target", "cpu")
     assert done.returncode == 0, done.stderr[-2000:]
