@@ -120,6 +120,7 @@ def second():
     if stale:
         support.docker("--host", engine.url, "image", "rm", *stale)
     support.docker("--host", engine.url, "image", "prune", "-f")
+    support.docker("--host", engine.url, "network", "prune", "-f")  # their bridges would outlive the engine
     engine.stop()
 
 

@@ -14,6 +14,8 @@ to exit: a dockerd still shutting down once answered the next user, then took it
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import os
 import signal
 import subprocess
@@ -45,6 +47,20 @@ class Dockerd:
                     ["ip", "link", "set", self.bridge, "up"]):
             subprocess.run(cmd, check=True, capture_output=True)
 
+    def _remove_orphan_bridges(self) -> None:
+        """Delete the bridges an earlier dockerd of this engine made for its networks and left behind: their routes
+        sit in this engine's own pool, and a dockerd whose network store was dropped (start() below) no longer knows
+        them, so it finds every subnet of the pool overlapping and creates no network at all."""
+        pool = ipaddress.ip_network(self.pool)
+        links = json.loads(subprocess.run(["ip", "-j", "addr", "show", "type", "bridge"], capture_output=True,
+                                          text=True, check=True).stdout or "[]")
+        for link in links:
+            if link["ifname"] == self.bridge:
+                continue
+            if any(a.get("family") == "inet" and ipaddress.ip_address(a["local"]) in pool
+                   for a in link.get("addr_info", [])):
+                subprocess.run(["ip", "link", "del", link["ifname"]], capture_output=True, check=True)
+
     def start(self, wait_s: float = 60) -> bool:
         """Start it unless it answers already (left to whoever started it); True when this call started it."""
         if self.answers():
@@ -54,6 +70,7 @@ class Dockerd:
         # deletes the interface named docker0 (moby's initNetworkController): the first engine's bridge. An
         # empty network store avoids that; images and volumes stay.
         (self.data / "data" / "network" / "files" / "local-kv.db").unlink(missing_ok=True)
+        self._remove_orphan_bridges()
         self.data.mkdir(parents=True, exist_ok=True)
         self.run.mkdir(parents=True, exist_ok=True)
         log = open(self.data / "dockerd.log", "ab")

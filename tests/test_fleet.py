@@ -156,6 +156,34 @@ def test_restarting_a_second_engine_leaves_the_first_engines_bridge_alone(tmp_pa
     assert ran.returncode == 0, ran.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.engine
+def test_a_restarted_second_engine_reclaims_the_bridges_its_forgotten_networks_left(tmp_path):
+    """A network left on an engine outlives its dockerd as a bridge holding a subnet of the engine's pool; the next
+    start drops the network store, so unless those bridges go too, the pool fills up run after run until Compose
+    can create no network (CI failed so: "could not find an available, non-overlapping IPv4 address pool")."""
+    import ipaddress
+    engine = second_engine.throwaway(tmp_path / "engine", SLOT)
+    pool = ipaddress.ip_network(engine.pool)
+
+    def routes_in_pool() -> list[str]:
+        routes = subprocess.run(["ip", "-j", "route"], capture_output=True, text=True, check=True).stdout
+        return [r["dst"] for r in json.loads(routes) if "/" in r["dst"] and ipaddress.ip_network(r["dst"]).subnet_of(pool)]
+    try:
+        engine.start()
+        assert _on_second(engine.url, "network", "create", "left-behind").returncode == 0
+        engine.stop()
+        assert routes_in_pool(), "the network's bridge did not outlive its engine: nothing left to reclaim"
+        engine.start()
+        assert routes_in_pool() == []
+        assert _on_second(engine.url, "network", "create", "after-restart").returncode == 0
+    finally:
+        if engine.answers():
+            _on_second(engine.url, "network", "prune", "-f")
+        engine.stop()
+        engine.remove_bridge()
+
+
 def _on_second(url: str, *argv: str) -> subprocess.CompletedProcess:
     return subprocess.run(["docker", "--host", url, *argv], capture_output=True, text=True, timeout=600)
 
