@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 
@@ -90,6 +91,33 @@ def test_cpu_target_knobs_override_the_profile():
     assert "--enforce-eager" in argv and _flag(argv, "--dtype") == "float32"
     assert _flag(argv, "--max-model-len") == "2048" and "--speculative-config" not in argv
     assert _flag(argv, "--model") == "/app/models/demo" and _flag(argv, "--tool-call-parser") == "hermes"
+
+
+@pytest.mark.parametrize("release, environ, host", [
+    ("5.15.167.4-microsoft-standard-WSL2\n", {}, "wsl2"),  # Docker Desktop's containers run on WSL2's kernel
+    ("4.4.0-19041-Microsoft\n", {}, "wsl2"),  # WSL1's spelling, the source's rule matches it too
+    ("6.1.0-28-amd64\n", {"WSL_DISTRO_NAME": "Ubuntu"}, "wsl2"),
+    ("6.1.0-28-amd64\n", {}, "native"),
+    ("5.15.167.4-microsoft-standard-WSL2\n", {"SERVEKIT_HOST": "native"}, "native"),  # an explicit one wins
+    ("6.1.0-28-amd64\n", {"SERVEKIT_HOST": "wsl2"}, "wsl2"),
+], ids=["wsl2-kernel", "wsl1-kernel", "wsl-distro-name", "linux", "explicit-native", "explicit-wsl2"])
+def test_the_launcher_tells_wsl2_by_its_kernel_unless_told(tmp_path, release, environ, host):
+    """The source's launchers looked at the kernel they ran on; so does this one, run as the image runs it, so that a
+    plain `docker compose up alternative` under Docker Desktop takes the WSL2 defaults with no override file."""
+    profiles = tmp_path / "profiles.json"
+    profiles.write_text(json.dumps(CUDA))
+    osrelease = tmp_path / "osrelease"
+    osrelease.write_text(release)
+    env = {"SERVEKIT_PROFILES": str(profiles), "PRINT_ARGV": "1", "SERVEKIT_OSRELEASE": str(osrelease),
+           "PATH": "/usr/bin:/bin", **environ}
+    done = subprocess.run([sys.executable, str(ROOT / "servekit/image/launcher.py"), "serve", "batch"], env=env,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    expected_argv, expected_env = build_command(CUDA, "batch", host, {})
+    assert done.stdout.splitlines()[0] == shlex.join(["vllm", "serve", *expected_argv])
+    assert f"PYTORCH_CUDA_ALLOC_CONF={expected_env['PYTORCH_CUDA_ALLOC_CONF']}" in done.stdout
+    told = "the wsl2 host's defaults" in done.stderr
+    assert told is (host == "wsl2" and "SERVEKIT_HOST" not in environ)
 
 
 def test_print_argv_masks_the_key_and_exits(tmp_path):

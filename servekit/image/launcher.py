@@ -29,6 +29,9 @@ MIN_KEY_CHARS = 16  # a shorter key (an empty file above all) is no key: the hos
 PROFILES_MAX_BYTES = 4 << 20
 PROFILES_FILE = Path(os.environ.get("SERVEKIT_PROFILES", Path(__file__).resolve().parent / "profiles.json"))
 # What the build found its packages read (readers.py); absent where there was no such build (the process engine)
+# The kernel's release: WSL2's names Microsoft ("5.15.167.4-microsoft-standard-WSL2"), and a container under Docker
+# Desktop runs on that kernel. SERVEKIT_OSRELEASE reads another file (a test's).
+KERNEL_RELEASE_FILE = Path(os.environ.get("SERVEKIT_OSRELEASE", "/proc/sys/kernel/osrelease"))
 READERS_FILE = Path(os.environ.get("SERVEKIT_ENV_READERS", Path(__file__).resolve().parent / readers.RECORD_NAME))
 VLLM = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
 # The flags the launcher itself adds around the recipe's.
@@ -240,6 +243,25 @@ def int8_activation_problem(env: dict[str, str], model_dir: Path, record: dict |
             "with int8 activations: set INT8_ACT=off, or QUANT_LM_HEAD=0 on a fresh prepare") if int8_head else None
 
 
+def host_kind(environ, kernel_release: str) -> tuple[str, str]:
+    """(the host's kind, why): SERVEKIT_HOST when set; else the source's launchers' rule, wsl2 where the kernel's
+    release names Microsoft or WSL_DISTRO_NAME is set, native otherwise."""
+    if given := environ.get(HOST_KIND_ENV, "").strip():
+        return given, f"{HOST_KIND_ENV}={given}"
+    if "microsoft" in kernel_release.lower():
+        return "wsl2", f"the kernel is WSL2's ({kernel_release.strip()[:80]})"
+    if environ.get("WSL_DISTRO_NAME"):
+        return "wsl2", "WSL_DISTRO_NAME is set"
+    return "native", "the kernel is not WSL2's"
+
+
+def _kernel_release() -> str:
+    try:
+        return KERNEL_RELEASE_FILE.read_text(errors="replace")[:256]
+    except OSError:  # not Linux, or /proc not mounted: nothing says WSL2
+        return ""
+
+
 def main(argv: list[str]) -> int:
     command = argv[1] if len(argv) > 1 else "serve"
     if command == "flags":
@@ -265,7 +287,10 @@ def main(argv: list[str]) -> int:
         return _prepared(lambda: prepare(profiles["model"], say=say), PrepareError)
     profile = argv[2] if len(argv) > 2 else os.environ.get("PROFILE", "default")
     try:
-        args, env = build_command(profiles, profile, os.environ.get(HOST_KIND_ENV, "native"), dict(os.environ),
+        host, why = host_kind(os.environ, _kernel_release())
+        if host == "wsl2" and not os.environ.get(HOST_KIND_ENV):  # said: it changes the defaults
+            say(f"launcher: the wsl2 host's defaults: {why} (SERVEKIT_HOST=native overrides)")
+        args, env = build_command(profiles, profile, host, dict(os.environ),
                                   warn=lambda line: print(f"launcher: warning: {line}", file=sys.stderr))
     except KnobError as exc:
         print(f"launcher: refusing to start: {exc}", file=sys.stderr)
@@ -281,8 +306,9 @@ def main(argv: list[str]) -> int:
     elif os.environ.get("PRINT_ARGV") == "1":  # prints, serves nothing: the source's PRINT_ARGV needs no key either
         print(f"launcher: {problem}; serve would refuse to start without one", file=sys.stderr)
     else:  # vLLM adds its auth only for a non-empty key: without one it would serve an open API
-        print(f"launcher: refusing to start: {problem}; mount a key file of at least {MIN_KEY_CHARS} characters "
-              "and set API_KEY_FILE to it (compose/ does), or give the profile auth: none in images.yaml",
+        print(f"launcher: refusing to start: {problem}; set VLLM_API_KEY (compose/.env), or mount a key file of at "
+              f"least {MIN_KEY_CHARS} characters and set API_KEY_FILE to it (`build.py up` does), or give the "
+              "profile auth: none in images.yaml",
               file=sys.stderr)
         return 2
     missing = [p for p in needed if not is_complete(p)]
