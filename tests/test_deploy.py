@@ -195,7 +195,8 @@ def test_every_combination_passes_compose_config(compose_env, overrides):
         assert service["healthcheck"]["test"][-1].endswith("urlopen('http://127.0.0.1:8000/health', timeout=4)")
         leaked = {k: v for k, v in service["environment"].items() if k != "SERVEKIT_HOST"}
         assert "SERVEKIT" not in json.dumps(leaked)  # no secret or host path leaks in (the host's kind is meant to)
-        assert service["environment"]["SERVEKIT_HOST"] == ("wsl2" if "compose.wsl2.yaml" in overrides else "native")
+        # unset, the launcher tells a WSL2 kernel itself (test_launcher); the overrides name it
+        assert service["environment"].get("SERVEKIT_HOST") == ("wsl2" if "compose.wsl2.yaml" in overrides else None)
         gpu = service.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices")
         assert bool(gpu) is ("compose.cpu.yaml" not in overrides)
         assert service["restart"] == "unless-stopped" and service["stop_grace_period"] == "30s"
@@ -281,6 +282,48 @@ def test_a_users_env_lines_survive_image_and_up(tmp_path):
     assert lines[:len(mine)] == mine and lines[-1] == ENV_END
     assert "SERVEKIT_IMAGE=vllm-serve:b" in lines and "SERVEKIT_PORT=9000" in lines
     assert sum(line.startswith("SERVEKIT_IMAGE=") for line in lines) == 1
+
+
+def test_what_compose_file_names_needs_is_saved_beside_it(tmp_path):
+    """A later plain `docker compose ps` reads only compose/.env: every variable the named files require is there
+    (MODEL_DIR for compose.model-dir.yaml, the key files), a user's compose.override.yaml is named last (so it wins),
+    and a key file the user's lines name stays theirs."""
+    from servekit.serve.deploy import Deployment, users_settings, write_env
+    root = tracked_copy(tmp_path)
+    env_file = write_env(Deployment(root, "cpu", "native", "x", "127.0.0.1", 8000, overrides=("compose.cpu.yaml",),
+                                    model_dir="/srv/models/mine"))
+    assert env_file is not None
+    saved = {**users_settings(env_file), **dict(line.split("=", 1) for line in env_file.read_text().splitlines()
+                                                if "=" in line and not line.startswith("#"))}
+    assert saved["COMPOSE_FILE"] == "compose.yaml:compose.cpu.yaml:compose.model-dir.yaml"
+    assert saved["MODEL_DIR"] == "/srv/models/mine" and saved["SERVEKIT_API_KEY_FILE"] == "./secrets/api_key"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("COMPOSE_", "SERVEKIT_")) and k != "MODEL_DIR"}
+    config = subprocess.run(["docker", "compose", "config", "--format", "json"], cwd=env_file.parent, env=clean,
+                            capture_output=True, text=True, timeout=60)
+    assert config.returncode == 0, config.stderr  # nothing the files require is missing from the env file
+    (root / "compose" / "compose.override.yaml").write_text("services:\n  default:\n    environment:\n"
+                                                            "      MY_SETTING: mine\n")
+    env_file.write_text("SERVEKIT_API_KEY_FILE=/etc/my-key\n")
+    text = write_env(Deployment(root, "cpu", "native", "x", "127.0.0.1", 8000,  # type: ignore[union-attr]
+                                overrides=("compose.cpu.yaml",))).read_text()
+    assert "COMPOSE_FILE=compose.yaml:compose.cpu.yaml:compose.override.yaml\n" in text and "MODEL_DIR" not in text
+    assert text.count("SERVEKIT_API_KEY_FILE=") == 1 and "SERVEKIT_HF_TOKEN_FILE=./secrets/hf_token" in text
+    config = subprocess.run(["docker", "compose", "config", "--format", "json"], cwd=env_file.parent, env=clean,
+                            capture_output=True, text=True, timeout=60)
+    assert config.returncode == 0, config.stderr
+    assert json.loads(config.stdout)["services"]["default"]["environment"]["MY_SETTING"] == "mine"
+
+
+def test_env_lines_that_reach_nothing_are_named(tmp_path):
+    """A line of the source's .env that nothing reads (a vLLM variable, a typo) is named, once, by `up`; knobs,
+    the settings the Compose files read and Compose's own are not."""
+    from servekit.serve.deploy import Deployment, unread_settings, write_env
+    (tmp_path / "compose").mkdir()
+    (tmp_path / "compose" / ".env").write_text("MAX_SEQS=4\nVLLM_API_KEY=sk-0123456789abcdef0123\nHF_TOKEN=hf_x\n"
+                                               "COMPOSE_PARALLEL_LIMIT=1\nVLLM_WSL2_ENABLE_PIN_MEMORY=1\nMAX_SEQ=4\n")
+    dep = Deployment(tmp_path, "cuda", "native", "x", "127.0.0.1", 8000)
+    write_env(dep)
+    assert unread_settings(dep) == ["VLLM_WSL2_ENABLE_PIN_MEMORY", "MAX_SEQ"]
 
 
 def test_an_env_file_from_before_the_block_keeps_the_users_lines_and_drops_servekits(tmp_path):
@@ -374,6 +417,82 @@ def test_plain_compose_works_without_build_py(cpu_built):
     finally:
         run_build_py("down")
     assert project_containers() == []
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_a_newcomer_serves_a_fresh_clone_with_plain_compose_and_vllm_api_key(cpu_image, tmp_path):
+    """The source user's first minutes: a fresh copy of the repository (no compose/secrets, no servekit block), the
+    key as VLLM_API_KEY in compose/.env and nothing else there; plain `docker compose up -d --wait default` is healthy
+    and answers with that key only, and `docker compose down default` (as README's quickstart names it: Compose acts
+    on a profile's service only where it is named or its profile active) leaves nothing running. The shell names the
+    image (a newcomer's would be the pulled release) and, to keep the test apart, its project and port."""
+    from servekit.engines.docker import free_port
+    root = tracked_copy(tmp_path / "clone")
+    work = root / "compose"
+    assert not (work / "secrets").exists() and not (work / ".env").exists()
+    key = "sk-newcomer-0123456789abcdef0123"
+    (work / ".env").write_text(f"VLLM_API_KEY={key}\n")
+    project, port = f"{TEST_PROJECT}-newcomer", free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPOSE_", "SERVEKIT_", "VLLM_", "HF_"))}
+    env.update(SERVEKIT_IMAGE=cpu_image, COMPOSE_PROJECT_NAME=project, PORT=str(port))
+
+    def compose(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["docker", "compose", "-f", "compose.yaml", "-f", "compose.cpu.yaml", *args], cwd=work,
+                              env=env, capture_output=True, text=True, timeout=600)
+    try:
+        up = compose("up", "-d", "--wait", "default")
+        assert up.returncode == 0, up.stderr[-3000:]
+        models = f"http://127.0.0.1:{port}/v1/models"
+        assert requests.get(models, headers={"Authorization": f"Bearer {key}"}, timeout=10).status_code == 200
+        assert requests.get(models, headers={"Authorization": "Bearer sk-not-the-key-0123456789"},
+                            timeout=10).status_code == 401
+        assert not (work / "secrets").exists()  # nothing was bound in place of a missing file
+        down = compose("down", "default")
+        assert down.returncode == 0, down.stderr[-2000:]
+        running = subprocess.run(["docker", "ps", "-q", "--filter", f"label=com.docker.compose.project={project}"],
+                                 capture_output=True, text=True).stdout.split()
+        assert running == [], "`docker compose down default` left the project running"
+    finally:
+        compose("--profile", "*", "down", "-v", "--remove-orphans")
+
+
+def _readme_block(first_line: str) -> str:
+    """The README's ```bash block that starts with `first_line`."""
+    import re
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    found = [b for b in blocks if b.startswith(first_line)]
+    assert len(found) == 1, f"README.md has {len(found)} bash blocks starting with {first_line!r}"
+    return found[0]
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_the_readmes_quickstart_without_a_gpu_runs_as_written(cpu_image, tmp_path):
+    """README's cpu quickstart, line by line in a fresh copy of the repository (its .venv this checkout's), each line
+    stopping the block when it fails: the image, plain Compose healthy, the models list with the key file's key, and
+    `docker compose down`. Only the port differs from what it says: the test's own, never a developer's 18020."""
+    from servekit.engines.docker import free_port
+    root = tracked_copy(tmp_path / "clone")
+    (root / ".venv").symlink_to(ROOT / ".venv")
+    assert subprocess.run(["make", "-q", ".venv/.installed"], cwd=root).returncode == 0, \
+        "the venv is older than requirements.lock or pyproject.toml: `make venv` here first"
+    project, port = f"{TEST_PROJECT}-quickstart", free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPOSE_", "VLLM_", "PORT", "BIND"))}
+    env.update(SERVEKIT_PROJECT=project, PORT=str(port))
+    block = _readme_block("make image TARGET=cpu")
+    assert "18020" in block
+    try:
+        done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", block.replace("18020", str(port))], cwd=root,
+                              env=env, capture_output=True, text=True, timeout=1200)
+        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+        assert json.loads(done.stdout.strip().splitlines()[-1])["data"][0]["id"] == "servekit-demo"
+        left = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project={project}"],
+                              capture_output=True, text=True).stdout.split()
+        assert left == []
+    finally:
+        subprocess.run(["docker", "compose", "--profile", "*", "down", "-v", "--remove-orphans"], cwd=root / "compose",
+                       env=env, capture_output=True, timeout=300)
 
 
 @pytest.mark.slow

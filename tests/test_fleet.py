@@ -164,11 +164,11 @@ def test_a_restarted_second_engine_reclaims_the_bridges_its_forgotten_networks_l
     can create no network (CI failed so: "could not find an available, non-overlapping IPv4 address pool")."""
     import ipaddress
     engine = second_engine.throwaway(tmp_path / "engine", SLOT)
-    pool = ipaddress.ip_network(engine.pool)
+    pool = ipaddress.IPv4Network(engine.pool)
 
     def routes_in_pool() -> list[str]:
         routes = subprocess.run(["ip", "-j", "route"], capture_output=True, text=True, check=True).stdout
-        return [r["dst"] for r in json.loads(routes) if "/" in r["dst"] and ipaddress.ip_network(r["dst"]).subnet_of(pool)]
+        return [r["dst"] for r in json.loads(routes) if "/" in r["dst"] and ipaddress.IPv4Network(r["dst"]).subnet_of(pool)]
     try:
         engine.start()
         assert _on_second(engine.url, "network", "create", "left-behind").returncode == 0

@@ -454,3 +454,29 @@ def test_pull_fetches_the_release_of_this_build_as_its_own_tag_and_refuses_a_bui
     assert never.returncode == 1 and "Traceback" not in never.stderr
     last = never.stderr.strip().splitlines()[-1]
     assert "is not in the registry" in last and "python build.py image --target cpu" in last, last
+
+
+def test_a_checkout_a_commit_away_from_a_release_is_offered_the_moving_tag_and_told_what_it_is(checked_image, registry,
+                                                                                                tmp_path):
+    """One image change after the release, `pull` finds no release of this checkout's digest: it names the moving
+    tag of the pinned vLLM as another build, `--moving` pulls that (the release's very image) and compose/.env then
+    names it by the registry's name, not as this checkout's build."""
+    port = registry["port"]
+    done = _release("--registry", f"127.0.0.1:{port}/serve", "--target", "cpu")
+    assert done.returncode == 0, done.stderr[-2000:]
+    released = json.loads(subprocess.run(["docker", "image", "inspect", checked_image["tag"]], capture_output=True,
+                                         text=True).stdout)[0]["Id"]
+    root = tracked_copy(tmp_path / "clone")
+    launcher = root / "servekit" / "image" / "launcher.py"
+    launcher.write_text(launcher.read_text() + "# a commit after the release\n")
+    refused = run_build_py("pull", "--target", "cpu", "--registry", f"127.0.0.1:{port}/serve", cwd=root)
+    assert refused.returncode == 1, refused.stderr[-2000:]
+    moving = f"127.0.0.1:{port}/serve/vllm-serve:v0.31.0-cpu"
+    assert f"the registry has {moving}" in refused.stderr and "pull --moving" in refused.stderr
+    pulled = run_build_py("pull", "--target", "cpu", "--moving", "--json", "--registry", f"127.0.0.1:{port}/serve",
+                          cwd=root)
+    assert pulled.returncode == 0, pulled.stderr[-2000:]
+    said = json.loads(pulled.stdout)
+    assert said["reference"] == said["tag"] == moving and said["image_id"] == released
+    assert "not this checkout's build" in pulled.stderr
+    assert f"SERVEKIT_IMAGE={moving}\n" in (root / "compose" / ".env").read_text()

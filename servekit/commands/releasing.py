@@ -45,7 +45,7 @@ def cmd_pull(args) -> int:
     from servekit.serve.deploy import ready_for_compose
     session = open_session(args)
     pulled = pull_release(session, session.check_target(args.target or session.default_target()), args.registry,
-                          say=channel("pull: "))
+                          say=channel("pull: "), moving=args.moving)
     ready_for_compose(session, pulled.target, pulled.tag)  # for `docker compose up PROFILE` in compose/
     if args.json:
         emit_json({"target": pulled.target, "reference": pulled.reference, "tag": pulled.tag,
@@ -83,6 +83,9 @@ def register(c: Commands) -> None:
               "`release` pushed for this checkout's content digest), with its progress; `up`, `run` and a plain "
               "`docker compose up PROFILE` then use it", locked=True)
     p.add_argument("--registry", type=arguments.registry, metavar="HOST[:PORT]/NAMESPACE", help=REGISTRY_HELP)
+    p.add_argument("--moving", action="store_true",
+                   help="the release's moving tag (v<vllm>-<target>: the newest release of the pinned vLLM, another "
+                        "build than this checkout's) instead of this checkout's own; compose/.env then names it")
     c.target(p)
     p = c.add("render", cmd_render, "render deployment manifests for one profile (Kubernetes), validated offline "
             "against the Kubernetes schemas", json_out=False)

@@ -279,9 +279,11 @@ def _context(matrix: Matrix) -> list[str]:
 # What a user may set in compose/.env besides the knobs, and what each does; tests/test_source_compat.py holds the
 # names to the ${VARIABLES} the Compose files read (less those servekit's own block writes).
 USER_SETTINGS: dict[str, str] = {
-    "VLLM_API_KEY": "the key clients send, as the source's users set it: `python build.py up` writes it into "
-                    "compose/secrets/api_key, the file Compose hands the server (plain `docker compose up` reads "
-                    "that file only)",
+    "VLLM_API_KEY": "the key clients send, as the source's users set it: the container takes it first; "
+                    "`python build.py up` also writes it into compose/secrets/api_key, its own key file",
+    "HF_TOKEN": "a Hugging Face token for prepare's download (a gated model); compose/secrets/hf_token wins when "
+                "it holds one",
+    "HF_ENDPOINT": "the hub prepare downloads from, in place of huggingface.co (a mirror)",
     "BIND": "the address the server is published on (the source's name; default 127.0.0.1)",
     "PORT": "the port the server is published on (the source's name)",
     "SERVEKIT_REGISTRY": "where releases come from and go (e.g. registry.example:5000/team): `pull`, `release` and a "

@@ -55,7 +55,8 @@ def ensure_image(engine: Engine, tag: str, release: ReleaseRecord | None = None,
     this_machine = local_engine()
     local = this_machine.image(tag)
     if local is None:
-        raise UserError(f"image {tag} is not built here: run `python build.py image` for its target first")
+        raise UserError(f"image {tag} is not here: `python build.py pull` fetches this checkout's release from "
+                        "the registry (SERVEKIT_REGISTRY), or `python build.py image` builds it")
     if engine.url == this_machine.url or engine.image_id(tag) == local.id:
         return "already there"
     here, remote = this_machine.sdk(timeout=3600), engine.sdk(timeout=3600)

@@ -209,8 +209,8 @@ SOURCE_NAMES: dict[str, SourceName] = {
                              "written into; a relative path is taken from compose/, and prepare writes there as "
                              "SERVEKIT_UID"),
     "VLLM_API_KEY": SourceName("the API key; an exported one wins over api_key.txt",
-                               "the same: `image`/`up` write it to compose/secrets/api_key, which the container "
-                               "mounts; the launcher also takes an exported one first"),
+                               "the same, in the shell or compose/.env: Compose hands it to the container, whose "
+                               "launcher takes it first; `image`/`up` also write it to compose/secrets/api_key"),
     "api_key.txt": SourceName("the key file at the repository's root",
                               "read when VLLM_API_KEY is unset; its key goes to compose/secrets/api_key"),
     "PRINT_ARGV": SourceName("print the argv and exit", "the same (the key masked), plus the environment"),

@@ -2,7 +2,9 @@
 
 What is pulled is the immutable tag `release` pushes for this build's content digest, so it is the image this
 checkout would build (builds reproduce: the same image ID); it is then tagged as the build's own tag, so `up`,
-`run` and a plain `docker compose up PROFILE` in compose/ use it as they would a build.
+`run` and a plain `docker compose up PROFILE` in compose/ use it as they would a build. `--moving` takes the newest
+release of the pinned vLLM instead (its moving tag: a checkout a commit away from a release has no release of its
+own), said to be another build, and kept under the registry's name, which compose/.env then names.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from servekit.engines.docker import local
 from servekit.errors import CheckFailed, EnvironmentProblem
 from servekit.output import as_output
 from servekit.release import registry
-from servekit.release.publish import released_reference
+from servekit.release.publish import release_tags, released_reference
 
 
 @dataclass
@@ -27,27 +29,43 @@ class Pulled:
     seconds: float
 
 
-def pull_release(session, target: str, given_registry: str | None = None, say=None) -> Pulled:
+def pull_release(session, target: str, given_registry: str | None = None, say=None, moving: bool = False) -> Pulled:
+    """This checkout's release of `target`, tagged as its build would be; with `moving`, the release's moving tag of
+    the pinned vLLM instead (the newest release, another build than this checkout's), kept under its own name."""
     say = as_output(say)
     plan = session.plan(target)
     reference = released_reference(session.matrix, plan, given_registry, session.root)
-    repository, _, tag = reference.rpartition(":")
+    repository, _, exact = reference.rpartition(":")
+    newest = release_tags(session.matrix, plan)[1]
     engine = local()
     engine.check()
     client = engine.sdk(timeout=1800)
     started = time.monotonic()
+    tag = newest if moving else exact
     try:
         if registry.digest(client, repository, tag) is None:
-            raise CheckFailed(f"{reference} is not in the registry: this build ({plan.tag}) was not released there; "
-                              f"build it here with `python build.py image --target {target}`, or name the registry "
-                              "it was released to with --registry (SERVEKIT_REGISTRY in the shell or compose/.env)")
-        say(f"{target}: pulling {reference}")
+            offer = newest if not moving and registry.digest(client, repository, newest) else None
+            raise CheckFailed(_not_there(repository, tag, offer, plan.tag, target))
+        if moving:
+            say(f"{target}: {repository}:{newest} is the newest release of vLLM {session.matrix.vllm}, not this "
+                f"checkout's build ({plan.tag}): its image, its patches and its reports are the release's")
+        say(f"{target}: pulling {repository}:{tag}")
         shown = registry.PushProgress(tag, lambda text, live: say.step(text) if live else say(text),
                                       sys.stderr.isatty(), verb="pull")
         registry.pull(client, repository, tag, progress=shown)
     except registry.TransientRegistryError as exc:
-        raise EnvironmentProblem(f"pulling {reference} failed: {exc}") from None
+        raise EnvironmentProblem(f"pulling {repository}:{tag} failed: {exc}") from None
     say(shown.line())
-    image = client.images.get(reference)
-    image.tag(*plan.tag.rpartition(":")[::2])
-    return Pulled(target, reference, plan.tag, image.id, time.monotonic() - started)
+    image = client.images.get(f"{repository}:{tag}")
+    if not moving:  # the very image this checkout builds: it goes by the build's tag
+        image.tag(*plan.tag.rpartition(":")[::2])
+    return Pulled(target, f"{repository}:{tag}", f"{repository}:{tag}" if moving else plan.tag, image.id,
+                  time.monotonic() - started)
+
+
+def _not_there(repository: str, tag: str, moving: str | None, build: str, target: str) -> str:
+    offer = (f"; the registry has {repository}:{moving}, the newest release of this vLLM (another build, not this "
+             f"checkout's digest): `python build.py pull --moving` takes it") if moving else ""
+    return (f"{repository}:{tag} is not in the registry: this build ({build}) was not released there{offer}; or build "
+            f"it here with `python build.py image --target {target}`, or name the registry it was released to with "
+            "--registry (SERVEKIT_REGISTRY in the shell or compose/.env)")

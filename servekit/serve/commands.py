@@ -66,6 +66,10 @@ def up_profile(session, profile: str, target: str | None = None, host: str | Non
     deploy.check_bind(dep.bind, say)
     key_file = deploy.ensure_secrets(dep)
     deploy.write_env(dep)
+    if unread := deploy.unread_settings(dep):
+        say(f"up: note: {', '.join(unread)} in {dep.env_file.name} reach nothing: neither knobs nor settings that "
+            "Compose or servekit read (compose/.env.example lists those); to hand one to the server, name it under "
+            "`environment:` in compose/compose.override.yaml")
     where = "" if engine.is_local else f" on engine {engine.given} (image {arrived})"
     say(f"up: {profile} on {target} ({dep.host}){where}, {dep.image}")
     if dep.card:

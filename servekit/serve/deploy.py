@@ -23,6 +23,7 @@ import datetime as dt
 from dotenv import dotenv_values
 
 from servekit.atomic import write_text
+from servekit.config.derived import USER_SETTINGS
 from servekit.errors import UserError
 from servekit.output import as_output
 from servekit.engines import Engine, local, resolve, Server, ServerState
@@ -37,6 +38,7 @@ from servekit.layout import IMAGE_UID
 MAX_ID = 2**31 - 1  # the largest id Docker and Kubernetes take
 MODEL_DIR_COMPOSE = "compose.model-dir.yaml"  # mounts MODEL_DIR read-only; prepare then fetches nothing
 DRAFTER_DIR_COMPOSE = "compose.drafter-dir.yaml"  # mounts DRAFTER_DIR read-only, the DFlash2 drafter's folder
+USERS_OVERRIDE = "compose.override.yaml"  # a user's own changes; last, so that they win
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,8 @@ class Deployment:
             names.append(CARD_COMPOSE)
         if not self.engine.same_machine:  # this disk's files are not there to bind-mount
             names.append("compose.remote.yaml")
+        if (self.compose_dir / USERS_OVERRIDE).is_file():  # Compose's own default, which COMPOSE_FILE turns off
+            names.append(USERS_OVERRIDE)
         return [self.compose_dir / n for n in names]
 
     @property
@@ -197,8 +201,15 @@ def write_env(dep: Deployment) -> Path | None:
         # then acts on the profile `docker compose up -d alternative` started, not only on services without one.
         "COMPOSE_PROFILES": "*",
     }
+    # What the files named in COMPOSE_FILE read, saved beside it, so that a later plain `docker compose ps` or `up`
+    # finds what this command's environment held (the key and token files, unless the user's lines name theirs)
     if dep.card:
         ours.update(dep.card.compose_env())
+    ours.update({name: folder for name, folder in (("MODEL_DIR", dep.model_dir), ("DRAFTER_DIR", dep.drafter_dir))
+                 if folder})
+    users = users_settings(dep.env_file)
+    secret_files = {"SERVEKIT_API_KEY_FILE": "./secrets/api_key", "SERVEKIT_HF_TOKEN_FILE": "./secrets/hf_token"}
+    ours.update({name: path for name, path in secret_files.items() if name not in users})
     uid, gid = run_as()
     if (uid, gid) != (IMAGE_UID, IMAGE_UID) and dep.engine.same_machine:  # another machine's engine: the image's user
         ours.update(SERVEKIT_UID=str(uid), SERVEKIT_GID=str(gid))
@@ -210,8 +221,9 @@ def write_env(dep: Deployment) -> Path | None:
 
 
 # The keys servekit's block writes (write_env), by name: a user's own SERVEKIT_REGISTRY, say, is theirs.
-OWN_KEYS = re.compile(r"^\s*(?:export\s+)?(SERVEKIT_(?:IMAGE|HOST|BIND|PORT|UID|GID|CARD\w*|MPS_PIPE_DIR)|COMPOSE_PROJECT_NAME|"
-                      r"COMPOSE_PATH_SEPARATOR|COMPOSE_FILE|COMPOSE_PROFILES)\s*=")
+OWN_KEYS = re.compile(r"^\s*(?:export\s+)?(SERVEKIT_(?:IMAGE|HOST|BIND|PORT|UID|GID|CARD\w*|MPS_PIPE_DIR|API_KEY_FILE|"
+                      r"HF_TOKEN_FILE)|MODEL_DIR|DRAFTER_DIR|COMPOSE_PROJECT_NAME|COMPOSE_PATH_SEPARATOR|COMPOSE_FILE|"
+                      r"COMPOSE_PROFILES)\s*=")
 OWN_COMMENTS = (ENV_BEGIN, ENV_BEGIN_2, "# For `python build.py --engine ", "# Written by `python build.py")
 
 
@@ -245,6 +257,14 @@ def users_settings(env_file: Path) -> dict[str, str]:
     comment after a value, ${VAR}); the tests hold the two to the same files."""
     values = dotenv_values(stream=io.StringIO("\n".join(users_lines(env_file)) + "\n"), interpolate=True)
     return {key: value for key, value in values.items() if value is not None}
+
+
+def unread_settings(dep: Deployment) -> list[str]:
+    """The names of the user's lines of the env file that reach nothing: neither a knob, nor a setting the Compose
+    files or servekit read (compose/.env.example lists those), nor Compose's or the Docker CLI's own."""
+    known = set(KNOBS) | set(USER_SETTINGS)
+    return [name for name in users_settings(dep.env_file)
+            if name not in known and not OWN_KEYS.match(f"{name}=") and not name.startswith(("COMPOSE_", "DOCKER_"))]
 
 
 def source_settings(root: Path, *names: str) -> dict[str, str]:
