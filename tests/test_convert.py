@@ -123,6 +123,9 @@ def test_prepare_converts_a_fetched_checkpoint_after_its_download(facts):
     run = facts["through_prepare"]
     assert run["rc"] == 0 and "is complete" in run["said"] and "lm_head to int8" in run["said"], run["said"]
     assert "the token embeddings to int8" in run["said"], run["said"]
+    from servekit.serve.boot import CONVERTED  # the host reads these lines for the report's prepare phase
+    said = [line for line in run["said"].splitlines() if " to int8 in " in line]
+    assert len(said) == 3 and all(CONVERTED.search(line) for line in said), said
     assert run["converted"] == ["lm_head.weight_packed", "model.language_model.embed_tokens.weight_packed", "mtp.fc.weight_packed", "mtp.layers.0.mlp.down_proj.weight_packed",
                                 "mtp.layers.0.mlp.gate_proj.weight_packed", "mtp.layers.0.mlp.up_proj.weight_packed",
                                 "mtp.layers.0.self_attn.k_proj.weight_packed", "mtp.layers.0.self_attn.o_proj.weight_packed",

@@ -54,6 +54,7 @@ class Hub(BaseHTTPRequestHandler):
     resolved: list[tuple[str, str]] = []  # (path, user agent) of every file request
     sha = COMMIT  # the commit a revision resolves to
     trickle: set[str] = set()  # files sent a byte at a time, without end
+    paced: set[str] = set()  # files sent in ten pieces, 0.3 s apart: a download that takes a while
     hang = threading.Event()  # set: the API never answers
     stop = threading.Event()
     protocol_version = "HTTP/1.1"
@@ -90,6 +91,13 @@ class Hub(BaseHTTPRequestHandler):
                 except OSError:  # the client left
                     return
                 start += 1
+            return
+        if filename in self.paced:
+            piece = -(-(len(body) - start) // 10)
+            for at in range(start, len(body), piece):
+                self.wfile.write(body[at:at + piece])
+                self.wfile.flush()
+                time.sleep(0.3)
             return
         if filename in self.drop_once:
             self.drop_once.discard(filename)
@@ -139,6 +147,7 @@ class Hub(BaseHTTPRequestHandler):
 def hub():
     Hub.repos, Hub.drop_once, Hub.ranges, Hub.resolved = {"org/model": _repo(2), "org/drafter": _repo(1)}, set(), [], []
     Hub.sha, Hub.trickle, Hub.hang, Hub.stop = COMMIT, set(), threading.Event(), threading.Event()
+    Hub.paced = set()
     with serving(Hub) as server:
         yield f"http://127.0.0.1:{server.server_port}"
         Hub.stop.set()
@@ -175,6 +184,31 @@ def test_the_model_and_its_drafter_arrive_whole_and_marked(tmp_path, hub):
     assert files and all(f"hf_hub/{pin};" in agent for agent in files)  # fetched by the image's client
     again = _prepare(_profiles(tmp_path), hub)
     assert again.returncode == 0 and again.stderr.count("is complete") == 2
+
+
+def test_a_download_says_how_far_it_is_as_it_goes_and_what_it_fetched(tmp_path, hub):
+    """The 20 GB download is most of a first boot: prepare says its size first, then GB of GB, the rate and the whole
+    files every PREPARE_PROGRESS_S, and at the end what it fetched; `up` shows these lines as they come."""
+    import re
+    shard = "model-00001-of-00002.safetensors"
+    Hub.repos["org/model"][shard] = _shard(2, 5_000_000)  # 40 MB: the client writes 10 MiB at a time
+    Hub.paced = {shard}
+    total = sum(len(b) for b in Hub.repos["org/model"].values())
+    done = _prepare(_profiles(tmp_path), hub, PREPARE_PROGRESS_S="0.5")
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("prepare: org/model")]
+    assert f"{len(Hub.repos['org/model'])} files, {total / 1e9:.2f} GB; fetching" in lines[0]
+    found = (re.search(r": ([\d.]+) of ([\d.]+) GB, ([\d.]+) MB/s, (\d+) of (\d+) files$", line) for line in lines)
+    ticks = [t for t in found if t is not None]
+    assert len(ticks) >= 2, lines  # about 3 s of download, a line every 0.5 s
+    assert all(t[2] == f"{total / 1e9:.2f}" and t[5] == str(len(Hub.repos["org/model"])) for t in ticks)
+    assert float(ticks[-1][1]) >= float(ticks[0][1]) and any(float(t[3]) > 0 for t in ticks)
+    assert re.search(rf"downloaded {total / 1e9:.2f} GB in [\d.]+ s \([\d.]+ MB/s\), 4 of 4 files whole$", lines[-1])
+    from servekit.serve.boot import prepare_figures  # what the host makes of these lines for the report
+    figures = prepare_figures(done.stderr.splitlines())
+    drafter = sum(len(b) for b in Hub.repos["org/drafter"].values())
+    assert figures["download_gb"] == round(total / 1e9, 2) + round(drafter / 1e9, 2) and figures["download_s"] >= 2.5
+    assert figures["conversion_s"] == 0  # not a compressed-tensors checkpoint: nothing to convert
 
 
 def test_a_connection_dropped_mid_shard_resumes_where_it_stopped(tmp_path, hub):

@@ -51,6 +51,10 @@ def test_run_writes_the_three_files_and_compare_reads_two(tmp_path):
     assert {"total_gib", "kv_available_gib", "kv_pool_tokens"} <= budget.keys(), budget
     assert 0 < budget["kv_available_gib"] < budget["total_gib"]
     assert "| left for the KV cache |" in (runs[0] / "report.md").read_text()
+    # prepare ran before the boot, out of its time: the demo model is copied from the image, nothing downloaded
+    prepared = json.loads((runs[0] / "report.json").read_text())["boot"]["prepare"]
+    assert prepared["download_gb"] == 0 and prepared["conversion_s"] == 0 and prepared["total_s"] > 0, prepared
+    assert "| prepare, before it | " in (runs[0] / "report.md").read_text()
     table = run_build_py("compare", str(runs[0]), str(runs[1]))
     assert table.returncode == 0
     assert "time to healthy" in table.stdout and "burst: tokens_per_s" in table.stdout
@@ -129,6 +133,7 @@ def test_a_signal_that_ends_a_boot_keeps_the_budget_its_log_gave(repo, monkeypat
     def down(*args, **kwargs):
         if when != "during the boot":
             raise KeyboardInterrupt
+    monkeypatch.setattr(deploy, "prepare", lambda *args, **kwargs: [])
     monkeypatch.setattr(deploy, "up", lambda *args, **kwargs: server)
     monkeypatch.setattr(deploy, "down", down)
     monkeypatch.setattr(boot, "watch_boot", watch)
@@ -155,6 +160,7 @@ def test_a_boot_that_ends_on_an_unexpected_error_still_gets_its_report(repo, mon
 
     def up(*args, **kwargs):
         raise RuntimeError("the engine's socket went away")
+    monkeypatch.setattr(deploy, "prepare", lambda *args, **kwargs: [])
     monkeypatch.setattr(deploy, "up", up)
     report, _ = pipeline.run_profile(matrix, dep, "default", repo / "no-key", say=lambda line: None)
     boot = report.checks[0]

@@ -24,7 +24,8 @@ from pathlib import Path, PurePosixPath
 from urllib.parse import urlparse
 
 from servekit.engines.gpuaccess import GpuAccess, decide
-from servekit.errors import EnvironmentProblem, UserError
+from servekit.errors import BootFailed, EnvironmentProblem, UserError
+from servekit.engines.failures import classify
 from servekit.engines.protocol import Engine, ServerState
 from servekit.layout import PROFILE_LABEL, PROJECT_LABEL
 from servekit.wsl2.detect import is_wsl2
@@ -35,6 +36,7 @@ from servekit.waiting import until
 # The Compose project every command acts on; another name (the tests use their own) keeps two sets of
 # servers, volumes and `down`s apart on one engine.
 PROJECT = os.environ.get("SERVEKIT_PROJECT") or "servekit"
+PREPARE_WAIT_S = 24 * 3600  # its log has ended when this wait begins: the container is exiting, not downloading
 if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", PROJECT):
     raise SystemExit(f"error: SERVEKIT_PROJECT={PROJECT!r}: a Compose project name is lowercase letters, digits, "
                      "'-' and '_'")
@@ -217,14 +219,41 @@ class DockerEngine:
                             compose_project_directory=dep.compose_dir, compose_env_files=[dep.env_file],
                             compose_profiles=profiles or [], client_call=call)
 
-    def up(self, dep, profile: str, knobs: dict[str, str] | None = None):
-        """Start the profile (its prepare service first) through Compose; None (the caller finds the container)."""
+    def prepare(self, dep, profile: str, knobs: dict[str, str] | None = None, on_line=None) -> list[str]:
+        """Compose's prepare service for the profile, run to its end with its log followed; its lines."""
         client = self.compose_for(dep, [profile], {**(knobs or {}), "SERVEKIT_PROFILE": profile})
         # A stopped container left by a run that was killed keeps its old mounts (a secret file that is gone),
         # and Compose would start it as it is: remove stopped ones first. A running server stays.
-        with docker_errors(f"up {profile} on engine {self.given}"):
+        with docker_errors(f"prepare for {profile} on engine {self.given}"):
             client.compose.rm(stop=False)
-            client.compose.up(services=[profile], detach=True, quiet=True)
+            client.compose.up(services=["prepare"], detach=True, quiet=True)
+            found = self.client.containers.list(all=True, filters={"label": [
+                f"{PROJECT_LABEL}={PROJECT}", "com.docker.compose.service=prepare"]})
+            if not found:
+                raise BootFailed("compose started no prepare container", "", [])
+            container, lines, pending = found[0], [], b""
+            for chunk in container.logs(stream=True, follow=True):
+                pending += chunk
+                *whole, pending = pending.split(b"\n")
+                for raw in whole:
+                    lines.append(raw.decode(errors="replace").rstrip("\r"))
+                    if on_line:
+                        on_line(lines[-1])
+            code = container.wait(timeout=PREPARE_WAIT_S)["StatusCode"]
+        if pending:
+            lines.append(pending.decode(errors="replace"))
+        if code != 0:
+            found_reason = next(filter(None, map(classify, lines)), None)
+            reason, line = found_reason or (f"prepare failed (exit {code})", (lines or [""])[-1])
+            raise BootFailed(reason, line, lines[-12:])
+        return lines
+
+    def up(self, dep, profile: str, knobs: dict[str, str] | None = None):
+        """Start the profile through Compose, its prepare service done (prepare() above); None (the caller finds
+        the container)."""
+        client = self.compose_for(dep, [profile], {**(knobs or {}), "SERVEKIT_PROFILE": profile})
+        with docker_errors(f"up {profile} on engine {self.given}"):
+            client.compose.up(services=[profile], detach=True, quiet=True, dependencies=False)
         return None
 
     def down(self, dep, profile: str | None = None) -> None:

@@ -95,6 +95,9 @@ class ProcessEngine:
     hostname = "127.0.0.1"
     scheme = SCHEME
 
+    def prepare(self, dep, profile: str, knobs: dict[str, str] | None = None, on_line=None) -> list[str]:
+        return prepare(dep, profile, knobs, on_line)
+
     def up(self, dep, profile: str, knobs: dict[str, str] | None = None) -> ProcessServer:
         return up(dep, profile, knobs)
 
@@ -294,30 +297,51 @@ def _environment(dep, profiles_file: Path, knobs: dict[str, str]) -> dict[str, s
     return env
 
 
-def up(dep, profile: str, knobs: dict[str, str] | None = None) -> ProcessServer:
-    """Prepare the model (and the drafter the profile serves with, no other), then start the profile's server in its
-    own process group; its record written."""
+def _launched(dep, profile: str, knobs: dict[str, str] | None) -> tuple[list[str], dict[str, str], Path]:
+    """The launcher's command, its environment and the profile's log, its profiles file written."""
     engine: ProcessEngine = dep.engine
     check_environment(engine, dep)  # which checks that the environment is there first
     state = engine.state
     state.mkdir(parents=True, exist_ok=True)
-    existing = next(iter(engine.servers(profile)), None)
-    if existing and existing.running:
-        return existing  # as `docker compose up` leaves a running service alone
     profiles_file = state / "profiles" / f"{dep.target}.json"  # beside the records (*.json), not among them
     write_text(profiles_file, json.dumps(_profiles(dep, state), indent=2) + "\n")
-    env = _environment(dep, profiles_file, knobs or {})
-    log_path = state / f"{profile}.log"
     launcher = [str(engine.python), str(IMAGE_CODE / "launcher.py")]
-    with open(log_path, "wb") as log:
-        prepared = subprocess.run([*launcher, "prepare", profile], env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                  stderr=subprocess.STDOUT, cwd=state, timeout=24 * 3600)
-    if prepared.returncode != 0:  # said as the watcher says a boot's failure (a refused knob: "launcher refused")
-        lines = log_path.read_text(errors="replace").splitlines()
+    return launcher, _environment(dep, profiles_file, knobs or {}), state / f"{profile}.log"
+
+
+def prepare(dep, profile: str, knobs: dict[str, str] | None = None, on_line=None) -> list[str]:
+    """The model (and the drafter the profile serves with, no other) into place, each line of the launcher's prepare
+    to `on_line` and the profile's log as it comes; its lines. A running server's folders are in place already."""
+    existing = next(iter(dep.engine.servers(profile)), None)
+    if existing and existing.running:
+        return []  # its log is the running server's
+    launcher, env, log_path = _launched(dep, profile, knobs)
+    lines: list[str] = []
+    with open(log_path, "w") as log, subprocess.Popen(
+            [*launcher, "prepare", profile], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, cwd=dep.engine.state, text=True, errors="replace") as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            lines.append(line.rstrip("\n"))
+            if on_line:
+                on_line(lines[-1])
+    if proc.returncode != 0:  # said as the watcher says a boot's failure (a refused knob: "launcher refused")
         log_path.unlink()
         found = next(filter(None, map(classify, lines)), None)
-        reason, line = found or (f"prepare failed (exit {prepared.returncode})", (lines or [""])[-1])
+        reason, line = found or (f"prepare failed (exit {proc.returncode})", (lines or [""])[-1])
         raise BootFailed(reason, line, lines[-12:])
+    return lines
+
+
+def up(dep, profile: str, knobs: dict[str, str] | None = None) -> ProcessServer:
+    """Start the prepared profile's server (prepare() above) in its own process group; its record written."""
+    existing = next(iter(dep.engine.servers(profile)), None)
+    if existing and existing.running:
+        return existing  # as `docker compose up` leaves a running service alone
+    launcher, env, log_path = _launched(dep, profile, knobs)
+    engine: ProcessEngine = dep.engine
+    state = engine.state
     with open(log_path, "ab") as log:
         popen = subprocess.Popen([*launcher, "serve", profile], env={**env, "HF_HUB_OFFLINE": "1"},
                                  stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=state,

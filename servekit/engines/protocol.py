@@ -116,8 +116,12 @@ class Engine(Protocol):
         """What a deployment names as its image, and the pins the engine's own stack must hold (an image carries its
         own: none)."""
 
+    def prepare(self, dep, profile: str, knobs: dict[str, str] | None = None, on_line=None) -> list[str]:
+        """Run the profile's prepare step (the model and its drafter into place) to its end, each line of its output to
+        `on_line` as it comes; its lines. BootFailed, with its reason, when it fails."""
+
     def up(self, dep, profile: str, knobs: dict[str, str] | None = None) -> Server | None:
-        """Start the profile; its server, or None when the caller finds it (`servers`)."""
+        """Start the prepared profile; its server, or None when the caller finds it (`servers`)."""
 
     def down(self, dep, profile: str | None = None) -> None:
         """Stop and remove the profile's server (every one of the project's when None)."""

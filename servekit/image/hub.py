@@ -30,6 +30,7 @@ MAX_HEADER_BYTES = 100_000_000  # safetensors' own cap on a header
 STALL_BYTES = 1 << 20  # a download that gains less than this in PREPARE_STALL_S seconds is abandoned
 STALL_S_DEFAULT, STALL_S_MOST = 300.0, 86400.0
 POLL_S = 2.0
+PROGRESS_S_DEFAULT = 10.0  # how often a download says how far it is (PREPARE_PROGRESS_S)
 
 
 class HubError(Exception):
@@ -95,10 +96,14 @@ def download(repo: str, revision: str | None, dest: Path, token: str | None, say
     """Every file of the repository into `dest`, resuming what an earlier run left; the commit fetched."""
     import httpx
     from huggingface_hub import HfApi, constants, snapshot_download
+    from huggingface_hub.hf_api import RepoFile
     from huggingface_hub import errors as hf
 
     wanted = revision or "main"
     stall_s = number_setting(os.environ, "PREPARE_STALL_S", STALL_S_DEFAULT, 1, STALL_S_MOST, "seconds")
+
+    progress = Progress(repo, dest, say, number_setting(os.environ, "PREPARE_PROGRESS_S", PROGRESS_S_DEFAULT, 0.5,
+                                                        STALL_S_MOST, "seconds"))
 
     def fetch() -> str:
         # A branch or tag is resolved once, so that every file comes from the same commit.
@@ -106,12 +111,14 @@ def download(repo: str, revision: str | None, dest: Path, token: str | None, say
         if not isinstance(commit, str) or not COMMIT.fullmatch(commit):
             raise HubError(f"{repo}@{wanted}: the hub named {str(commit)[:60]!r} as its commit, which is no commit id "
                            "(40 hex digits); nothing was fetched")
-        say(f"prepare: {repo}@{commit[:12]}: fetching (resumes what is there)")
+        tree = HfApi().list_repo_tree(repo, revision=commit, recursive=True, token=token)
+        progress.expect({f.path: f.size for f in tree if isinstance(f, RepoFile)})
+        say(f"prepare: {repo}@{commit[:12]}: {progress.expected_line()}; fetching (resumes what is there)")
         snapshot_download(repo, revision=commit, local_dir=dest, token=token, max_workers=WORKERS)
         return commit
 
     try:
-        commit = _watched(fetch, dest, stall_s, f"{repo}: {constants.ENDPOINT}")
+        commit = _watched(fetch, dest, stall_s, f"{repo}: {constants.ENDPOINT}", progress)
     except hf.GatedRepoError:
         raise HubError(f"{repo} is gated: accept its terms on the hub and give a token (HF_TOKEN_FILE)") from None
     except hf.RepositoryNotFoundError:
@@ -132,12 +139,57 @@ def download(repo: str, revision: str | None, dest: Path, token: str | None, say
         if ".cache" not in path.relative_to(dest).parts and (problem := shard_problem(path, path.name)):
             path.unlink()  # the next run fetches it again
             raise HubError(f"{repo}/{problem}; the file was removed, run prepare again")
+    say(progress.done_line())
     return commit
 
 
-def _watched(work, dest: Path, stall_s: float, what: str):
+class Progress:
+    """How far a download is, said every `every_s`: bytes under the folder (partial files included) of the
+    repository's total, the rate since the last line, and how many of its files are whole."""
+
+    def __init__(self, repo: str, dest: Path, say, every_s: float):
+        self.repo, self.dest, self.say, self.every_s = repo, dest, say, every_s
+        self.sizes: dict[str, int] = {}
+        self.started = time.monotonic()
+        self.first = _bytes_under(dest)  # what an earlier run left: not this run's rate
+        self.last_at, self.last_bytes = self.started, self.first
+
+    def expect(self, sizes: dict[str, int]) -> None:
+        self.sizes = sizes
+
+    def expected_line(self) -> str:
+        return f"{len(self.sizes)} files, {sum(self.sizes.values()) / 1e9:.2f} GB"
+
+    def whole_files(self) -> int:
+        whole = 0
+        for name, size in self.sizes.items():
+            try:
+                whole += (self.dest / name).stat().st_size == size
+            except OSError:  # not there yet
+                pass
+        return whole
+
+    def tick(self, held: int) -> None:
+        now = time.monotonic()
+        if not self.sizes or now - self.last_at < self.every_s:
+            return
+        rate = (held - self.last_bytes) / (now - self.last_at)
+        total = sum(self.sizes.values())
+        self.say(f"prepare: {self.repo}: {held / 1e9:.2f} of {total / 1e9:.2f} GB, {rate / 1e6:.1f} MB/s, "
+                 f"{self.whole_files()} of {len(self.sizes)} files")
+        self.last_at, self.last_bytes = now, held
+
+    def done_line(self) -> str:
+        took = time.monotonic() - self.started
+        fetched = max(0, sum(self.sizes.values()) - self.first)
+        return (f"prepare: {self.repo}: downloaded {fetched / 1e9:.2f} GB in {took:.1f} s "
+                f"({fetched / 1e6 / max(took, 1e-3):.1f} MB/s), {self.whole_files()} of {len(self.sizes)} files whole")
+
+
+def _watched(work, dest: Path, stall_s: float, what: str, progress: Progress | None = None):
     """work()'s result, or its exception; Stalled when the bytes under `dest` (the client's partial files included)
-    grow by less than STALL_BYTES in stall_s: a read timeout cannot catch a server that sends a byte at a time."""
+    grow by less than STALL_BYTES in stall_s: a read timeout cannot catch a server that sends a byte at a time.
+    `progress` hears the bytes at each look."""
     box: dict = {}
 
     def run() -> None:
@@ -150,8 +202,10 @@ def _watched(work, dest: Path, stall_s: float, what: str):
     worker.start()
     held, since = _bytes_under(dest), time.monotonic()
     while worker.is_alive():
-        worker.join(min(POLL_S, stall_s))
+        worker.join(min(POLL_S, stall_s, progress.every_s if progress else POLL_S))
         now = _bytes_under(dest)
+        if progress:
+            progress.tick(now)
         if now >= held + STALL_BYTES:
             held, since = now, time.monotonic()
         elif worker.is_alive() and time.monotonic() - since > stall_s:

@@ -59,6 +59,14 @@ def _cell(text: object) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def _prepared(figures: dict[str, float]) -> str:
+    """prepare's phases as the report's boot table gives them."""
+    done = [f"download {figures['download_gb']:.2f} GB in {figures['download_s']:.1f} s"
+            if figures.get("download_gb") else "nothing to download",
+            f"conversions {figures['conversion_s']:.1f} s" if figures.get("conversion_s") else "no conversion"]
+    return f"{figures.get('total_s', 0):.1f} s: " + ", ".join(done)
+
+
 def _seconds(value: float | None, otherwise: str) -> str:
     return otherwise if value is None else f"{value} s"
 
@@ -77,6 +85,7 @@ def render_markdown(r: RunReport) -> str:
                 + (": forced " + ", ".join(f"`{f['variable']}={f['value']}`" for f in r.card["forced"])
                    if r.card["forced"] else "") + ".", ""] if r.card else []),
              "| boot | |", "|---|---|",
+             *([f"| prepare, before it | {_prepared(boot.prepare)} |"] if boot.prepare else []),
              f"| time to healthy | {_seconds(boot.time_to_healthy_s, 'never healthy')} |",
              f"| KV pool | {boot.kv_pool_tokens:,} tokens |" if boot.kv_pool_tokens else "| KV pool | not logged |",
              f"| detection lag | {_seconds(boot.detection_lag_s, 'not measured')} |",

@@ -1,6 +1,7 @@
-"""One boot: the samplers started before the container (their first sample is the baseline), the profile started on
-its engine and watched to healthy, its phases marked from what the watcher sees (`load` from the start, `warm-up`
-once the weights are in memory, `traffic` when the caller starts sending requests); `up` and `run` share it."""
+"""One boot: the profile's prepare step run first with its lines shown (a download is not the boot's time), the samplers
+started before the container (their first sample is the baseline), the profile started on its engine and watched to
+healthy, its phases marked from what the watcher sees (`load` from the start, `warm-up` once the weights are in
+memory, `traffic` when the caller starts sending requests); `up` and `run` share it."""
 
 from __future__ import annotations
 
@@ -55,6 +56,20 @@ class Stopped(Exception):
 
 
 WEIGHTS_LOADED = re.compile(r"Model loading took|Loading weights took|Loading model weights took")
+PREPARE_SAID = re.compile(r"prepare: ")  # prepare's own lines (the hub client's warnings stay in its log)
+# What prepare says of its work (servekit/image/hub.py and convert.py write these lines; test_deploy holds the two)
+DOWNLOADED = re.compile(r"prepare: .+: downloaded ([\d.]+) GB in ([\d.]+) s")
+CONVERTED = re.compile(r"prepare: .+ to int8 in ([\d.]+) s")
+
+
+def prepare_figures(lines: list[str]) -> dict[str, float]:
+    """The download's GB and seconds, and the conversions' seconds, from prepare's lines (zeros where it had
+    nothing to do: the model was in place)."""
+    downloads = [m.groups() for m in map(DOWNLOADED.search, lines) if m]
+    conversions = [m[1] for m in map(CONVERTED.search, lines) if m]
+    return {"download_gb": round(sum(float(gb) for gb, _ in downloads), 2),
+            "download_s": round(sum(float(s) for _, s in downloads), 1),
+            "conversion_s": round(sum(map(float, conversions)), 1)}
 
 
 @dataclass
@@ -68,6 +83,7 @@ class Boot:
     container_memory: ContainerMemory | None = None
     notes: list[str] = field(default_factory=list)
     phases: list[tuple[str, float]] = field(default_factory=list)  # (name, seconds since the boot started)
+    prepare: dict[str, float] = field(default_factory=dict)  # prepare's figures (prepare_figures), before the boot
 
     def mark(self, phase: str) -> None:
         """Phase `phase` starts now. Traffic and its end first wait (bounded) for two fresh Shared Usage samples,
@@ -146,7 +162,14 @@ def boot(dep: deploy.Deployment, profile: str, timeout_s: float, say=None, knobs
     for line in b.notes:
         out.note(line)
     try:
-        b.record.started = time.time()
+        began = time.time()
+        try:
+            lines = deploy.prepare(dep, profile, knobs, on_line=lambda line: out(line) if PREPARE_SAID.match(line)
+                                   else None)
+        except EngineError as exc:
+            raise BootFailed(f"compose up failed: {exc.reason}", "", exc.output) from None
+        b.prepare = {**prepare_figures(lines), "total_s": round(time.time() - began, 1)}
+        b.record.started = time.time()  # the boot begins with the model in place: a download is not its time
         b.mark("load")
         try:
             started = deploy.up(dep, profile, knobs)

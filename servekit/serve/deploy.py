@@ -312,6 +312,11 @@ def check_bind(bind: str, say) -> None:
                             "that guards it")
 
 
+def prepare(dep: Deployment, profile: str, knobs: dict[str, str] | None = None, on_line=None) -> list[str]:
+    """The profile's prepare step on its engine, to its end (its lines to `on_line`); its lines."""
+    return dep.engine.prepare(dep, profile, knobs, on_line)
+
+
 def up(dep: Deployment, profile: str, knobs: dict[str, str] | None = None):
     """Start the profile on its engine (Compose, or a process); the server when the engine hands it back. An
     emulated card's MPS daemon is started first."""

@@ -58,7 +58,7 @@ def _record_memory(report: RunReport, b) -> dict:
         lines = list(b.record.lines)  # once: the watch's thread may still append to the deque
         report.boot = BootFigures(time_to_healthy_s=b.record.time_to_healthy_s, kv_pool_tokens=b.record.kv_pool_tokens,
                                   detection_lag_s=b.record.detection_lag_s, phases=memory["phases"],
-                                  budget=read_budget(lines), compile_cache=compile_cache(lines))
+                                  budget=read_budget(lines), compile_cache=compile_cache(lines), prepare=b.prepare)
     shared = dict(memory["shared_usage"]) if memory["shared_usage"] else None
     series = {"gpus": memory.get("gpu_series") or [], "container": memory.get("container_series"),
               "shared": shared.pop("series") if shared else None}
