@@ -552,3 +552,65 @@ def test_push_attempts_unset_or_a_whole_number_is_taken(monkeypatch, value, atte
     else:
         monkeypatch.setenv("SERVEKIT_PUSH_ATTEMPTS", value)
     assert _attempts() == attempts
+
+
+# --- a checkpoint's own files: they come from a hub anybody can publish to -------------------------------------------
+
+def _converting_folder(tmp_path: Path) -> tuple[Path, Path, dict]:
+    """A fetched, marked compressed-tensors folder as prepare leaves it (its conversions next), the file beside the
+    models folder a hostile name would reach, and the launcher's environment for `prepare`."""
+    models = tmp_path / "models"
+    folder = models / "m"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "compressed-tensors"}}))
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"lm_head.weight": "model-1.safetensors"}}))
+    (folder / "model-1.safetensors").write_bytes(b"published")
+    revision = "0" * 40
+    (folder / ".servekit-complete").write_text(json.dumps({"identity": f"org/model@{revision}"}))
+    outside = models / "outside.safetensors"  # what `../outside.safetensors` names from the folder
+    outside.write_bytes(b"precious")
+    (models / "outside.safetensors.pre").write_bytes(b"the attacker's")  # a restore would link it over `outside`
+    (models / ".prepare.lock").touch()  # prepare's own, the one file it may make here
+    profiles = tmp_path / "profiles.json"
+    profiles.write_text(json.dumps({"model": {"source": "huggingface", "repo": "org/model", "revision": revision,
+                                              "path": str(folder), "served_name": "m", "drafters": {}},
+                                    "profiles": {}, "hosts": {}}))
+    env = {"SERVEKIT_PROFILES": str(profiles), "HF_HUB_OFFLINE": "1", "PATH": os.environ["PATH"]}
+    return folder, outside, env
+
+
+JOURNAL_FILE = ".servekit-convert.json"
+
+
+@pytest.mark.parametrize("hostile, says", [
+    ({JOURNAL_FILE: {"step": "lm_head", "shards": ["../outside.safetensors"], "config": "{}"}}, "'../outside.safetensors'"),
+    ({JOURNAL_FILE: {"step": "lm_head", "shards": ["/etc/x.safetensors"], "config": "{}"}}, "'/etc/x.safetensors'"),
+    ({JOURNAL_FILE: {"step": "lm_head", "shards": ["model-1.safetensors"], "config": "{}"}, "link": True},
+     "model-1.safetensors is a link"),
+    ({JOURNAL_FILE: {"step": "rm -rf", "shards": [], "config": "{}"}}, "its step 'rm -rf' is none of"),
+    ({JOURNAL_FILE: {"step": "lm_head", "shards": "model-1.safetensors", "config": "{}"}}, "not a list of file names"),
+    ({JOURNAL_FILE: "[" * 100_000 + "]" * 100_000}, "not readable JSON"),
+    ({JOURNAL_FILE: "fifo"}, "not a regular file"),
+    ({"link": True}, "model-1.safetensors is a link"),  # the index names a link: a rewrite would land elsewhere
+], ids=["journal-dotdot", "journal-absolute", "journal-link", "journal-step", "journal-shards-text", "journal-deep",
+        "journal-fifo", "index-link"])
+def test_a_checkpoint_file_that_leads_out_of_its_folder_is_refused_and_nothing_written(tmp_path, hostile, says):
+    """The conversions' journal and the index name files prepare rewrites: a name with `..`, an absolute path or a
+    link would have it replace a file outside the model's folder. Refused in one line, before any file is touched;
+    a FIFO is never waited on, a journal nested deep is no traceback."""
+    folder, outside, env = _converting_folder(tmp_path)
+    if hostile.get("link"):
+        (folder / "model-1.safetensors").unlink()
+        (folder / "model-1.safetensors").symlink_to(outside)
+    journal = hostile.get(JOURNAL_FILE)
+    if journal == "fifo":
+        os.mkfifo(folder / JOURNAL_FILE)
+    elif journal is not None:
+        (folder / JOURNAL_FILE).write_text(journal if isinstance(journal, str) else json.dumps(journal))
+    before = {p: (p.read_bytes() if p.is_file() and not p.is_fifo() else None) for p in tmp_path.rglob("*")}
+    done = subprocess.run([sys.executable, str(ROOT / "servekit/image/launcher.py"), "prepare"], env=env,
+                          capture_output=True, text=True, timeout=30)
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 1 and last.startswith("prepare: error: ") and says in last, done.stderr
+    assert "Traceback" not in done.stderr
+    assert {p: (p.read_bytes() if p.is_file() and not p.is_fifo() else None) for p in tmp_path.rglob("*")} == before

@@ -113,6 +113,44 @@ def test_a_gpu_release_needs_a_full_size_report_on_a_24_gb_card_beside_the_worki
         gate(matrix, "cuda", IMAGE_ID, tmp_path)
 
 
+def _card_of_nothing(r): r["card"] = {}
+def _a_card_images_yaml_does_not_name(r): r["card"]["card"] = "a100-80gb"
+def _an_emulated_80_gib_card(r):
+    r["card"]["total_bytes"] = r["memory"]["gpus"][0]["total_bytes"] = 80 * 2**30
+def _a_peak_of_nothing(r): r["memory"]["gpus"][0]["peak_used_bytes"] = 0
+def _a_total_not_a_number(r): r["memory"]["gpus"][0]["total_bytes"] = float("nan")
+def _a_total_of_10_to_the_30(r): r["card"]["total_bytes"] = r["memory"]["gpus"][0]["total_bytes"] = 10**30
+def _a_total_of_400_digits(r): r["memory"]["gpus"][0]["total_bytes"] = int("9" * 400)
+def _a_peak_past_its_card(r): r["memory"]["gpus"][0]["peak_used_bytes"] = CARD + 1
+def _no_card_on_a_big_gpu(r):  # the H200's own memory, no emulation
+    r["card"], r["memory"]["gpus"][0]["total_bytes"] = None, 150 * 2**30
+
+
+@pytest.mark.parametrize("forge,says", [
+    (_card_of_nothing, "the card it emulated (none named) is none of images.yaml's"),
+    (_a_card_images_yaml_does_not_name, "the card it emulated ('a100-80gb') is none of images.yaml's"),
+    (_an_emulated_80_gib_card, "holds 85899345920 bytes, not the 25,297,357,373 images.yaml gives it"),
+    (_a_peak_of_nothing, "peaks at 0 bytes"),
+    (_a_total_not_a_number, "lacks whole numbers"),
+    (_a_total_of_10_to_the_30, "not the 25,297,357,373 images.yaml gives it"),
+    (_a_total_of_400_digits, "totals 9999999999"),
+    (_a_peak_past_its_card, "passed the memory of the card it emulated"),
+    (_no_card_on_a_big_gpu, "not a 24 GB card"),
+], ids=lambda v: v.__name__.strip("_") if callable(v) else "")
+def test_a_forged_full_size_proof_is_refused_with_why(matrix, tmp_path, forge, says):
+    """The gate reads a size proof as an auditor would: a card of images.yaml with its bytes as the matrix has them,
+    a positive, finite peak within it; a report that says otherwise proves no fit, and the refusal says why."""
+    for profile in _required(matrix):
+        _write(tmp_path, "docs/gpu", f"run-{profile}", _passing(profile, "local", gpus=True))
+        report = _full_size(profile)
+        if profile == "default":
+            forge(report)
+        _write(tmp_path, "docs/gpu", f"size-{profile}", report)
+    with pytest.raises(CheckFailed, match="no passing full-size default report on a 24 GB card") as refused:
+        gate(matrix, "cuda", IMAGE_ID, tmp_path)
+    assert says in str(refused.value) and "\n" not in str(refused.value), str(refused.value)
+
+
 def test_random_weights_prove_the_fit_but_not_the_answers(matrix, tmp_path):
     _write_full_size(tmp_path)
     with pytest.raises(CheckFailed, match="no passing default report .* served a model whose answers prove nothing"):

@@ -27,15 +27,18 @@ import time
 from pathlib import Path
 
 try:
-    from .boundary import write_text_atomic
+    from .boundary import Missing, Refused, read_text, write_text_atomic
+    from .hub import shard_name_problem
 except ImportError:  # run as a script inside the image, beside boundary.py
-    from boundary import write_text_atomic  # type: ignore[no-redef]
+    from boundary import Missing, Refused, read_text, write_text_atomic  # type: ignore[no-redef]
+    from hub import shard_name_problem  # type: ignore[no-redef]
 
 INDEX = "model.safetensors.index.json"
 JOURNAL = ".servekit-convert.json"
 GROUP = 128
 QMAX = 127
 MAX_ROUND_TRIP_ERROR = 0.01
+MAX_JSON_BYTES = 64 << 20  # a 27B's index is about 150 KB, its config a few KB
 ROWS_AT_ONCE = 16384  # rows quantized at once: a 248K x 5120 lm_head in float32 would be 5 GB
 MTP_LINEAR = re.compile(r"^mtp\.(fc|layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj))\.weight$")
 # step -> (the setting that skips it when 0, what it converts, the config group's target)
@@ -62,8 +65,8 @@ def targets(step: str, weight_map: dict[str, str]) -> list[str]:
 def applies(folder: Path) -> bool:
     """A compressed-tensors checkpoint with an index: what the conversions are for (a generated model is not)."""
     try:
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
+        config = json.loads(read_text(folder / "config.json", MAX_JSON_BYTES))
+    except (ValueError, RecursionError):  # Refused (missing, a FIFO, too large) is a ValueError
         return False
     quant = config.get("quantization_config") if isinstance(config, dict) else None
     return (folder / INDEX).is_file() and isinstance(quant, dict) and quant.get("quant_method") == "compressed-tensors"
@@ -72,11 +75,12 @@ def applies(folder: Path) -> bool:
 def interrupted(folder: Path) -> str | None:
     """The step a crash left half done in `folder`, or None."""
     try:
-        return json.loads((folder / JOURNAL).read_text()).get("step", "?")
-    except FileNotFoundError:
+        step = json.loads(read_text(folder / JOURNAL, MAX_JSON_BYTES)).get("step", "?")
+    except Missing:
         return None
-    except (OSError, ValueError, AttributeError):
+    except (ValueError, RecursionError, AttributeError):
         return "?"
+    return step if isinstance(step, str) and step in STEPS else "?"
 
 
 def convert(folder: Path, environ: dict[str, str], say=print) -> None:
@@ -93,7 +97,7 @@ def convert(folder: Path, environ: dict[str, str], say=print) -> None:
 
 
 def _step(folder: Path, step: str, say) -> None:
-    index = _read_json(folder / INDEX)
+    index = _read_index(folder)
     pending = targets(step, index["weight_map"])
     if not pending:
         return
@@ -196,7 +200,7 @@ def _add_group(config: dict, step: str) -> None:
 
 def _ignore_bf16_mtp(folder: Path, say) -> None:
     """The MTP linears that are still BF16 in `ignore` (config only, atomic), so that speculative decoding loads them."""
-    bf16 = sorted(k[:-len(".weight")] for k in targets("mtp", _read_json(folder / INDEX)["weight_map"]))
+    bf16 = sorted(k[:-len(".weight")] for k in targets("mtp", _read_index(folder)["weight_map"]))
     config = _read_json(folder / "config.json")
     quant = config["quantization_config"]
     missing = [n for n in bf16 if n not in (quant.get("ignore") or [])]
@@ -208,15 +212,14 @@ def _ignore_bf16_mtp(folder: Path, say) -> None:
 
 def _restore(folder: Path, say) -> None:
     """Undo what a crash left of a step: the index never moved unless the step committed."""
-    journal = _read_json(folder / JOURNAL)
-    step, shards = journal.get("step"), journal.get("shards", [])
-    if step in STEPS and not targets(step, _read_json(folder / INDEX)["weight_map"]):
+    step, shards, config_text = _read_journal(folder)
+    if not targets(step, _read_index(folder)["weight_map"]):
         _forget(folder, shards)  # it committed; only the journal and the links were left
         return
     for shard in shards:
         if (folder / f"{shard}.pre").exists():
             _link(folder / f"{shard}.pre", folder / shard, replace=True)
-    write_text_atomic(folder / "config.json", journal["config"])
+    write_text_atomic(folder / "config.json", config_text)
     _forget(folder, shards)
     say(f"prepare: the {step} conversion a crash interrupted is undone; doing it again")
 
@@ -246,13 +249,56 @@ def _forget(folder: Path, shards: list[str]) -> None:
 
 
 def _read_json(path: Path) -> dict:
+    """A JSON object from a regular file of at most MAX_JSON_BYTES (a FIFO is refused, never waited on)."""
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConvertError(f"{path}: not readable JSON ({exc})") from None
+        doc = json.loads(read_text(path, MAX_JSON_BYTES))
+    except Refused as exc:
+        raise ConvertError(f"{exc}; nothing was converted") from None
+    except (ValueError, RecursionError) as exc:
+        raise ConvertError(f"{path}: not readable JSON ({str(exc)[:200]}); nothing was converted") from None
     if not isinstance(doc, dict):
-        raise ConvertError(f"{path}: not a JSON object")
+        raise ConvertError(f"{path}: not a JSON object; nothing was converted")
     return doc
+
+
+def _read_index(folder: Path) -> dict:
+    """The index, its weight_map tensor names to shard files that are plain files of `folder` (a name that leads out
+    of it, or a link, would have a conversion write elsewhere)."""
+    index = _read_json(folder / INDEX)
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                   for k, v in weight_map.items()):
+        raise ConvertError(f"{folder / INDEX}: no weight_map of tensor names to shard file names; nothing was "
+                           "converted (fetch the model again)")
+    for name in sorted(set(weight_map.values())):
+        if problem := _shard_problem(folder, name):
+            raise ConvertError(f"{folder / INDEX}: {problem}; nothing was converted (fetch the model again)")
+    return index
+
+
+def _read_journal(folder: Path) -> tuple[str, list[str], str]:
+    """(step, shards, the config before it) from a crash's journal, each as convert wrote it: a known step, plain
+    shard files of `folder`, the config's text."""
+    journal = _read_json(folder / JOURNAL)
+    step, shards, config = journal.get("step"), journal.get("shards"), journal.get("config")
+    problem = (f"its step {str(step)[:40]!r} is none of {', '.join(STEPS)}" if step not in STEPS else
+               "its shards are not a list of file names" if not isinstance(shards, list) or not all(
+                   isinstance(n, str) for n in shards) else
+               "its config is not text" if not isinstance(config, str) else
+               next(filter(None, (_shard_problem(folder, n) for n in shards)), None))
+    if problem:
+        raise ConvertError(f"{folder / JOURNAL}: not a journal convert wrote ({problem}); the folder is left as it "
+                           "is: remove it and fetch the model again")
+    return str(step), [str(n) for n in shards or []], str(config)
+
+
+def _shard_problem(folder: Path, name: str) -> str | None:
+    """Why `name` is not a shard file of `folder` a conversion may replace, or None."""
+    if problem := shard_name_problem(name):
+        return problem
+    if (folder / name).is_symlink():
+        return f"{name} is a link (a conversion replaces only files of the model's folder)"
+    return None
 
 
 def _write_json(path: Path, doc: dict) -> None:

@@ -87,9 +87,16 @@ def indexed_shards(index: Path) -> list[str]:
         raise ValueError("no weight_map of tensor names to shard files")
     shards = sorted(set(weight_map.values()))
     for name in shards:
-        if "/" in name or "\\" in name or name in ("", ".", "..") or not name.endswith(".safetensors"):
-            raise ValueError(f"it names {name[:80]!r}, not a .safetensors file beside it")
+        if problem := shard_name_problem(name):
+            raise ValueError(problem)
     return shards
+
+
+def shard_name_problem(name: str) -> str | None:
+    """Why `name` is not a plain .safetensors file name beside its index (a path elsewhere, '..'), or None."""
+    if "/" in name or "\\" in name or name in ("", ".", "..") or not name.endswith(".safetensors"):
+        return f"it names {name[:80]!r}, not a .safetensors file beside it"
+    return None
 
 
 def download(repo: str, revision: str | None, dest: Path, token: str | None, say=print) -> str:

@@ -161,9 +161,10 @@ def gate(matrix: Matrix, target: str, image_id: str, root: Path) -> dict[str, Pr
                               + ("; those there served a model whose answers prove nothing (random weights)" if same
                                  else "") + f"; run `python build.py run --target {target} --profile {profile}` "
                               "with the model or a trained stand-in")
-        sized = [(p, r) for p, r, why in judged if not why and _proves(matrix, r, "size") and _on_a_24_gb_card(r)]
+        sizing = [(p, r, why or size_proof_problem(matrix, r)) for p, r, why in judged if _proves(matrix, r, "size")]
+        sized = [(p, r) for p, r, why in sizing if not why]
         if gpu and not sized:
-            refused = [why for _, r, why in judged if why and _proves(matrix, r, "size") and _on_a_24_gb_card(r)]
+            refused = [why for _, _, why in sizing if why]
             raise CheckFailed(f"{target}: no passing full-size {profile} report on a 24 GB card for image "
                               f"{image_id[:19]}..." + (f" (the one there proves nothing: {refused[-1]})" if refused
                                                        else "") + "; write the checkpoint's layout with `python "
@@ -186,9 +187,34 @@ def _proves(matrix: Matrix, report: RunReport, what: str) -> bool:
     return model is None or what in model.proves  # a model images.yaml does not name is refused with why elsewhere
 
 
-def _on_a_24_gb_card(report: RunReport) -> bool:
-    """Served on a 24 GB card: an emulated one (--card), or GPUs of no more memory."""
-    return report.card is not None or all(g["total_bytes"] <= CARD_BYTES for g in report.memory.gpus)
+def size_proof_problem(matrix: Matrix, report: RunReport) -> str | None:
+    """Why a report does not show its profile fitting a 24 GB card, or None. An emulated card (--card) must be one of
+    images.yaml, with that card's bytes as the matrix has them, and its GPU entry that card's memory (what a process
+    finds there); a real card at most CARD_BYTES. Either way each GPU entry peaks above 0 and within its total."""
+    card, gpus = report.card, report.memory.gpus
+    spec = None
+    if card is not None:
+        name = card.get("card") if isinstance(card, dict) else None
+        spec = matrix.cards.get(name) if isinstance(name, str) else None
+        if spec is None:
+            shown = repr(name[:40]) if isinstance(name, str) else "none named"
+            return f"the card it emulated ({shown}) is none of images.yaml's ({', '.join(matrix.cards)})"
+        if card.get("total_bytes") != spec.total_bytes:
+            return (f"its card {name} holds {str(card.get('total_bytes'))[:40]} bytes, not the {spec.total_bytes:,} "
+                    "images.yaml gives it")
+    if not gpus:
+        return "it holds no GPU memory samples"
+    for i, entry in enumerate(gpus):
+        total, peak = entry.get("total_bytes"), entry.get("peak_used_bytes")
+        if not isinstance(total, int) or not isinstance(peak, int) or isinstance(total, bool) or isinstance(peak, bool):
+            return f"its GPU memory entry {i} lacks whole numbers for its total and peak"
+        if spec is not None and total != (spec.free_bytes or spec.total_bytes):
+            return f"its GPU memory entry {i} totals {str(total)[:40]} bytes, not its card's {spec.total_bytes:,}"
+        if spec is None and not 0 < total <= CARD_BYTES:
+            return f"its GPU {entry.get('name', i)!s:.40} has {str(total)[:40]} bytes: not a 24 GB card"
+        if not 0 < peak <= total:
+            return f"its GPU memory entry {i} peaks at {str(peak)[:40]} bytes: no peak within its {total:,}"
+    return None
 
 
 def _attempts() -> int:
