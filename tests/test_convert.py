@@ -91,10 +91,10 @@ def test_vllm_on_the_cpu_still_has_no_kernel_for_an_int8_lm_head(facts):
 
 
 def test_a_step_left_out_leaves_its_tensors_as_published_and_the_bf16_mtp_loads(facts):
-    """QUANT_EMBED=0 QUANT_MTP=0: the embeddings and the MTP head stay BF16, and the MTP linears join `ignore`, so
-    vLLM leaves them unquantized instead of reading BF16 as int4."""
+    """QUANT_EMBED=false QUANT_MTP=Off (the words every switch takes): the embeddings and the MTP head stay BF16, and
+    the MTP linears join `ignore`, so vLLM leaves them unquantized instead of reading BF16 as int4."""
     run = facts["lm_head_only"]
-    assert run["rc"] == 0 and "QUANT_EMBED=0" in run["said"] and "QUANT_MTP=0" in run["said"]
+    assert run["rc"] == 0 and "QUANT_EMBED=false" in run["said"] and "QUANT_MTP=Off" in run["said"]
     assert {"model.language_model.embed_tokens.weight", "mtp.fc.weight"} <= set(run["keys"])
     assert run["schemes"]["lm_head"] == 8 and run["schemes"]["mtp.fc"] is None
     assert run["schemes"]["mtp.layers.0.self_attn.qkv_proj"] is None

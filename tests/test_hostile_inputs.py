@@ -614,3 +614,17 @@ def test_a_checkpoint_file_that_leads_out_of_its_folder_is_refused_and_nothing_w
     assert done.returncode == 1 and last.startswith("prepare: error: ") and says in last, done.stderr
     assert "Traceback" not in done.stderr
     assert {p: (p.read_bytes() if p.is_file() and not p.is_fifo() else None) for p in tmp_path.rglob("*")} == before
+
+
+@pytest.mark.parametrize("value", ["maybe", "2", "enabled", "o n"])
+def test_a_conversion_setting_that_is_neither_on_nor_off_stops_prepare_before_any_download(tmp_path, value):
+    """QUANT_EMBED and its siblings take the words every switch takes (one parser: 1/true/yes/on, 0/false/no/off);
+    anything else is refused in one line before prepare asks the hub for anything (nothing answers here)."""
+    folder, _, env = _converting_folder(tmp_path)
+    (folder / ".servekit-complete").unlink()  # not prepared: a download would come next
+    env = {**env, "HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9", "QUANT_EMBED": value}
+    done = subprocess.run([sys.executable, str(ROOT / "servekit/image/launcher.py"), "prepare"], env=env,
+                          capture_output=True, text=True, timeout=30)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"prepare: error: QUANT_EMBED={value!r}: expected one of 1/on/true/yes for on"), lines

@@ -75,6 +75,23 @@ def number_in(value: float, low: float | None = None, high: float | None = None)
     return None
 
 
+# A switch's words, the same for every reader (the knobs, prepare's conversions, Compose's defaults, the host)
+TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+FALSE_WORDS = frozenset({"0", "false", "no", "off"})
+
+
+def switch_setting(environ, name: str, default: bool) -> bool:
+    """The environment setting `name` as on or off (`default` when unset or empty, as Compose's `${NAME:-1}` reads
+    it); Refused, naming the setting and the words, when it is anything else."""
+    raw = (environ.get(name) or "").strip().lower()
+    if not raw:
+        return default
+    if raw in TRUE_WORDS | FALSE_WORDS:
+        return raw in TRUE_WORDS
+    raise Refused(f"{name}={environ.get(name, '')[:40]!r}: expected one of {'/'.join(sorted(TRUE_WORDS))} for on "
+                  f"or {'/'.join(sorted(FALSE_WORDS))} for off (any case)")
+
+
 def number_setting(environ, name: str, default: float, low: float, high: float, unit: str = "",
                    whole: bool = False) -> float:
     """The environment setting `name` as a finite number in [low, high] (`default` when unset or empty), a whole one

@@ -27,10 +27,10 @@ import time
 from pathlib import Path
 
 try:
-    from .boundary import Missing, Refused, read_text, write_text_atomic
+    from .boundary import Missing, Refused, read_text, switch_setting, write_text_atomic
     from .hub import shard_name_problem
 except ImportError:  # run as a script inside the image, beside boundary.py
-    from boundary import Missing, Refused, read_text, write_text_atomic  # type: ignore[no-redef]
+    from boundary import Missing, Refused, read_text, switch_setting, write_text_atomic  # type: ignore[no-redef]
     from hub import shard_name_problem  # type: ignore[no-redef]
 
 INDEX = "model.safetensors.index.json"
@@ -83,16 +83,26 @@ def interrupted(folder: Path) -> str | None:
     return step if isinstance(step, str) and step in STEPS else "?"
 
 
+def wanted(environ) -> dict[str, bool]:
+    """Each step on or off as its setting says (on unless set off, in the words every switch takes); Refused names a
+    setting that is neither."""
+    return {step: switch_setting(environ, setting, True) for step, (setting, _, _) in STEPS.items()}
+
+
 def convert(folder: Path, environ: dict[str, str], say=print) -> None:
-    """Every step not skipped (its setting 0), each resumed or done as the module says."""
+    """Every step not set off, each resumed or done as the module says."""
+    try:
+        steps = wanted(environ)
+    except Refused as exc:
+        raise ConvertError(str(exc)) from None
     if interrupted(folder):
         _restore(folder, say)
     _sweep(folder)
     for step, (setting, what, _) in STEPS.items():
-        if environ.get(setting, "1").strip() == "0":
-            say(f"prepare: {what} left as published ({setting}=0)")
-        else:
+        if steps[step]:
             _step(folder, step, say)
+        else:
+            say(f"prepare: {what} left as published ({setting}={environ.get(setting, '').strip()})")
     _ignore_bf16_mtp(folder, say)
 
 

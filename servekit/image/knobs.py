@@ -12,9 +12,9 @@ import re
 from dataclasses import dataclass
 
 try:
-    from .boundary import control_character
+    from .boundary import FALSE_WORDS, TRUE_WORDS, control_character
 except ImportError:  # run as a script inside the image, beside boundary.py
-    from boundary import control_character  # type: ignore[no-redef]
+    from boundary import FALSE_WORDS, TRUE_WORDS, control_character  # type: ignore[no-redef]
 
 # vllm serve's flags that carry a secret. EXTRA_ARGS may not hold them: the key travels in API_KEY_FILE (or
 # VLLM_API_KEY), the token in HF_TOKEN_FILE, never on a command line that a process list, the server's log, `ps`
@@ -48,8 +48,6 @@ def masked(text: str) -> str:
     return _SECRET_VALUE.sub(lambda m: f"{m.group(1)}{m.group(2)}***", text)
 
 
-TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
-FALSE_WORDS = frozenset({"0", "false", "no", "off"})
 
 
 @dataclass(frozen=True)

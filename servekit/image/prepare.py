@@ -121,6 +121,10 @@ def _locked(folder: Path):
 def prepare(model: dict, say=print, needed: list[dict] | None = None) -> Path:
     """Each part (those `needed`, else the model and every drafter) complete in its folder; raises PrepareError
     (one line) when one cannot be."""
+    try:
+        convert.wanted(os.environ)  # a conversion setting that is neither on nor off ends here, before any download
+    except Refused as exc:
+        raise PrepareError(str(exc)) from None
     dest = Path(model["path"])
     with _locked(dest.parent):
         for part in needed if needed is not None else parts(model):

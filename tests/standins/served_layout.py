@@ -346,7 +346,7 @@ def main(work: Path) -> None:
     published = work / "published"
     write(published)
     facts: dict = {"published": {"schemes": _schemes(published)}}
-    runs = {"all": {}, "lm_head_only": {"QUANT_EMBED": "0", "QUANT_MTP": "0"}}
+    runs = {"all": {}, "lm_head_only": {"QUANT_EMBED": "false", "QUANT_MTP": " Off"}}  # any switch word
     for name, env in runs.items():
         folder = work / name
         shutil.copytree(published, folder)
