@@ -43,6 +43,24 @@ def test_push_progress_is_plain_lines_in_a_log_and_one_live_line_on_a_terminal()
     assert live[3][0].startswith("push v1: 50 of 200 MB") and live[-1][0].endswith("2 layers done")
 
 
+def test_on_a_terminal_a_pull_draws_a_bar_for_each_layer():
+    """`pull` on a terminal: each layer's bar (its bytes of its size and what the engine says of it), by rich, as
+    `docker pull` draws them; the summing line stays for the log."""
+    import io
+    from rich.console import Console
+    from servekit.release.registry import LayerBars
+    screen = io.StringIO()
+    pulled = [{**e, "status": e.get("status", "").replace("Pushing", "Downloading").replace("Pushed", "Pull complete")}
+              for e in EVENTS]
+    with LayerBars("v1", console=Console(file=screen, force_terminal=True, width=120)) as bars:
+        for event in pulled:
+            bars(event)
+    drawn = screen.getvalue()
+    assert "pull a1 Downloading" in drawn and "pull a1 Pull complete" in drawn and "200.0/200.0 MB" in drawn, drawn
+    assert "b2" not in drawn  # a layer the registry had already: no bytes, no bar
+    assert bars.line().startswith("pull v1: 200 of 200 MB, ") and bars.line().endswith(", 2 layers done")
+
+
 # --- what the registry names is checked before it becomes a reference or a record (issue #47) ----------------------
 
 GOOD_DIGEST = "sha256:" + "ab" * 32

@@ -50,9 +50,10 @@ def pull_release(session, target: str, given_registry: str | None = None, say=No
             say(f"{target}: {repository}:{newest} is the newest release of vLLM {session.matrix.vllm}, not this "
                 f"checkout's build ({plan.tag}): its image, its patches and its reports are the release's")
         say(f"{target}: pulling {repository}:{tag}")
-        shown = registry.PushProgress(tag, lambda text, live: say.step(text) if live else say(text),
-                                      sys.stderr.isatty(), verb="pull")
-        registry.pull(client, repository, tag, progress=shown)
+        shown = registry.LayerBars(tag) if sys.stderr.isatty() else registry.PushProgress(
+            tag, lambda text, live: say(text), False, verb="pull")  # a log: a line every few seconds
+        with shown:
+            registry.pull(client, repository, tag, progress=shown)
     except registry.TransientRegistryError as exc:
         raise EnvironmentProblem(f"pulling {repository}:{tag} failed: {exc}") from None
     say(shown.line())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import time
+from typing import Any
 
 import requests
 from packaging.version import InvalidVersion, Version
@@ -130,6 +131,12 @@ class PushProgress:
         self.layers: dict[str, tuple[int, int]] = {}  # layer id -> (bytes sent, size)
         self.done: set[str] = set()
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
     def __call__(self, event: dict) -> None:
         layer, status = event.get("id"), event.get("status") or ""
         detail = event.get("progressDetail") or {}
@@ -140,6 +147,9 @@ class PushProgress:
             self.done.add(layer)
             if layer in self.layers:
                 self.layers[layer] = (self.layers[layer][1], self.layers[layer][1])
+        self.show(layer, status)
+
+    def show(self, layer: str | None, status: str) -> None:
         if self.terminal or self.clock() - self.last >= self.every_s:
             self.last = self.clock()
             self.say(self.line(), True)
@@ -150,6 +160,35 @@ class PushProgress:
         rate = sent / max(self.clock() - self.started, 1e-3)
         return (f"{self.verb} {self.label}: {sent / 1e6:.0f} of {total / 1e6:.0f} MB, {rate / 1e6:.1f} MB/s, "
                 f"{len(self.done)} layers done")
+
+
+class LayerBars(PushProgress):
+    """On a terminal: a bar for each layer (bytes of its size, rate, what the engine says of it) drawn by rich, as
+    `docker pull` draws them; line() still sums them up for the log."""
+
+    def __init__(self, label: str, verb: str = "pull", console=None):
+        from rich.console import Console
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+        super().__init__(label, lambda text, live: None, terminal=True, verb=verb)
+        self.bars = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                             console=console or Console(stderr=True))
+        self.tasks: dict[str, Any] = {}  # layer id -> rich's TaskID
+
+    def __enter__(self):
+        self.bars.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bars.stop()
+
+    def show(self, layer: str | None, status: str) -> None:
+        if not layer or layer not in self.layers:
+            return  # a layer with no size yet (Waiting, Preparing) gets its bar with its first figure
+        current, total = self.layers[layer]
+        description = f"{self.verb} {layer[:12]} {status}"[:48]
+        if layer not in self.tasks:
+            self.tasks[layer] = self.bars.add_task(description, total=total)
+        self.bars.update(self.tasks[layer], completed=current, total=total, description=description)
 
 
 def _follow(start, repository: str, tag: str, verb: str, progress=None) -> str | None:
