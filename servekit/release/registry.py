@@ -167,8 +167,8 @@ class LayerBars(PushProgress):
     `docker pull` draws them; line() still sums them up for the log."""
 
     def __init__(self, label: str, verb: str = "pull", console=None):
-        from rich.console import Console
-        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+        from rich.console import Console  # rich only where a terminal draws the bars
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn  # the same
         super().__init__(label, lambda text, live: None, terminal=True, verb=verb)
         self.bars = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                              console=console or Console(stderr=True))
