@@ -314,6 +314,24 @@ def test_what_compose_file_names_needs_is_saved_beside_it(tmp_path):
     assert json.loads(config.stdout)["services"]["default"]["environment"]["MY_SETTING"] == "mine"
 
 
+@pytest.mark.parametrize("value, refused", [("models", True), ("my-models", True), ("./models", False),
+                                             ("/srv/models", False), ("~/models", False), ("../models", False)])
+def test_a_models_dir_that_compose_would_take_for_a_named_volume_is_refused(tmp_path, monkeypatch, value, refused):
+    """MODELS_DIR=models would mount a named volume called models, not the folder the docs promise: refused with the
+    spelling that is a folder (./models)."""
+    from servekit.errors import UserError
+    from servekit.serve.deploy import Deployment, write_env
+    monkeypatch.delenv("MODELS_DIR", raising=False)
+    (tmp_path / "compose").mkdir()
+    (tmp_path / "compose" / ".env").write_text(f"MODELS_DIR={value}\n")
+    dep = Deployment(tmp_path, "cuda", "native", "x", "127.0.0.1", 8000)
+    if refused:
+        with pytest.raises(UserError, match=f"MODELS_DIR='{value}' .*write ./{value} for the folder"):
+            write_env(dep)
+    else:
+        assert write_env(dep) is not None
+
+
 def test_env_lines_that_reach_nothing_are_named(tmp_path):
     """A line of the source's .env that nothing reads (a vLLM variable, a typo) is named, once, by `up`; knobs,
     the settings the Compose files read and Compose's own are not."""

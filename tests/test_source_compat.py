@@ -292,6 +292,29 @@ def test_the_registry_comes_from_compose_env_as_compose_reads_it(tmp_path, monke
     assert registry_path(matrix, "127.0.0.1:7000/given", tmp_path) == "127.0.0.1:7000/given"
 
 
+@pytest.mark.parametrize("value", ["https://registry.example:5000/team", "registry.example:5000/team\nimage: evil",
+                                   "registry.example:5000/Team Name"])
+@pytest.mark.parametrize("where", ["the shell", "compose/.env"])
+def test_a_registry_that_is_no_registry_path_is_refused_where_it_is_set(tmp_path, monkeypatch, value, where):
+    """SERVEKIT_REGISTRY becomes the image's reference, and `pull --moving` writes that into compose/.env: a scheme,
+    a space or a line break there would be a wrong image or a YAML key of its own; refused in one line naming where."""
+    from servekit.config.load import load_matrix
+    from servekit.release.publish import registry_path
+    matrix = load_matrix(ROOT / "images.yaml")
+    (tmp_path / "compose").mkdir()
+    monkeypatch.delenv("SERVEKIT_REGISTRY", raising=False)
+    if where == "the shell":
+        monkeypatch.setenv("SERVEKIT_REGISTRY", value)
+    else:
+        (tmp_path / "compose" / ".env").write_text(f"SERVEKIT_REGISTRY={json.dumps(value)}\n")
+    with pytest.raises(UserError) as refused:
+        registry_path(matrix, None, tmp_path)
+    said = str(refused.value)
+    assert said.startswith("SERVEKIT_REGISTRY=") and f"({where})" in said and "HOST[:PORT][/NAMESPACE]" in said, said
+    assert "\n" not in said
+    assert registry_path(matrix, "127.0.0.1:7000/given", tmp_path) == "127.0.0.1:7000/given"  # --registry wins
+
+
 def test_env_example_names_every_setting_the_compose_files_read():
     """compose/.env.example lists what a user may set: every ${VARIABLE} of compose/*.yaml is there, or a knob, or
     one servekit writes itself (its block of compose/.env, or the profile of the command it runs)."""

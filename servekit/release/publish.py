@@ -21,7 +21,7 @@ from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_ex
 
 from servekit.engines.process import SCHEME as PROCESS_SCHEME
 from servekit.errors import CheckFailed, EnvironmentProblem, UserError
-from servekit.image.boundary import number_setting
+from servekit.image.boundary import REGISTRY, number_setting
 from servekit.config.matrix import Matrix
 from servekit.build.plan import TargetPlan
 from servekit.records.releases import manifest_path, write_manifest
@@ -49,7 +49,12 @@ def registry_path(matrix: Matrix, given: str | None = None, root: Path | None = 
     """Where releases go and come from: --registry, else SERVEKIT_REGISTRY (in the shell, else in the checkout's
     compose/.env, as Compose reads it there too), else images.yaml's release.registry."""
     settings = source_settings(root, ENV_REGISTRY) if root else {}
-    return (given or os.environ.get(ENV_REGISTRY) or settings.get(ENV_REGISTRY) or matrix.release.registry).rstrip("/")
+    setting = os.environ.get(ENV_REGISTRY) or settings.get(ENV_REGISTRY)
+    if not given and setting and not REGISTRY.fullmatch(setting.rstrip("/")):  # it becomes an image: line of Compose
+        where = "the shell" if os.environ.get(ENV_REGISTRY) else "compose/.env"
+        raise UserError(f"{ENV_REGISTRY}={setting[:60]!r} ({where}): expected HOST[:PORT][/NAMESPACE] such as "
+                        "127.0.0.1:5000/serve (no scheme, one line)")
+    return (given or setting or matrix.release.registry).rstrip("/")
 
 
 def released_reference(matrix: Matrix, plan: TargetPlan, given: str | None = None, root: Path | None = None) -> str:

@@ -182,12 +182,23 @@ ENV_BEGIN_2 = "# they win); your own lines above it, knobs such as MAX_SEQS=4 am
 ENV_END = "# END servekit"
 
 
+def check_models_dir(root: Path) -> None:
+    """MODELS_DIR (shell or compose/.env) names a folder: a bare word is a named volume to Compose, not the folder
+    the source's users mean by it, so it is refused with the spelling that is one."""
+    given = source_settings(root, "MODELS_DIR").get("MODELS_DIR", "").strip()
+    if given and not given.startswith(("/", ".", "~")) and "/" not in given:
+        raise UserError(f"MODELS_DIR={given[:60]!r} (in the shell or compose/.env): Compose takes a bare name for a "
+                        f"named volume, not a folder; write ./{given[:60]} for the folder under compose/, or a full "
+                        "path")
+
+
 def write_env(dep: Deployment) -> Path | None:
     """The env file (compose/.env for the local engine): image, host, address and the compose files, in servekit's
     block; whatever else the file holds (a user's knobs, the source repository's .env lines) stays. A process
     engine has no Compose and gets none."""
     if not dep.engine.serves_images:
         return None
+    check_models_dir(dep.root)
     ours = {
         "SERVEKIT_IMAGE": dep.image,
         "SERVEKIT_HOST": dep.host,
