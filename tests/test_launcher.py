@@ -120,6 +120,19 @@ def test_the_launcher_tells_wsl2_by_its_kernel_unless_told(tmp_path, release, en
     assert told is (host == "wsl2" and "SERVEKIT_HOST" not in environ)
 
 
+@pytest.mark.parametrize("extra, owner", [("--kv-cache-dtyp fp8", "--kv-cache-dtype, which a knob sets"),
+                                          ("--speculative-conf {}", "--speculative-config, which a knob sets"),
+                                          ("--kv-offloading-si 8", "--kv-offloading-size, which a knob sets"),
+                                          ("--max-model-le 1000", "--max-model-len, which the profile sets")])
+def test_an_abbreviated_flag_in_extra_args_is_refused_naming_the_flag_vllm_would_read(extra, owner):
+    """vLLM's parser takes an unambiguous prefix for the flag: an abbreviation would slip past the refusals and the
+    shadowing above, which match full names."""
+    with pytest.raises(KnobError, match=f"vLLM would read it as {owner}; spell the flag out"):
+        build_command(CUDA, "default", "native", {"EXTRA_ARGS": extra})
+    spelled, _ = build_command(CUDA, "default", "native", {"EXTRA_ARGS": "--max-model-len 1000 --enforce-eager"})
+    assert spelled[-3:] == ["--max-model-len", "1000", "--enforce-eager"]
+
+
 def test_print_argv_masks_the_key_and_exits(tmp_path):
     profiles = tmp_path / "profiles.json"
     profiles.write_text(json.dumps(CPU))

@@ -274,6 +274,9 @@ def test_a_key_no_http_header_can_carry_is_refused_without_showing_it(tmp_path, 
     key_file.write_text(secret + "\n")
     key, why = read_key(str(key_file))
     assert key is None and f"U+{ord(hidden):04X}" in why and "k" * 12 not in why
+    from servekit.image.launcher import given_key  # the container's: VLLM_API_KEY exported, as the source's users do
+    key, why = given_key({"VLLM_API_KEY": secret})
+    assert key is None and f"U+{ord(hidden):04X}" in why and "k" * 12 not in why, why
 
 
 def test_the_registry_comes_from_compose_env_as_compose_reads_it(tmp_path, monkeypatch):

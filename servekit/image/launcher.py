@@ -15,12 +15,13 @@ from pathlib import Path
 
 try:
     from . import readers, recipe
-    from .boundary import Refused, argv_words, control_character, read_secret, read_text
+    from .boundary import Refused, argv_words, control_character, header_unsafe, read_secret, read_text
     from .knobs import KNOBS, RENAMED, masked
 except ImportError:  # run as a script inside the image, beside knobs.py and recipe.py
     import readers  # type: ignore[no-redef]
     import recipe  # type: ignore[no-redef]
-    from boundary import Refused, argv_words, control_character, read_secret, read_text  # type: ignore[no-redef]
+    from boundary import (Refused, argv_words, control_character, header_unsafe, read_secret,  # type: ignore[no-redef]
+                          read_text)
     from knobs import KNOBS, RENAMED, masked  # type: ignore[no-redef]
 
 CONTAINER_PORT = 8000  # where vLLM listens inside the container: the Dockerfile and Compose use it (a test ties them)
@@ -130,11 +131,24 @@ def build_command(profiles: dict, profile: str, host: str, environ: dict[str, st
     args = ["--model", model["path"], "--served-model-name", model["served_name"], "--host",
             k.get("HOST", "0.0.0.0"), "--port", k.get("PORT", str(CONTAINER_PORT)), *flags]
     extra = ([TIER_FLAG, k["KV_OFFLOAD_GB"]] if "KV_OFFLOAD_GB" in k else []) + extra_args
+    _refuse_abbreviations(extra_args, {_flag_name(t) for t in args if t.startswith("--")})
     if warn:
         mine = {_flag_name(t) for t in args}
         for flag in sorted({_flag_name(t) for t in extra if t.startswith("--")} & mine & set(recipe.WATCHED)):
             warn(f"EXTRA_ARGS sets {flag}, which the profile sets too; EXTRA_ARGS wins")
     return _extra_wins(args, extra), env
+
+
+def _refuse_abbreviations(extra: list[str], profiles_flags: set[str]) -> None:
+    """vLLM's parser takes an unambiguous prefix of a flag for the flag: EXTRA_ARGS `--kv-cache-dtyp` would set what
+    a knob or the profile owns past the checks above, which match flags by their full names."""
+    owned = profiles_flags | set(NEEDS_A_KNOB) | {TIER_FLAG}
+    for token in extra:
+        name = _flag_name(token)
+        if token.startswith("--") and name not in owned and (full := sorted(f for f in owned if f.startswith(name))):
+            raise KnobError(f"EXTRA_ARGS {name}: vLLM would read it as {full[0]}, which "
+                            + ("a knob sets" if full[0] in NEEDS_A_KNOB or full[0] == TIER_FLAG else "the profile sets")
+                            + "; spell the flag out")
 
 
 def _extra_wins(args: list[str], extra: list[str]) -> list[str]:
@@ -159,6 +173,8 @@ def given_key(environ) -> tuple[str | None, str]:
         return read_key(environ.get("API_KEY_FILE"))
     if len(exported) < MIN_KEY_CHARS or control_character(exported):
         return None, f"no API key: VLLM_API_KEY holds {len(exported)} characters, not one line of {MIN_KEY_CHARS} or more"
+    if unsafe := header_unsafe(exported):  # a client would send another key than the server compares: every call a 401
+        return None, f"no API key: VLLM_API_KEY is no key an HTTP header carries: expected {unsafe}"
     return exported, ""
 
 
