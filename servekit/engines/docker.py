@@ -25,7 +25,7 @@ from urllib.parse import urlparse
 
 from servekit.engines.gpuaccess import GpuAccess, decide
 from servekit.errors import BootFailed, EnvironmentProblem, UserError
-from servekit.engines.failures import classify
+from servekit.engines.failures import prepare_failure
 from servekit.engines.protocol import Engine, ServerState
 from servekit.layout import PROFILE_LABEL, PROJECT_LABEL
 from servekit.wsl2.detect import is_wsl2
@@ -243,9 +243,7 @@ class DockerEngine:
         if pending:
             lines.append(pending.decode(errors="replace"))
         if code != 0:
-            found_reason = next(filter(None, map(classify, lines)), None)
-            reason, line = found_reason or (f"prepare failed (exit {code})", (lines or [""])[-1])
-            raise BootFailed(reason, line, lines[-12:])
+            raise prepare_failure(lines, code)
         return lines
 
     def up(self, dep, profile: str, knobs: dict[str, str] | None = None):

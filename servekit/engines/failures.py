@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+from servekit.errors import BootFailed
+
 # vLLM prefixes its lines with the process and level: "(EngineCore pid=25) ERROR 11-29 09:01:47 [core.py:1433] ".
 VLLM_PREFIX = r"^(?:\([\w-]+ pid=\d+\) (?:ERROR|CRITICAL) [^\[]*\[[^\]]+\] )?"
 # (pattern, reason): the first line that matches ends the wait; the specific ones come first.
@@ -29,3 +31,11 @@ def classify(line: str) -> tuple[str, str] | None:
         if match:
             return reason, line.strip()[-400:]
     return None
+
+
+def prepare_failure(lines: list[str], exit_code: int) -> BootFailed:
+    """A prepare step that exited `exit_code`, as the watcher says a boot's failure (a refused knob: "launcher
+    refused"), else by its last line."""
+    found = next(filter(None, map(classify, lines)), None)
+    reason, line = found or (f"prepare failed (exit {exit_code})", (lines or [""])[-1])
+    return BootFailed(reason, line, lines[-12:])

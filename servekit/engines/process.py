@@ -30,12 +30,12 @@ from servekit import image
 from servekit.atomic import write_text
 from servekit.engines.docker import PROJECT, EngineError
 from servekit.engines.protocol import ServerState
-from servekit.errors import BootFailed, EnvironmentProblem, UserError
+from servekit.errors import EnvironmentProblem, UserError
 from servekit.layout import staged_env
 from servekit.config.profiles import render_profiles
 from servekit.image.components import MANIFEST
 from servekit.image.series import check_applied, settled_files, site_vllm_dir
-from servekit.engines.failures import classify
+from servekit.engines.failures import prepare_failure
 from servekit.image.knobs import KNOBS
 from servekit.wsl2.detect import is_wsl2
 from servekit.gpu import NvmlUnavailable, list_gpus
@@ -326,11 +326,9 @@ def prepare(dep, profile: str, knobs: dict[str, str] | None = None, on_line=None
             lines.append(line.rstrip("\n"))
             if on_line:
                 on_line(lines[-1])
-    if proc.returncode != 0:  # said as the watcher says a boot's failure (a refused knob: "launcher refused")
+    if proc.returncode != 0:
         log_path.unlink()
-        found = next(filter(None, map(classify, lines)), None)
-        reason, line = found or (f"prepare failed (exit {proc.returncode})", (lines or [""])[-1])
-        raise BootFailed(reason, line, lines[-12:])
+        raise prepare_failure(lines, proc.returncode)
     return lines
 
 
