@@ -127,15 +127,59 @@ def test_the_mps_daemon_is_started_once_and_asked_to_quit(mps_host):
     pipe = mps_host / "mps" / "pipe"
     assert oct(pipe.stat().st_mode & 0o7777) == "0o1777"  # the server runs as the container's user
     daemon.stop(say=said.append)
-    assert not daemon.answers() and said == [f"card: MPS control daemon started ({pipe})", "card: MPS control daemon stopped"]
+    assert not daemon.answers() and said == [f"card: starting the MPS control daemon ({pipe}, up to 20 s)",
+                                             "card: MPS control daemon started",
+                                             "card: asking the MPS control daemon to quit (up to 30 s)",
+                                             "card: MPS control daemon stopped"]
     assert (mps_host / "mps" / "log" / "control.log").read_text().split() == ["started", "quit"]
 
 
 def test_the_mps_folder_must_be_the_users_own(mps_host):
     (mps_host / "target").mkdir()
     (mps_host / "mps").symlink_to(mps_host / "target")
-    with pytest.raises(EnvironmentProblem, match="is a link or not yours"):
+    with pytest.raises(EnvironmentProblem, match="is a link, not a folder or not yours"):
         cards.MpsDaemon(cards.mps_dir()).start()
+
+
+@pytest.mark.parametrize("case", ["folder-is-a-file", "parent-missing", "program-is-a-folder", "program-never-returns"])
+def test_an_mps_daemon_that_cannot_start_says_why_in_one_line_within_its_deadline(mps_host, monkeypatch, case):
+    """Each way the MPS setup can be wrong ends in one EnvironmentProblem saying what and what to do, never a
+    traceback or a wait without a word or an end."""
+    program = mps_host / "nvidia" / "bin" / cards.MPS_CONTROL
+    says = {"folder-is-a-file": "File exists", "parent-missing": "No such file or directory",
+            "program-is-a-folder": "cannot run", "program-never-returns": "did not return in 1 s"}[case]
+    if case == "folder-is-a-file":
+        (mps_host / "mps").write_text("")
+    elif case == "parent-missing":
+        monkeypatch.setenv(cards.MPS_DIR_ENV, str(mps_host / "gone" / "mps"))
+    elif case == "program-is-a-folder":
+        program.unlink()
+        program.mkdir()
+    else:
+        program.write_text("#!/bin/sh\nexec sleep 60\n")
+        monkeypatch.setattr(cards, "START_S", 1)
+    said: list[str] = []
+    with pytest.raises(EnvironmentProblem, match=says) as refused:
+        cards.MpsDaemon(cards.mps_dir(), program).start(say=said.append)
+    assert "\n" not in str(refused.value)
+    assert all(line.startswith("card: starting") for line in said)  # a wait is announced before it begins
+
+
+@pytest.mark.parametrize("line, says", [
+    ("memory_gib: .inf", "finite number"), ("memory_gib: 1.0e+300", "less than or equal to 1024"),
+    ("memory_gib: 1.0e-12", "greater than or equal to 1"), ("free_gib: 99.0", "more than the card's memory_gib"),
+])
+def test_a_cards_numbers_are_held_to_what_a_card_can_be(tmp_path, line, says):
+    """A card's memory is a finite size a GPU can have, and what a process finds free is at most all of it."""
+    text = (ROOT / "images.yaml").read_text()
+    key = line.split(":")[0]
+    start = text.index("  rtx4090-wsl2:")
+    at = text.index(f"    {key}:", start)
+    end = text.index("\n", at)
+    (tmp_path / "images.yaml").write_text(text[:at] + f"    {line}" + text[end:])
+    with pytest.raises(UserError, match=says) as refused:
+        load_matrix(tmp_path / "images.yaml")
+    assert "cards.rtx4090-wsl2" in str(refused.value) and "\n" not in str(refused.value)
 
 
 def _service(env: dict[str, str], profile: str = "default") -> dict:

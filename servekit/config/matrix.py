@@ -14,7 +14,8 @@ from urllib.parse import urlsplit
 from typing import Annotated, Any, Literal
 
 from packaging.version import InvalidVersion, Version
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 from servekit.smoke import param_problems
 
@@ -172,18 +173,24 @@ class Target(Strict):
 
 class Card(Strict):
     description: str
-    memory_gib: float = Field(gt=0, description="the total memory CUDA shows on the card (cudaMemGetInfo's total, "
-                              "torch's total_memory), GiB: what vLLM sizes from there")
+    memory_gib: float = Field(ge=1, le=1024, allow_inf_nan=False, description="the total memory CUDA shows on the "
+                              "card (cudaMemGetInfo's total, torch's total_memory), GiB: what vLLM sizes from there")
     memory_source: str = Field(min_length=1, description="where memory_gib comes from")
-    free_gib: float | None = Field(None, gt=0, description="what a process finds free at its start where that is "
-                                   "less than memory_gib less its own context (WSL2: Windows holds the rest), GiB: "
-                                   "the emulated card's allocation cap")
+    free_gib: float | None = Field(None, ge=1, le=1024, allow_inf_nan=False, description="what a process finds "
+                                   "free at its start where that is less than memory_gib less its own context (WSL2: "
+                                   "Windows holds the rest), GiB: the emulated card's allocation cap")
     cuda_arch: str = Field(pattern=r"^\d+\.\d+$", description="the card's compute capability")
 
     @field_validator("memory_gib", "free_gib", mode="before")
     @classmethod
     def _number(cls, value: object) -> object:
         return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+    @model_validator(mode="after")
+    def _free_within_total(self):
+        if self.free_gib is not None and self.free_gib > self.memory_gib:
+            raise ValueError(f"free_gib {self.free_gib} is more than the card's memory_gib {self.memory_gib}")
+        return self
 
     @property
     def total_bytes(self) -> int:
@@ -687,7 +694,7 @@ def parse_matrix(loaded: LoadedYaml) -> Matrix:
         first = min(errors, key=lambda e: (e["type"] != "extra_forbidden", loaded.line_of(_strip_loc(e["loc"]))))
         loc = _strip_loc(first["loc"])
         message = _describe(first)
-        if first["type"] == "extra_forbidden":
+        if first["type"] == "extra_forbidden" and loc:
             missing = [_strip_loc(e["loc"])[-1] for e in errors
                        if e["type"] == "missing" and _strip_loc(e["loc"])[:-1] == loc[:-1]]
             close = difflib.get_close_matches(str(loc[-1]), [str(m) for m in missing], n=1)

@@ -28,6 +28,8 @@ CONTAINER_PIPE_DIR = "/tmp/nvidia-mps"  # where compose.card.yaml mounts the dae
 COMPOSE_FILE = "compose.card.yaml"
 MPS_DIR_ENV = "SERVEKIT_MPS_DIR"  # where the daemon's pipe/ and log/ folders live (default: a folder in /tmp)
 GiB = 2**30
+START_S = 20  # the daemon answers in well under a second when the driver is there
+STOP_S = 30
 
 
 @dataclass(frozen=True)
@@ -139,26 +141,42 @@ class MpsDaemon:
         return {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(self.folder / "pipe"),
                 "CUDA_MPS_LOG_DIRECTORY": str(self.folder / "log")}
 
+    def _run(self, args: list[str], timeout: float, command: str | None = None) -> subprocess.CompletedProcess:
+        """The control program once, within `timeout`; one that cannot run or never returns is an
+        EnvironmentProblem that says which and what to do."""
+        try:
+            return subprocess.run([str(self.program), *args], input=None if command is None else command + "\n",
+                                  env=self.env, capture_output=True, text=True, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            raise EnvironmentProblem(f"{self.program} {' '.join(args) or command} did not return in {timeout:g} s; "
+                                     f"stop what holds the MPS folder {self.folder} and try again") from None
+        except OSError as exc:  # a folder, no execute permission, not a program of this machine
+            raise EnvironmentProblem(f"{self.program} cannot run ({exc.strerror}); set SERVEKIT_DRIVER_DIR to the "
+                                     f"driver's folder, whose bin/ holds {MPS_CONTROL}") from None
+
     def _ask(self, command: str, timeout: float = 10) -> subprocess.CompletedProcess:
-        return subprocess.run([str(self.program)], input=command + "\n", env=self.env, capture_output=True,
-                              text=True, timeout=timeout, check=False)
+        return self._run([], timeout, command)
 
     def answers(self) -> bool:
         if not (self.folder / "pipe" / "control").exists():
             return False
         try:
             return self._ask("get_server_list", timeout=5).returncode == 0
-        except subprocess.TimeoutExpired:
+        except EnvironmentProblem:  # a daemon that does not answer in time is no daemon to use
             return False
 
     def _folders(self) -> None:
         """pipe/ and log/, each writable by the server the daemon starts as the container's user (1777, as /tmp)."""
         for path in (self.folder, self.folder / "pipe", self.folder / "log"):
-            path.mkdir(mode=0o755, exist_ok=True)
-            info = path.lstat()
-            if stat.S_ISLNK(info.st_mode) or info.st_uid != os.getuid():
-                raise EnvironmentProblem(f"{path} is a link or not yours: remove it, or set {MPS_DIR_ENV} to a "
-                                         "folder of your own")
+            try:
+                path.mkdir(mode=0o755, exist_ok=True)
+                info = path.lstat()
+            except OSError as exc:  # a file in its place, a parent that is missing or not ours
+                raise EnvironmentProblem(f"the MPS folder {path}: {exc.strerror}; set {MPS_DIR_ENV} to a folder of "
+                                         "your own whose parent exists") from None
+            if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+                raise EnvironmentProblem(f"{path} is a link, not a folder or not yours: remove it, or set "
+                                         f"{MPS_DIR_ENV} to a folder of your own")
         for path in (self.folder / "pipe", self.folder / "log"):
             path.chmod(0o1777)
 
@@ -167,23 +185,24 @@ class MpsDaemon:
         if self.answers():
             return False
         self._folders()
-        started = subprocess.run([str(self.program), "-d"], env=self.env, capture_output=True, text=True, timeout=30,
-                                 check=False)
+        say(f"card: starting the MPS control daemon ({self.folder / 'pipe'}, up to {START_S} s)")
+        started = self._run(["-d"], START_S)
         if started.returncode != 0:
             raise EnvironmentProblem(f"{self.program} -d failed ({started.returncode}): "
                                      f"{(started.stderr or started.stdout).strip()[:300]}")
-        if not until(self.answers, 20, 0.2):
-            raise EnvironmentProblem(f"the MPS control daemon did not answer at {self.folder / 'pipe'} in 20 s "
+        if not until(self.answers, START_S, 0.2):
+            raise EnvironmentProblem(f"the MPS control daemon did not answer at {self.folder / 'pipe'} in {START_S} s "
                                      f"(its log: {self.folder / 'log' / 'control.log'})")
-        say(f"card: MPS control daemon started ({self.folder / 'pipe'})")
+        say("card: MPS control daemon started")
         return True
 
     def stop(self, say=print) -> None:
         if not self.answers():
             return
+        say(f"card: asking the MPS control daemon to quit (up to {STOP_S} s)")
         self._ask("quit")
-        if not until(lambda: not self.answers(), 30, 0.2):
-            raise EnvironmentProblem(f"the MPS control daemon at {self.folder / 'pipe'} did not quit in 30 s")
+        if not until(lambda: not self.answers(), STOP_S, 0.2):
+            raise EnvironmentProblem(f"the MPS control daemon at {self.folder / 'pipe'} did not quit in {STOP_S} s")
         say("card: MPS control daemon stopped")
 
 
