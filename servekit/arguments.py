@@ -32,6 +32,11 @@ def count(text: str) -> int:
     return _number(int, text, 1, 1_000_000, "a whole number")
 
 
+def seed(text: str) -> int:
+    """A random seed as numpy takes one (a 32-bit unsigned number)."""
+    return _number(int, text, 0, 2**32 - 1, "a seed from 0 to 4294967295")
+
+
 def lines(text: str) -> int:
     return _number(int, text, 0, 10_000_000, "a number of lines")
 
@@ -75,8 +80,11 @@ def folder(text: str) -> Path:
     path = Path(text)
     if problem := control_character(text):
         raise argparse.ArgumentTypeError(f"expected {problem}")
-    if path.exists() and not path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text!r} is a file; expected a folder to write into")
+    try:
+        if path.exists() and not path.is_dir():
+            raise argparse.ArgumentTypeError(f"{text!r} is a file; expected a folder to write into")
+    except OSError as exc:  # a name longer than the file system takes, a folder we may not look into
+        raise argparse.ArgumentTypeError(f"{text[:80]!r}: {exc.strerror}; expected a folder to write into") from None
     return path
 
 

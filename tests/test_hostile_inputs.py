@@ -487,6 +487,10 @@ ARGUMENTS = [
     (["render", "k8s", "--profile", "default", "--out", "/proc/self"], "--out /proc/self",
      "cannot write the manifests there"),
     (["down", "nope"], "profile 'nope'", "expected one of default"),
+    (["stand-in", "--target", "cuda", "--seed", "-3"], "--seed", "a seed from 0 to 4294967295"),
+    (["stand-in", "--target", "cuda", "--out", "/tmp/" + "x" * 300], "--out", "File name too long"),
+    (["stand-in", "--target", "cuda", "--out", "images.yaml"], "--out", "is a file"),
+    (["stand-in", "--target", "gpu9"], "--target gpu9", "no such target"),
     (["plan", "--target", "cpu\n"], "--target 'cpu\\n'", "no such target"),
 ]
 

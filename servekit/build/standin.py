@@ -16,7 +16,7 @@ def default_out(session, target: str | None = None) -> Path:
     """Where the matrix's full-size stand-in of the target's model lives (models.<name>.dir's folder), so that
     MODEL_DIR naming it is recognised and judged as that stand-in (its not_required checks)."""
     matrix = session.matrix
-    model = matrix.targets[target or next(n for n, t in matrix.targets.items() if t.gpu)].model
+    model = matrix.targets[session.check_target(target or next(n for n, t in matrix.targets.items() if t.gpu))].model
     found = matrix.stand_in_proving(model, "size")
     if found is None:
         raise UserError("stand-in: images.yaml names no full-size stand-in (proves: [size]) of the model; pass --out")
@@ -38,17 +38,20 @@ def write_stand_in(session, out: Path, drafter: bool, seed: int, scale: str, tar
                         "(images.yaml models)")
     dflash = served.drafters.get("dflash")
     drafter_folder = dflash.source_folder if drafter and dflash else None
-    if out.exists() and not out.is_dir():
-        raise UserError(f"stand-in: --out {out} is not a folder")
     model_dir = out / served.source_folder
-    for folder in (model_dir, out / drafter_folder if drafter_folder else None):
-        if folder and folder.exists() and any(folder.iterdir()):
-            raise UserError(f"stand-in: {folder} is not empty; remove it or name another --out")
-    engine.check()
-    out.mkdir(parents=True, exist_ok=True)
-    image = session.plan(target).tag
-    if not engine.image_exists(image):
-        raise UserError(f"stand-in: {image} is not here; run `python build.py image --target {target}` first")
+    try:
+        if out.exists() and not out.is_dir():
+            raise UserError(f"stand-in: --out {out} is not a folder")
+        for folder in (model_dir, out / drafter_folder if drafter_folder else None):
+            if folder and folder.exists() and any(folder.iterdir()):
+                raise UserError(f"stand-in: {folder} is not empty; remove it or name another --out")
+        engine.check()
+        image = session.plan(target).tag
+        if not engine.image_exists(image):
+            raise UserError(f"stand-in: {image} is not here; run `python3 build.py image --target {target}` first")
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # --out in a folder that cannot hold it (/proc, read-only, a name too long)
+        raise UserError(f"stand-in: --out {str(out)[:80]}: {exc.strerror}; name a folder you can write") from None
     command = ["/opt/venv/bin/python", "/opt/servekit/standin.py", "--out", f"{CONTAINER_OUT}/{served.source_folder}",
                "--tokenizer", CONTAINER_TOKENIZER, "--seed", str(seed), "--scale", scale]
     if drafter_folder:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from servekit import arguments
 from servekit.build.demomodel import STEPS
 from servekit.commands.console import channel, emit_json, open_session
@@ -55,7 +53,7 @@ def cmd_demo_model(args) -> int:
 def cmd_stand_in(args) -> int:
     from servekit.build.standin import default_out, write_stand_in
     session = open_session(args)
-    out = Path(args.out) if args.out else default_out(session, args.target)
+    out = args.out or default_out(session, args.target)
     model, drafter = write_stand_in(session, out, not args.no_drafter, args.seed, args.scale, args.target,
                                     convert=not args.as_published, say=channel())
     print(f"stand-in: serve it with MODEL_DIR={model.resolve()}"
@@ -91,12 +89,12 @@ def register(c: Commands) -> None:
     p = c.add("stand-in", cmd_stand_in, "write the served checkpoint's exact architecture and file layout with random "
               "weights (seeded, about 19.5 GB) and a DFlash2 drafter of the served size, into a MODELS_DIR, through the "
               "image: the product's memory at full size on a host without the hub", json_out=False, locked=True)
-    p.add_argument("--out", metavar="DIR", help="the models folder: the model and drafter land in their source "
+    p.add_argument("--out", type=arguments.folder, metavar="DIR", help="the models folder: the model and drafter land in their source "
                    "folders there (images.yaml source_folder); default .cache/stand-in, where MODEL_DIR naming the "
                    "model is judged as the stand-in images.yaml names (models.qwen38-27b-random)")
     p.add_argument("--as-published", action="store_true", help="leave it as published: without prepare's int8 "
                    "conversions (which are otherwise run and timed), the MTP linears missing from ignore")
-    p.add_argument("--seed", type=int, default=0, metavar="N", help="the random weights' seed (default 0)")
+    p.add_argument("--seed", type=arguments.seed, default=0, metavar="N", help="the random weights' seed (default 0)")
     p.add_argument("--scale", choices=("full", "small"), default="full", help="small: the same layout at a few MB")
     p.add_argument("--no-drafter", action="store_true", help="the model only")
     c.target(p)
