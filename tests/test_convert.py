@@ -130,3 +130,16 @@ def test_prepare_converts_a_fetched_checkpoint_after_its_download(facts):
                                 "mtp.layers.0.mlp.gate_proj.weight_packed", "mtp.layers.0.mlp.up_proj.weight_packed",
                                 "mtp.layers.0.self_attn.k_proj.weight_packed", "mtp.layers.0.self_attn.o_proj.weight_packed",
                                 "mtp.layers.0.self_attn.q_proj.weight_packed", "mtp.layers.0.self_attn.v_proj.weight_packed"]
+
+
+def test_a_weight_no_int8_scale_can_hold_is_refused_not_converted(cpu_image):
+    """A one-dimensional weight where a matrix belongs, or a weight holding NaN or infinity (whose round-trip error
+    is NaN and would pass a `>=` bound), is refused by the step's own quantizer in one line."""
+    script = ("import sys, torch; sys.path.insert(0, '/opt/servekit'); import convert\n"
+              "for w in (torch.ones(256), torch.full((2, 128), float('nan')), torch.full((2, 128), float('inf'))):\n"
+              "    try:\n        convert.quantize(w, torch.float16)\n    except convert.ConvertError as exc:\n"
+              "        print(exc)\n    else:\n        print('converted')\n")
+    done = docker("run", "--rm", "--entrypoint", "/opt/venv/bin/python", cpu_image, "-c", script, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = done.stdout.strip().splitlines()
+    assert len(said) == 3 and "no matrix" in said[0] and all("NaN or infinity" in line for line in said[1:]), said

@@ -596,13 +596,20 @@ JOURNAL_FILE = ".servekit-convert.json"
     ({JOURNAL_FILE: "[" * 100_000 + "]" * 100_000}, "not readable JSON"),
     ({JOURNAL_FILE: "fifo"}, "not a regular file"),
     ({"link": True}, "model-1.safetensors is a link"),  # the index names a link: a rewrite would land elsewhere
+    ({"config": {"quant_method": "compressed-tensors", "config_groups": [{"targets": ["Linear"]}]}},
+     "its config_groups is not a mapping of groups"),
+    ({"config": {"quant_method": "compressed-tensors", "ignore": "lm_head"}},  # taken letter by letter, it was
+     "its ignore is not a list of module names"),
 ], ids=["journal-dotdot", "journal-absolute", "journal-link", "journal-step", "journal-shards-text", "journal-deep",
-        "journal-fifo", "index-link"])
+        "journal-fifo", "index-link", "config-groups-a-list", "config-ignore-a-string"])
 def test_a_checkpoint_file_that_leads_out_of_its_folder_is_refused_and_nothing_written(tmp_path, hostile, says):
     """The conversions' journal and the index name files prepare rewrites: a name with `..`, an absolute path or a
     link would have it replace a file outside the model's folder. Refused in one line, before any file is touched;
-    a FIFO is never waited on, a journal nested deep is no traceback."""
+    a FIFO is never waited on, a journal nested deep is no traceback; a config whose quantization the steps could not
+    read as compressed-tensors writes it is refused before any step."""
     folder, outside, env = _converting_folder(tmp_path)
+    if "config" in hostile:
+        (folder / "config.json").write_text(json.dumps({"quantization_config": hostile["config"]}))
     if hostile.get("link"):
         (folder / "model-1.safetensors").unlink()
         (folder / "model-1.safetensors").symlink_to(outside)

@@ -97,6 +97,7 @@ def convert(folder: Path, environ: dict[str, str], say=print) -> None:
         raise ConvertError(str(exc)) from None
     if interrupted(folder):
         _restore(folder, say)
+    _read_config(folder)  # a malformed config refused before any step writes
     _sweep(folder)
     for step, (setting, what, _) in STEPS.items():
         if steps[step]:
@@ -112,7 +113,7 @@ def _step(folder: Path, step: str, say) -> None:
     if not pending:
         return
     started = time.monotonic()
-    config_text = (folder / "config.json").read_text()
+    config_text = read_text(folder / "config.json", MAX_JSON_BYTES)
     shards = sorted({index["weight_map"][k] for k in pending})
     _write_json(folder / JOURNAL, {"step": step, "shards": shards, "config": config_text})
     for name in ("config.json", INDEX):
@@ -123,7 +124,7 @@ def _step(folder: Path, step: str, say) -> None:
         _link(folder / shard, folder / f"{shard}.pre", replace=True)  # the shard before this step
     freed = sum(_rewrite_shard(folder / shard, [k for k in pending if index["weight_map"][k] == shard], step)
                 for shard in shards)
-    config = json.loads(config_text)
+    config = _read_config(folder)
     _add_group(config, step)
     if step == "mtp":
         names = {k[:-len(".weight")] for k in pending}
@@ -154,8 +155,11 @@ def _rewrite_shard(path: Path, keys: list[str], step: str) -> int:
                 tensors[key] = tensor
                 continue
             scale_dtype = tensor.dtype if step == "embed" else torch.float16
-            packed, scale, error = quantize(tensor, scale_dtype)
-            if error >= MAX_ROUND_TRIP_ERROR:
+            try:
+                packed, scale, error = quantize(tensor, scale_dtype)
+            except ConvertError as exc:
+                raise ConvertError(f"{key}: {exc}") from None
+            if not error < MAX_ROUND_TRIP_ERROR:  # (a NaN error passes a >= test)
                 raise ConvertError(f"{key}: the int8 round trip loses {error:.2%} (at most {MAX_ROUND_TRIP_ERROR:.0%}); "
                                    f"the checkpoint is left as it was: skip the step with {STEPS[step][0]}=0")
             stem = key[:-len(".weight")]
@@ -176,6 +180,12 @@ def quantize(weight, scale_dtype):
     symmetric int8 in groups of 128, packed with compressed-tensors' own pack_to_int32, as vLLM reads it."""
     import torch
     from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+    if weight.dim() != 2:
+        raise ConvertError(f"a weight of shape {list(weight.shape)} is no matrix (rows x columns); the checkpoint is "
+                           "left as it was")
+    if not bool(torch.isfinite(weight).all()):
+        raise ConvertError("a weight holds NaN or infinity, which no int8 scale represents; the checkpoint is left as "
+                           "it was (fetch the model again)")
     rows, columns = weight.shape
     if columns % GROUP:
         raise ConvertError(f"a weight of {columns} columns does not split into groups of {GROUP}")
@@ -211,7 +221,7 @@ def _add_group(config: dict, step: str) -> None:
 def _ignore_bf16_mtp(folder: Path, say) -> None:
     """The MTP linears that are still BF16 in `ignore` (config only, atomic), so that speculative decoding loads them."""
     bf16 = sorted(k[:-len(".weight")] for k in targets("mtp", _read_index(folder)["weight_map"]))
-    config = _read_json(folder / "config.json")
+    config = _read_config(folder)
     quant = config["quantization_config"]
     missing = [n for n in bf16 if n not in (quant.get("ignore") or [])]
     if missing:
@@ -271,6 +281,24 @@ def _read_json(path: Path) -> dict:
     return doc
 
 
+def _read_config(folder: Path) -> dict:
+    """config.json with its quantization_config as the steps read it: config_groups a mapping of groups (each a
+    mapping whose targets are names), ignore a list of names (a string would be taken letter by letter)."""
+    config = _read_json(folder / "config.json")
+    quant = config.get("quantization_config")
+    groups = quant.get("config_groups", {}) if isinstance(quant, dict) else None
+    ignore = quant.get("ignore") if isinstance(quant, dict) else None
+    problem = ("it has no quantization_config mapping" if not isinstance(quant, dict) else
+               "its config_groups is not a mapping of groups" if not isinstance(groups, dict) or not all(
+                   isinstance(g, dict) and isinstance(g.get("targets") or [], list) for g in groups.values()) else
+               "its ignore is not a list of module names" if ignore is not None and (
+                   not isinstance(ignore, list) or not all(isinstance(n, str) for n in ignore)) else None)
+    if problem:
+        raise ConvertError(f"{folder / 'config.json'}: not a compressed-tensors config ({problem}); nothing was "
+                           "converted (fetch the model again)")
+    return config
+
+
 def _read_index(folder: Path) -> dict:
     """The index, its weight_map tensor names to shard files that are plain files of `folder` (a name that leads out
     of it, or a link, would have a conversion write elsewhere)."""
@@ -291,7 +319,7 @@ def _read_journal(folder: Path) -> tuple[str, list[str], str]:
     shard files of `folder`, the config's text."""
     journal = _read_json(folder / JOURNAL)
     step, shards, config = journal.get("step"), journal.get("shards"), journal.get("config")
-    problem = (f"its step {str(step)[:40]!r} is none of {', '.join(STEPS)}" if step not in STEPS else
+    problem = (f"its step {str(step)[:40]!r} is none of {', '.join(STEPS)}" if not isinstance(step, str) or step not in STEPS else
                "its shards are not a list of file names" if not isinstance(shards, list) or not all(
                    isinstance(n, str) for n in shards) else
                "its config is not text" if not isinstance(config, str) else
