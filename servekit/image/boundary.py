@@ -34,6 +34,12 @@ def control_character(text: str) -> str | None:
     return None
 
 
+def printable(text: str) -> str:
+    """`text` as one line a terminal shows as it is: each character that is not printable written as Python
+    escapes it (a refusal that quotes a hostile name stays one line and moves no cursor)."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # PEP 508's distribution name; Debian's package name; a registry; an image reference (name[:tag][@digest]).
 DIST_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")

