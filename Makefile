@@ -7,7 +7,7 @@ TARGET ?=
 BASE ?=
 STAMP := $(VENV)/.installed
 
-.PHONY: venv engine image demo demo-model up down smoke release test test-fast flakes lint schema derived clean help
+.PHONY: venv engine image demo demo-model up down smoke release test test-fast flakes fuzz lint schema derived clean help
 
 help:
 	@$(PY) build.py --help 2>/dev/null || echo "run 'make venv' first"
@@ -83,6 +83,12 @@ LOADED ?= 1
 flakes: $(STAMP)
 	$(PY) build.py engine --test-tools
 	$(PY) bench/flakes.py --rounds $(ROUNDS) --loaded $(LOADED) --workers $(WORKERS) $(TESTS)
+
+# The fuzz suite's long profile (bench/fuzz.py): tests/test_fuzz.py with fresh random inputs, round after round, for
+# MINUTES; prints each finding with the input it shrank to. `make test` runs the same targets on fixed inputs.
+MINUTES ?= 10
+fuzz: $(STAMP)
+	$(PY) bench/fuzz.py --minutes $(MINUTES)
 
 # The whole tree through ruff and mypy (pyproject.toml configures both); the Dockerfile through hadolint in the tests.
 lint: $(STAMP)

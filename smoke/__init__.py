@@ -10,7 +10,6 @@ maps the names used in images.yaml to the functions.
 from __future__ import annotations
 
 import inspect
-import math
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -19,6 +18,8 @@ from typing import Callable, Literal, get_args
 from urllib.parse import urljoin, urlsplit
 
 import requests
+
+from servekit.image.boundary import number_in
 
 MAX_REDIRECTS = 3  # within the server's own origin (a trailing slash); one to elsewhere fails the check
 CHECK_DEADLINE_S = 600.0  # one check, all its requests: a hung, slow or endless server fails it by then
@@ -215,8 +216,8 @@ def param_problems(name: str, params: dict) -> list[str]:
                             f"{default!r}")
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             least, most = BOUNDS[name].get(key, (1, None))
-            if not math.isfinite(value) or value < least or (most is not None and value > most):
-                problems.append(f"check {name}: {key}={value!r} is out of range: at least {least:g}"
+            if number_in(value, least, most):  # (an int past what a float holds compares without converting)
+                problems.append(f"check {name}: {key}={repr(value)[:40]} is out of range: at least {least:g}"
                                 + (f" and at most {most:g}" if most is not None else ""))
     return problems
 

@@ -24,6 +24,8 @@ def pytest_configure(config):
     support.STATE_AT_START.update(support.checkout_state())
     os.environ["SERVEKIT_PROJECT"] = TEST_PROJECT  # for the commands run in-process and in subprocesses alike
     os.environ[MPS_DIR_ENV] = str(support.MPS_DIR)  # never the machine's own MPS folder
+    # Hypothesis keeps its caches in ./.hypothesis unless told: the run's temporary folder, not the checkout
+    os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(support.HYPOTHESIS_DIR))
     summary_lines.register(config)
 
 

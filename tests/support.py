@@ -58,6 +58,7 @@ _WORKER_INDEX = int(WORKER[2:]) if WORKER[2:].isdigit() else 0
 # 18000, 18100, ... in the first slot, 19000, ... in the next: never a developer's serve.port (18020)
 TEST_PORT = 18000 + 1000 * SLOT + 100 * _WORKER_INDEX
 MPS_DIR = Path(tempfile.gettempdir()) / f"servekit-test-mps-s{SLOT}"  # the run's MPS folder (conftest sets it)
+HYPOTHESIS_DIR = Path(tempfile.gettempdir()) / f"servekit-test-hypothesis-s{SLOT}"  # the fuzz suite's caches
 STATE_AT_START: dict = {}  # checkout_state() when the session began (conftest's pytest_configure)
 
 

@@ -107,8 +107,9 @@ def load_yaml(path: Path) -> LoadedYaml:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else 1
         raise UserError(f"{path}:{line}: YAML syntax error: {exc.problem or exc.context}") from None
-    except yaml.YAMLError as exc:
-        raise UserError(f"{path}: YAML error: {exc}") from None
+    except yaml.YAMLError as exc:  # a ReaderError: a character YAML takes in no file
+        where = f" at character {exc.position}" if isinstance(exc, yaml.reader.ReaderError) else ""
+        raise UserError(f"{path}: YAML error{where}: {str(exc).splitlines()[0]}") from None
     except RecursionError:  # PyYAML's composer recurses once per level of nesting
         raise UserError(f"{path}: nested deeper than the YAML parser can follow; is this the matrix?") from None
     if node is None:

@@ -116,6 +116,8 @@ class Knob:
                 number = int(value) if self.kind == "int" else float(value)
             except ValueError:
                 return f"expected {'an integer' if self.kind == 'int' else 'a number'}"
+            if isinstance(number, int) and abs(number) >= 2**63:  # no flag of vLLM's takes it (nor does a float)
+                return "expected an integer below 2**63"
             if not math.isfinite(number):
                 return "expected a finite number"
             if self.minimum is not None and number < self.minimum:

@@ -186,6 +186,8 @@ def check_models_dir(root: Path) -> None:
     """MODELS_DIR (shell or compose/.env) names a folder: a bare word is a named volume to Compose, not the folder
     the source's users mean by it, so it is refused with the spelling that is one."""
     given = source_settings(root, "MODELS_DIR").get("MODELS_DIR", "").strip()
+    if problem := control_character(given):  # it becomes a line of a Compose volume
+        raise UserError(f"MODELS_DIR={given[:60]!r} (in the shell or compose/.env): expected {problem}")
     if given and not given.startswith(("/", ".", "~")) and "/" not in given:
         raise UserError(f"MODELS_DIR={given[:60]!r} (in the shell or compose/.env): Compose takes a bare name for a "
                         f"named volume, not a folder; write ./{given[:60]} for the folder under compose/, or a full "
