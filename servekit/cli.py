@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_help()
             return 2
         args.parser = parser  # for `completion`, which prints a script for the whole command line
+        _check_cache_folder(Path(args.matrix).resolve().parent / ".cache")
         if not args.locked:
             return args.func(args)
         with exclusive(Path(args.matrix).resolve().parent / ".cache", args.command, say=channel()):
@@ -112,6 +113,13 @@ def main(argv: list[str] | None = None) -> int:
         from servekit.engines.docker import is_client_error, said  # the engine's SDK, loaded only on this path
         print(f"error: {'docker: ' + said(exc) if is_client_error(exc) else _unexpected(exc, argv)}", file=sys.stderr)
         return 1
+
+
+def _check_cache_folder(cache: Path) -> None:
+    """The checkout's .cache holds servekit's locks, bases, engines' settings and stand-ins: something else in its
+    place is refused before any command works there."""
+    if cache.exists() and not cache.is_dir():
+        raise UserError(f"{cache} is not a folder; servekit keeps its locks and caches there: move it away")
 
 
 def _unexpected(exc: Exception, argv: list[str] | None) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -639,3 +640,32 @@ def test_a_conversion_setting_that_is_neither_on_nor_off_stops_prepare_before_an
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 1 and len(lines) == 1, done.stderr
     assert lines[0].startswith(f"prepare: error: QUANT_EMBED={value!r}: expected one of 1/on/true/yes for on"), lines
+
+
+# --- the checkout and the machine: what a command finds in its place -------------------------------------------
+
+@pytest.mark.parametrize("argv", [["verify"], ["image", "--target", "cpu"], ["plan"]])
+def test_a_file_where_the_cache_folder_belongs_is_refused_in_one_line(repo, cli, argv):
+    """.cache holds the locks, bases and engines' settings: a file there was a traceback in the first command that
+    made a folder under it."""
+    shutil.rmtree(repo / ".cache", ignore_errors=True)  # the copy's cached metadata
+    (repo / ".cache").write_text("")
+    code, _, err = cli("--matrix", str(repo / "images.yaml"), *argv)
+    _refused(code, err, ".cache is not a folder", "move it away")
+
+
+def test_a_wheel_that_is_no_zip_archive_is_refused_by_port_in_one_line(tmp_path):
+    from servekit.build.portcheck import extract
+    from servekit.errors import UserError
+    wheel = tmp_path / "vllm-0.32.0-cp38-abi3-manylinux_2_31_x86_64.whl"
+    wheel.write_text("<html>a proxy's error page</html>")
+    with pytest.raises(UserError, match="not a readable wheel .*fetch it again") as refused:
+        extract(wheel, tmp_path / "out")
+    assert "\n" not in str(refused.value)
+
+
+def test_a_server_published_on_an_ipv6_address_has_a_url_that_parses():
+    from urllib.parse import urlsplit
+    from servekit.engines.docker import local_url
+    assert local_url("::1", 18020) == "http://[::1]:18020" and urlsplit(local_url("::1", 18020)).port == 18020
+    assert local_url("::", 18020) == local_url("0.0.0.0", 18020) == "http://127.0.0.1:18020"

@@ -260,3 +260,13 @@ def test_int8_activations_with_an_int8_lm_head_are_refused_where_nothing_keeps_t
     del groups["servekit_lm_head"]
     (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {"config_groups": groups}}))
     assert int8_activation_problem(env, tmp_path, inert) is None  # the published BF16 lm_head: no clash
+
+
+@pytest.mark.parametrize("target", ["cuda", "cpu"])
+def test_plain_mode_refuses_a_speculator_it_would_never_pass(target):
+    """MODE=plain builds no speculative config: SPEC=mtp there was taken and nothing passed (#63)."""
+    profiles = CUDA if target == "cuda" else CPU
+    with pytest.raises(KnobError, match="SPEC=mtp: MODE=plain serves without speculation"):
+        build_command(profiles, "default", "native", {"MODE": "plain", "SPEC": "mtp"})
+    argv, _ = build_command(profiles, "default", "native", {"MODE": "plain", "SPEC": "off"})
+    assert "--speculative-config" not in argv

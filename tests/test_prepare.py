@@ -56,6 +56,7 @@ class Hub(BaseHTTPRequestHandler):
     trickle: set[str] = set()  # files sent a byte at a time, without end
     paced: set[str] = set()  # files sent in ten pieces, 0.3 s apart: a download that takes a while
     hang = threading.Event()  # set: the API never answers
+    answers: dict[str, bytes] = {}  # "info" or "tree": the API's answer in place of the repository's own
     stop = threading.Event()
     protocol_version = "HTTP/1.1"
 
@@ -69,6 +70,8 @@ class Hub(BaseHTTPRequestHandler):
             files = self.repos.get("/".join(parts[3:5]))
             if files is None:
                 return self._send(404, b'{"error": "Repository not found"}', {"X-Error-Code": "RepoNotFound"})
+            if (route := "tree" if parts[5] == "tree" else "info") in self.answers:
+                return self._send(200, self.answers[route])
             if parts[5] == "tree":
                 return self._send(200, json.dumps([{"type": "file", "path": n, "size": len(b), "oid": _oid(b)}
                                                    for n, b in files.items()]).encode())
@@ -147,6 +150,7 @@ class Hub(BaseHTTPRequestHandler):
 def hub():
     Hub.repos, Hub.drop_once, Hub.ranges, Hub.resolved = {"org/model": _repo(2), "org/drafter": _repo(1)}, set(), [], []
     Hub.sha, Hub.trickle, Hub.hang, Hub.stop = COMMIT, set(), threading.Event(), threading.Event()
+    Hub.answers = {}
     Hub.paced = set()
     with serving(Hub) as server:
         yield f"http://127.0.0.1:{server.server_port}"
@@ -395,6 +399,20 @@ def test_a_commit_the_hub_names_that_is_no_commit_is_refused_before_any_file(tmp
     assert not [p for p, _ in Hub.resolved if "/resolve/" in p]
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == \
         ["models/.prepare.lock", "profiles.json"]  # nothing written anywhere, inside the folder or out
+
+
+@pytest.mark.parametrize("route, answer", [
+    ("info", b'["a", "list"]'), ("info", b"[" * 100_000 + b"]" * 100_000), ("info", b'{"sha": '),
+    ("tree", b'{"a": "mapping"}'), ("tree", b'[{"type": "file", "path": 7, "size": "big"}]'),
+], ids=["info-a-list", "info-nested-deep", "info-cut-short", "tree-a-mapping", "tree-entry-of-wrong-types"])
+def test_an_api_answer_of_another_shape_stops_prepare_in_one_line_before_any_file(tmp_path, hub, route, answer):
+    """The model's information and its file tree come from a hub anybody can run: JSON of another shape is refused
+    in one line naming the repository, never a traceback, and nothing is fetched."""
+    Hub.answers = {route: answer}
+    done = _prepare(_profiles(tmp_path, revision="main"), hub)
+    assert done.returncode == 1, done.stderr
+    assert _last_line(done).startswith("prepare: error: org/model@main: ")
+    assert not [p for p, _ in Hub.resolved if "/resolve/" in p]
 
 
 def test_an_index_that_names_a_shard_the_repository_lacks_is_never_marked_whole(tmp_path, hub):

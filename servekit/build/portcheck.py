@@ -50,9 +50,12 @@ class Report:
 
 def extract(wheel: Path, dest: Path, also: set[str] | None = None) -> Path:
     """The wheel's `vllm/` Python files (and the files in `also`, relative to vllm/) under dest; the package folder."""
-    with zipfile.ZipFile(wheel) as whl:
-        whl.extractall(dest, [m for m in whl.namelist() if m.startswith("vllm/") and (m.endswith(".py") or
-                                                                                   m[len("vllm/"):] in (also or set()))])
+    try:
+        with zipfile.ZipFile(wheel) as whl:
+            whl.extractall(dest, [m for m in whl.namelist() if m.startswith("vllm/") and (
+                m.endswith(".py") or m[len("vllm/"):] in (also or set()))])
+    except (zipfile.BadZipFile, OSError) as exc:  # cut short, another file under a wheel's name
+        raise UserError(f"{wheel}: not a readable wheel ({exc}); remove it and fetch it again") from None
     return dest / "vllm"
 
 

@@ -493,8 +493,9 @@ def address(engine: Engine, bind: str, port: int) -> str:
 
 
 def local_url(bind: str, port: int) -> str:
-    """The URL of a port published on this machine at `bind`."""
-    return f"http://{'127.0.0.1' if bind in ('0.0.0.0', '::') else bind}:{port}"
+    """The URL of a port published on this machine at `bind` (an IPv6 address in brackets, as a URL writes it)."""
+    host = "127.0.0.1" if bind in ("0.0.0.0", "::") else bind
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
 
 @contextmanager

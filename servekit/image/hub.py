@@ -112,14 +112,28 @@ def download(repo: str, revision: str | None, dest: Path, token: str | None, say
     progress = Progress(repo, dest, say, number_setting(os.environ, "PREPARE_PROGRESS_S", PROGRESS_S_DEFAULT, 0.5,
                                                         STALL_S_MOST, "seconds"))
 
+    def answer(what: str, call):
+        """An API answer as the client reads it; JSON of another shape (a list for the model's information, an entry
+        without its fields, nesting past the parser) is refused, never a traceback."""
+        try:
+            return call()
+        except (TypeError, KeyError, AttributeError, RecursionError) as exc:
+            raise HubError(f"{repo}@{wanted}: the hub's {what} is not of the shape its API gives "
+                           f"({type(exc).__name__}: {first_line(exc)[:120]}); nothing was fetched") from None
+
     def fetch() -> str:
         # A branch or tag is resolved once, so that every file comes from the same commit.
-        commit = wanted if COMMIT.fullmatch(wanted) else HfApi().model_info(repo, revision=wanted, token=token).sha
+        commit = wanted if COMMIT.fullmatch(wanted) else answer(
+            "model information", lambda: HfApi().model_info(repo, revision=wanted, token=token).sha)
         if not isinstance(commit, str) or not COMMIT.fullmatch(commit):
             raise HubError(f"{repo}@{wanted}: the hub named {str(commit)[:60]!r} as its commit, which is no commit id "
                            "(40 hex digits); nothing was fetched")
-        tree = HfApi().list_repo_tree(repo, revision=commit, recursive=True, token=token)
-        progress.expect({f.path: f.size for f in tree if isinstance(f, RepoFile)})
+        sizes = answer("file tree", lambda: {f.path: f.size for f in HfApi().list_repo_tree(
+            repo, revision=commit, recursive=True, token=token) if isinstance(f, RepoFile)})
+        if not all(isinstance(p, str) and isinstance(n, int) for p, n in sizes.items()):
+            raise HubError(f"{repo}@{wanted}: the hub's file tree names a file without a name or a size; nothing was "
+                           "fetched")
+        progress.expect(sizes)
         say(f"prepare: {repo}@{commit[:12]}: {progress.expected_line()}; fetching (resumes what is there)")
         snapshot_download(repo, revision=commit, local_dir=dest, token=token, max_workers=WORKERS)
         return commit

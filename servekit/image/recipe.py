@@ -163,6 +163,9 @@ def command(k: dict[str, str], host: str, model: dict, batch_defaults: dict[str,
     mode = k.get("MODE", "plain")
     k = {**MODES[mode], **k}
     if mode == "plain":
+        if k.get("SPEC", "off") != "off":  # it would be taken and nothing passed: a speculator the user never gets
+            raise RecipeError(f"SPEC={k['SPEC']}: MODE=plain serves without speculation; set SPEC=off, or a MODE "
+                              "whose recipe drafts (single, alternative)")
         return _plain(k), {}
     spec = k["SPEC"]
     if spec == "dflash2" and not model.get("drafters", {}).get("dflash"):
