@@ -55,6 +55,8 @@ LINES = [
     ("index-url-adds-a-trusted-host", _sub("    url: https://pypi.org/simple",
                                            '    url: "https://pypi.org/simple\\n--trusted-host evil"'),
      ["indexes.pypi.url", "U+000A"]),
+    ("index-url-unclosed-bracket", _sub("    url: https://pypi.org/simple", "    url: https://[pypi.org/simple"),
+     ["indexes.pypi.url", "expected a URL", "Invalid IPv6 URL"]),  # the fuzz suite's finding: urlsplit raised
     ("index-url-with-a-space", _sub("    url: https://pypi.org/simple", '    url: "https://pypi.org/simple --trusted-host x"'),
      ["indexes.pypi.url", "expected text matching"]),
     ("torch-local-version-adds-an-index", _sub("torch_local_version: cpu",

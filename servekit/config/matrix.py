@@ -78,6 +78,15 @@ class Index(Strict):
     url: str = Field(pattern=r"^(https?|file)://[^\s]+$", description="a PEP 503 simple index")
     description: str = ""
 
+    @field_validator("url")
+    @classmethod
+    def _parses(cls, value: str) -> str:
+        try:
+            urlsplit(value).port  # an unclosed [ of an IPv6 host, a port past 65535
+        except ValueError as exc:
+            raise ValueError(f"expected a URL, found {value[:80]!r} ({exc})") from None
+        return value
+
 
 class DebootstrapBase(Strict):
     suite: str = Field(pattern=r"^[a-z]+$")
