@@ -211,10 +211,10 @@ def follow_logs(*argv: str, wanted: str, within_s: float = 60) -> tuple[bool, in
 
 
 @contextlib.contextmanager
-def serving(handler):
-    """A stand-in HTTP server of `handler` on 127.0.0.1 (a free port), each request in a daemon thread; shut down
+def serving(handler, host: str = "127.0.0.1"):
+    """A stand-in HTTP server of `handler` on `host` (a free port), each request in a daemon thread; shut down
     when the block ends."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = ThreadingHTTPServer((host, 0), handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:

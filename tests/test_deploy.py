@@ -7,14 +7,16 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 import requests
+import yaml
 
 from support import (ROOT, TEST_PORT, TEST_PROJECT, compose_dir, ctrl_c_reaches_it, follow_logs, project_containers, run_build_py,
-                     tracked_copy, work_dir)
+                     serving, tracked_copy, work_dir)
 from servekit.config.load import load_matrix
 from servekit.image.prepare import COMPLETE, is_complete, prepare
 from servekit.engines.failures import classify
@@ -600,3 +602,64 @@ def test_up_as_another_uid_on_fresh_volumes(cpu_built):
                                  capture_output=True, text=True).stdout.split()
         if volumes:
             subprocess.run(["docker", "volume", "rm", *volumes], capture_output=True)
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_up_shows_the_download_from_a_hub_before_the_boot_and_serves_what_arrived(cpu_image, tmp_path):
+    """`up` of a model the image fetches (#62): prepare's download from a hub (a stand-in speaking the hub's API,
+    reached from the container as the host) shows the repository's size first, its progress while it comes, and its
+    end, all before the boot; the server then serves the files that arrived. The model and the hub's address reach
+    the containers through compose.override.yaml, as a user's own Compose settings would. Buys what no in-process
+    test can: Compose carrying HF_ENDPOINT to prepare, and prepare's lines reaching `up` as they come."""
+    from servekit.config.profiles import render_profiles
+    from servekit.engines.docker import free_port
+    from standins.hub import COMMIT, Hub
+    root = tracked_copy(tmp_path / "clone")
+    demo = ROOT / "docker" / "demo-model"
+    Hub.repos = {"org/demo": {p.name: p.read_bytes() for p in demo.iterdir() if p.is_file()}}
+    Hub.paced, Hub.sha, Hub.answers, Hub.stop = {"model.safetensors"}, COMMIT, {}, threading.Event()
+    Hub.drop_once, Hub.trickle, Hub.ranges, Hub.resolved, Hub.hang = set(), set(), [], [], threading.Event()
+    # the address host-gateway names inside a container: where the stand-in hub listens, and nowhere else
+    gateway = subprocess.run(["docker", "run", "--rm", "--add-host", "hub.test:host-gateway", "--entrypoint",
+                              "getent", cpu_image, "hosts", "hub.test"], capture_output=True, text=True, timeout=120)
+    assert gateway.returncode == 0, gateway.stderr
+    profiles = render_profiles(load_matrix(root / "images.yaml"), "cpu")
+    profiles["model"] = {**profiles["model"], "source": "huggingface", "repo": "org/demo", "revision": "main",
+                         "path": "/app/models/demo-from-hub", "baked": None}
+    (root / "compose" / "hub-profiles.json").write_text(json.dumps(profiles))
+    project = f"{TEST_PROJECT}-hub"
+    env = {**os.environ, "SERVEKIT_PROJECT": project}
+    with serving(Hub, gateway.stdout.split()[0]) as hub:
+        mounted = {"environment": {"SERVEKIT_PROFILES": "/opt/hub-profiles.json"},
+                   "volumes": ["./hub-profiles.json:/opt/hub-profiles.json:ro"]}
+        (root / "compose" / "compose.override.yaml").write_text(yaml.safe_dump({"services": {
+            "default": mounted,
+            "prepare": {**mounted, "extra_hosts": ["hub.test:host-gateway"], "environment": {
+                **mounted["environment"], "HF_ENDPOINT": f"http://hub.test:{hub.server_port}",
+                "PREPARE_PROGRESS_S": "0.5"}}}}))
+        try:
+            up = subprocess.run([sys.executable, str(ROOT / "build.py"), "up", "default", "--target", "cpu", "--port",
+                                 str(free_port()), "--json"], cwd=root, env=env, capture_output=True, text=True,
+                                timeout=1200)
+            assert up.returncode == 0, up.stderr[-3000:]
+            said = up.stderr
+            size_at, progress_at, done_at, ready_at = (said.find(text) for text in (
+                f"prepare: org/demo@{COMMIT[:12]}: 7 files", " GB, ", "prepare: org/demo: downloaded ",
+                "prepare: /app/models/demo-from-hub ready"))
+            assert -1 < size_at < progress_at < done_at < ready_at, said[-3000:]  # as they came, before the boot
+            assert said.count("of 7 files") >= 2, said[-3000:]  # a line every 0.5 s of a 3 s download
+            result = json.loads(up.stdout)
+            key = Path(result["api_key_file"]).read_text().strip()
+            models = requests.get(f"{result['url']}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=10)
+            assert [m["id"] for m in models.json()["data"]] == ["servekit-demo"]
+            assert any("/org/demo/resolve/" in path for path, _ in Hub.resolved)
+        finally:
+            Hub.stop.set()
+            subprocess.run([sys.executable, str(ROOT / "build.py"), "down"], cwd=root, env=env, capture_output=True,
+                           timeout=600)
+            volumes = subprocess.run(["docker", "volume", "ls", "-q", "--filter",
+                                      f"label=com.docker.compose.project={project}"], capture_output=True,
+                                     text=True).stdout.split()
+            if volumes:
+                subprocess.run(["docker", "volume", "rm", *volumes], capture_output=True)

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import struct
@@ -12,143 +11,20 @@ import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 import yaml
 
 from support import ROOT, serving
+from standins.hub import COMMIT, Hub, repo_files, shard_bytes
 
 LAUNCHER = ROOT / "servekit/image/launcher.py"
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
-
-
-def _shard(tensors: int, floats: int, cut: int = 0) -> bytes:
-    header = {f"w{i}": {"dtype": "F32", "shape": [floats], "data_offsets": [i * floats * 4, (i + 1) * floats * 4]}
-              for i in range(tensors)}
-    raw = json.dumps(header).encode()
-    body = struct.pack("<Q", len(raw)) + raw + os.urandom(tensors * floats * 4)
-    return body[:len(body) - cut] if cut else body
-
-
-def _oid(body: bytes) -> str:
-    return hashlib.sha1(body).hexdigest()
-
-
-def _repo(shards: int, cut: int = 0) -> dict[str, bytes]:
-    files = {f"model-{i:05d}-of-{shards:05d}.safetensors": _shard(2, 200_000, cut if i == shards else 0)
-             for i in range(1, shards + 1)}
-    files["model.safetensors.index.json"] = json.dumps({"weight_map": {f"w{i}": n for i, n in enumerate(files)}}).encode()
-    files["config.json"] = b'{"model_type": "qwen3"}'
-    return files
-
-
-class Hub(BaseHTTPRequestHandler):
-    """The routes huggingface_hub's snapshot_download uses, answered as the hub answers them: the revision's
-    commit, the recursive tree (file entries with path, size and blob oid), and each file by `resolve` with the
-    headers the client requires (X-Repo-Commit, ETag, Content-Length) on HEAD and GET, byte ranges on GET."""
-    repos: dict[str, dict[str, bytes]] = {}
-    drop_once: set[str] = set()  # files whose first download stops half way
-    ranges: list[tuple[str, str]] = []
-    resolved: list[tuple[str, str]] = []  # (path, user agent) of every file request
-    sha = COMMIT  # the commit a revision resolves to
-    trickle: set[str] = set()  # files sent a byte at a time, without end
-    paced: set[str] = set()  # files sent in ten pieces, 0.3 s apart: a download that takes a while
-    hang = threading.Event()  # set: the API never answers
-    answers: dict[str, bytes] = {}  # "info" or "tree": the API's answer in place of the repository's own
-    stop = threading.Event()
-    protocol_version = "HTTP/1.1"
-
-    def do_GET(self):
-        path = self.path.split("?")[0]
-        if path.startswith("/api/models/"):
-            if self.hang.is_set():
-                self.stop.wait(120)
-                return
-            parts = path.split("/")
-            files = self.repos.get("/".join(parts[3:5]))
-            if files is None:
-                return self._send(404, b'{"error": "Repository not found"}', {"X-Error-Code": "RepoNotFound"})
-            if (route := "tree" if parts[5] == "tree" else "info") in self.answers:
-                return self._send(200, self.answers[route])
-            if parts[5] == "tree":
-                return self._send(200, json.dumps([{"type": "file", "path": n, "size": len(b), "oid": _oid(b)}
-                                                   for n, b in files.items()]).encode())
-            return self._send(200, json.dumps({"id": "/".join(parts[3:5]), "sha": self.sha, "siblings": [
-                {"rfilename": n} for n in files]}).encode())
-        filename, body = self._file(path)
-        if body is None:
-            return
-        start = 0
-        if self.headers.get("Range"):
-            start = int(self.headers["Range"].split("=")[1].rstrip("-"))
-            self.ranges.append((filename, self.headers["Range"]))
-        self.send_response(206 if start else 200)
-        self._file_headers(body, len(body) - start)
-        if filename in self.trickle:
-            while not self.stop.wait(0.2):
-                try:
-                    self.wfile.write(body[start:start + 1])
-                    self.wfile.flush()
-                except OSError:  # the client left
-                    return
-                start += 1
-            return
-        if filename in self.paced:
-            piece = -(-(len(body) - start) // 10)
-            for at in range(start, len(body), piece):
-                self.wfile.write(body[at:at + piece])
-                self.wfile.flush()
-                time.sleep(0.3)
-            return
-        if filename in self.drop_once:
-            self.drop_once.discard(filename)
-            self.wfile.write(body[start:start + (len(body) - start) // 2])
-            self.wfile.flush()
-            self.connection.shutdown(2)  # the connection drops mid-shard
-            self.close_connection = True
-            return
-        self.wfile.write(body[start:])
-
-    def do_HEAD(self):
-        _, body = self._file(self.path.split("?")[0])
-        if body is not None:
-            self.send_response(200)
-            self._file_headers(body, len(body))
-
-    def _file(self, path: str) -> tuple[str, bytes | None]:
-        self.resolved.append((path, self.headers.get("User-Agent", "")))
-        parts = path.lstrip("/").split("/", 4)
-        filename = parts[-1]
-        body = self.repos.get("/".join(parts[:2]), {}).get(filename) if len(parts) == 5 and parts[2] == "resolve" \
-            else None  # another route of the hub (the client asks for its agent registry): none here
-        if body is None:
-            self._send(404, b"{}", {"X-Error-Code": "EntryNotFound"})
-        return filename, body
-
-    def _file_headers(self, body: bytes, length: int):
-        self.send_header("X-Repo-Commit", COMMIT)
-        self.send_header("ETag", f'"{_oid(body)}"')
-        self.send_header("Content-Length", str(length))
-        self.end_headers()
-
-    def _send(self, code: int, body: bytes, headers: dict[str, str] | None = None):
-        self.send_response(code)
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
 
 
 @pytest.fixture
 def hub():
-    Hub.repos, Hub.drop_once, Hub.ranges, Hub.resolved = {"org/model": _repo(2), "org/drafter": _repo(1)}, set(), [], []
+    Hub.repos, Hub.drop_once, Hub.ranges, Hub.resolved = {"org/model": repo_files(2), "org/drafter": repo_files(1)}, set(), [], []
     Hub.sha, Hub.trickle, Hub.hang, Hub.stop = COMMIT, set(), threading.Event(), threading.Event()
     Hub.answers = {}
     Hub.paced = set()
@@ -195,7 +71,7 @@ def test_a_download_says_how_far_it_is_as_it_goes_and_what_it_fetched(tmp_path, 
     files every PREPARE_PROGRESS_S, and at the end what it fetched; `up` shows these lines as they come."""
     import re
     shard = "model-00001-of-00002.safetensors"
-    Hub.repos["org/model"][shard] = _shard(2, 5_000_000)  # 40 MB: the client writes 10 MiB at a time
+    Hub.repos["org/model"][shard] = shard_bytes(2, 5_000_000)  # 40 MB: the client writes 10 MiB at a time
     Hub.paced = {shard}
     total = sum(len(b) for b in Hub.repos["org/model"].values())
     done = _prepare(_profiles(tmp_path), hub, PREPARE_PROGRESS_S="0.5")
@@ -218,7 +94,7 @@ def test_a_download_says_how_far_it_is_as_it_goes_and_what_it_fetched(tmp_path, 
 def test_a_connection_dropped_mid_shard_resumes_where_it_stopped(tmp_path, hub):
     shard = "model-00001-of-00002.safetensors"
     # big enough that the client wrote some of it before the drop (it writes in 10 MiB pieces)
-    Hub.repos["org/model"][shard] = _shard(2, 3_000_000)
+    Hub.repos["org/model"][shard] = shard_bytes(2, 3_000_000)
     Hub.drop_once = {shard}
     done = _prepare(_profiles(tmp_path), hub)
     assert done.returncode == 0, done.stderr
@@ -229,7 +105,7 @@ def test_a_connection_dropped_mid_shard_resumes_where_it_stopped(tmp_path, hub):
 
 
 def test_a_shard_the_repository_holds_truncated_is_refused_and_nothing_is_marked(tmp_path, hub):
-    Hub.repos["org/model"] = _repo(2, cut=1000)
+    Hub.repos["org/model"] = repo_files(2, cut=1000)
     done = _prepare(_profiles(tmp_path), hub)
     assert done.returncode == 1
     lines = done.stderr.strip().splitlines()
@@ -416,7 +292,7 @@ def test_an_api_answer_of_another_shape_stops_prepare_in_one_line_before_any_fil
 
 
 def test_an_index_that_names_a_shard_the_repository_lacks_is_never_marked_whole(tmp_path, hub):
-    files = _repo(2)
+    files = repo_files(2)
     files["model.safetensors.index.json"] = json.dumps({"weight_map": {
         "w0": "model-00001-of-00002.safetensors", "w1": "model-00002-of-00002.safetensors",
         "w2": "model-00003-of-00003.safetensors"}}).encode()
