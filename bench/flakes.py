@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--rounds {args.rounds} --loaded {args.loaded}: at least one round, and at most that many "
                      "loaded")
     if args.loaded and not shutil.which("stress-ng"):
-        parser.error("--loaded needs stress-ng: `python build.py engine --test-tools` installs it (Debian's package)")
+        parser.error("--loaded needs stress-ng: `python3 build.py engine --test-tools` installs it (Debian's package)")
     args.out.mkdir(parents=True, exist_ok=True)
     rounds = []
     for number in range(1, args.rounds + 1):

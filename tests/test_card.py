@@ -251,7 +251,7 @@ def test_smoke_with_a_card_refuses_a_server_that_runs_on_another_or_none(monkeyp
     key.write_text("sk-" + "x" * 40 + "\n")
     engine = SimpleNamespace(check=lambda: None, is_local=True, given="local", serves_images=True, same_machine=True,
                              serving=lambda tag, pins: (tag, {}), gpu_by_devices=lambda: False, host_kind=lambda: "native")
-    for env, said in (({}, "default runs on the GPU as it is; start it with `python build.py up default --card "
+    for env, said in (({}, "default runs on the GPU as it is; start it with `python3 build.py up default --card "
                            "rtx3090`"), ({"SERVEKIT_CARD": "rtx4090"}, "default runs on card rtx4090")):
         server = SimpleNamespace(log=lambda: "", environ={}, state=lambda env=env: SimpleNamespace(env=env, port=None))
         monkeypatch.setattr(deploy, "find_server", lambda profile, engine, server=server: server)

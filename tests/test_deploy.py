@@ -350,7 +350,7 @@ def test_an_env_file_from_before_the_block_keeps_the_users_lines_and_drops_serve
     from servekit.serve.deploy import Deployment, write_env
     (tmp_path / "compose").mkdir()
     env_file = tmp_path / "compose" / ".env"
-    env_file.write_text("# Written by `python build.py image` / `up`; edit by hand if you like.\nSERVEKIT_IMAGE=old\n"
+    env_file.write_text("# Written by `python3 build.py image` / `up`; edit by hand if you like.\nSERVEKIT_IMAGE=old\n"
                         "SERVEKIT_PORT=8000\nCOMPOSE_FILE=compose.yaml\nSPEC=dflash2\n")
     write_env(Deployment(tmp_path, "cuda", "native", "vllm-serve:new", "127.0.0.1", 8000))
     text = env_file.read_text()
@@ -614,7 +614,7 @@ def test_up_shows_the_download_from_a_hub_before_the_boot_and_serves_what_arrive
     test can: Compose carrying HF_ENDPOINT to prepare, and prepare's lines reaching `up` as they come."""
     from servekit.config.profiles import render_profiles
     from servekit.engines.docker import free_port
-    from standins.hub import COMMIT, Hub
+    from standins.hub_server import COMMIT, Hub
     root = tracked_copy(tmp_path / "clone")
     demo = ROOT / "docker" / "demo-model"
     Hub.repos = {"org/demo": {p.name: p.read_bytes() for p in demo.iterdir() if p.is_file()}}
@@ -631,13 +631,12 @@ def test_up_shows_the_download_from_a_hub_before_the_boot_and_serves_what_arrive
     project = f"{TEST_PROJECT}-hub"
     env = {**os.environ, "SERVEKIT_PROJECT": project}
     with serving(Hub, gateway.stdout.split()[0]) as hub:
-        mounted = {"environment": {"SERVEKIT_PROFILES": "/opt/hub-profiles.json"},
-                   "volumes": ["./hub-profiles.json:/opt/hub-profiles.json:ro"]}
+        profiles_env = {"SERVEKIT_PROFILES": "/opt/hub-profiles.json"}
+        mounted = ["./hub-profiles.json:/opt/hub-profiles.json:ro"]
         (root / "compose" / "compose.override.yaml").write_text(yaml.safe_dump({"services": {
-            "default": mounted,
-            "prepare": {**mounted, "extra_hosts": ["hub.test:host-gateway"], "environment": {
-                **mounted["environment"], "HF_ENDPOINT": f"http://hub.test:{hub.server_port}",
-                "PREPARE_PROGRESS_S": "0.5"}}}}))
+            "default": {"environment": profiles_env, "volumes": mounted},
+            "prepare": {"volumes": mounted, "extra_hosts": ["hub.test:host-gateway"], "environment": {
+                **profiles_env, "HF_ENDPOINT": f"http://hub.test:{hub.server_port}", "PREPARE_PROGRESS_S": "0.5"}}}}))
         try:
             up = subprocess.run([sys.executable, str(ROOT / "build.py"), "up", "default", "--target", "cpu", "--port",
                                  str(free_port()), "--json"], cwd=root, env=env, capture_output=True, text=True,

@@ -47,7 +47,7 @@ def test_verify_names_a_lock_made_from_other_pins(repo, cli):
     found = _verify_problems(cli, repo)
     stale = [p for p in found if "stale" in p]
     assert stale == ["docker/locks/cpu-py3.11.txt: stale: made from other pins or exclusions than images.yaml "
-                     "names now; make it again with `python build.py lock --target cpu`"], found
+                     "names now; make it again with `python3 build.py lock --target cpu`"], found
 
 
 def test_verify_names_a_lock_edited_by_hand_and_one_missing(repo, cli):
@@ -56,14 +56,14 @@ def test_verify_names_a_lock_edited_by_hand_and_one_missing(repo, cli):
     (repo / lock_file("cuda", "3.12")).unlink()
     found = _verify_problems(cli, repo)
     assert any(p.startswith("docker/locks/cpu-py3.11.txt: xgrammar is 0.2.6, the pin is 0.2.7") for p in found), found
-    assert "docker/locks/cuda-py3.12.txt: missing; make it with `python build.py lock --target cuda`" in found
+    assert "docker/locks/cuda-py3.12.txt: missing; make it with `python3 build.py lock --target cuda`" in found
 
 
 def test_verify_names_the_host_lock_stale_against_its_pins(repo, cli):
     pins = repo / HOST_PINS
     pins.write_text(pins.read_text().replace("tenacity==9.2.1", "tenacity==9.2.0"))
     found = _verify_problems(cli, repo)
-    assert f"{HOST_LOCK}: stale against {HOST_PINS}; make it again with `python build.py lock --host-tool`" in found
+    assert f"{HOST_LOCK}: stale against {HOST_PINS}; make it again with `python3 build.py lock --host-tool`" in found
 
 
 def test_a_build_takes_the_lock_less_what_it_leaves_out_and_refuses_what_it_lacks(repo):
@@ -89,7 +89,7 @@ def test_a_build_takes_the_lock_less_what_it_leaves_out_and_refuses_what_it_lack
     # A stale lock is refused, naming the command that makes it again.
     yaml_path = repo / "images.yaml"
     yaml_path.write_text(yaml_path.read_text().replace('xgrammar: "0.2.7"', 'xgrammar: "0.2.6"'))
-    with pytest.raises(UserError, match=r"cpu-py3.11.txt: stale: .*`python build.py lock --target cpu`"):
+    with pytest.raises(UserError, match=r"cpu-py3.11.txt: stale: .*`python3 build.py lock --target cpu`"):
         for_build(load_matrix(yaml_path), repo, "cpu", "3.11", omitted=set())
 
 

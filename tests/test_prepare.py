@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from support import ROOT, serving
-from standins.hub import COMMIT, Hub, repo_files, shard_bytes
+from standins.hub_server import COMMIT, Hub, repo_files, shard_bytes
 
 LAUNCHER = ROOT / "servekit/image/launcher.py"
 

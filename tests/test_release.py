@@ -453,7 +453,7 @@ def test_pull_fetches_the_release_of_this_build_as_its_own_tag_and_refuses_a_bui
     never = run_build_py("pull", "--target", "cpu", "--registry", f"127.0.0.1:{port}/elsewhere")
     assert never.returncode == 1 and "Traceback" not in never.stderr
     last = never.stderr.strip().splitlines()[-1]
-    assert "is not in the registry" in last and "python build.py image --target cpu" in last, last
+    assert "is not in the registry" in last and "python3 build.py image --target cpu" in last, last
 
 
 def test_a_checkout_a_commit_away_from_a_release_is_offered_the_moving_tag_and_told_what_it_is(checked_image, registry,

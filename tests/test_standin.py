@@ -1,4 +1,4 @@
-"""The full-size stand-in of the served checkpoint (`python build.py stand-in`, servekit/image/standin.py) held to the
+"""The full-size stand-in of the served checkpoint (`python3 build.py stand-in`, servekit/image/standin.py) held to the
 published layout (../shared/served-model.md) in the cpu image, which carries the same writer: the full size by its
 shapes, the small scale by its files read back through safetensors and vLLM's own weight iterator and
 compressed-tensors config."""

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The cuda image on a GPU host with no network (and no Docker of its own), through the project's own commands: the
 # engine from the kit's Debian packages (`make engine`), the GPU by its device nodes where the host has no NVIDIA
-# toolkit (compose.gpu-devices.yaml, chosen by `doctor`'s rule), then `python build.py COMMAND --target cuda ...`.
+# toolkit (compose.gpu-devices.yaml, chosen by `doctor`'s rule), then `python3 build.py COMMAND --target cuda ...`.
 # The parts come from `python bench/gpu/pack.py PARTS_DIR` on a machine with a network (docs/gpu/README.md).
 #
 # From the repository root, on the GPU host:
@@ -10,7 +10,7 @@
 #                                          # checked against IMAGE), the kit's models unpacked, then `doctor`
 #   bench/gpu/airgap.sh update PARTS_DIR   # an update packed with `pack.py --on-top-of`: its parts checked, the image
 #                                          # it sits on checked present, its new layers loaded (its ID checked)
-#   bench/gpu/airgap.sh run COMMAND ARGS   # python build.py COMMAND --target cuda ARGS (run, sweep, up, smoke...),
+#   bench/gpu/airgap.sh run COMMAND ARGS   # python3 build.py COMMAND --target cuda ARGS (run, sweep, up, smoke...),
 #                                          # serving the kit's --model/--drafter where it has them, else the checkout's
 #                                          # stand-in (images.yaml models.qwen35-mini), or MODEL_DIR and DRAFTER_DIR
 #                                          # where set (`run stand-in` writes the 27B's layout); reports in reports/

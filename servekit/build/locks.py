@@ -1,5 +1,5 @@
 """Full locks: every package an image installs, each at one version with the hashes of its files, for the
-target's Python and platform; and the host tool's own. Made from the pins by uv (`python build.py lock`),
+target's Python and platform; and the host tool's own. Made from the pins by uv (`python3 build.py lock`),
 committed, installed with hash checking, covered by the image's content digest, checked by `verify`.
 
 A target has one lock per Python its bases carry (docker/locks/<target>-py<python>.txt); the host tool's
@@ -104,7 +104,7 @@ def read(path: Path) -> Lock:
 def _current(matrix: Matrix, root: Path, target: str, python: str) -> tuple[Lock | None, str | None]:
     """The target's lock when it is there and made from today's pins; else what is wrong with it, in one line."""
     rel = lock_file(target, python)
-    command = f"`python build.py lock --target {target}`"
+    command = f"`python3 build.py lock --target {target}`"
     if not (root / rel).is_file():
         return None, f"{rel}: missing; make it with {command}"
     lock = read(root / rel)
@@ -130,11 +130,11 @@ def problems(matrix: Matrix, root: Path) -> tuple[list[str], list[str]]:
                              f"{matrix.pin_key(target, dist)} until the lock is made where its index answers")
             elif lock.packages.get(canonicalize_name(dist)) != version:
                 out.append(f"{rel}: {dist} is {lock.packages.get(canonicalize_name(dist), 'absent')}, the pin is {version} "
-                           f"(edited by hand?); make it again with `python build.py lock --target {target}`")
+                           f"(edited by hand?); make it again with `python3 build.py lock --target {target}`")
     if not (root / HOST_LOCK).is_file():
-        out.append(f"{HOST_LOCK}: missing; make it with `python build.py lock --host-tool`")
+        out.append(f"{HOST_LOCK}: missing; make it with `python3 build.py lock --host-tool`")
     elif read(root / HOST_LOCK).inputs != host_inputs_digest(root):
-        out.append(f"{HOST_LOCK}: stale against {HOST_PINS}; make it again with `python build.py lock --host-tool`")
+        out.append(f"{HOST_LOCK}: stale against {HOST_PINS}; make it again with `python3 build.py lock --host-tool`")
     return out, notes
 
 
@@ -202,7 +202,7 @@ def for_build(matrix: Matrix, root: Path, target: str, python: str, omitted: set
     lock, problem = _current(matrix, root, target, python)
     if lock is None:
         raise UserError(str(problem))
-    rel, command = lock_file(target, python), f"`python build.py lock --target {target}`"
+    rel, command = lock_file(target, python), f"`python3 build.py lock --target {target}`"
     leave_out = set()
     for dist in matrix.target_pins(target):
         pin = matrix.pin_key(target, dist)
@@ -292,7 +292,7 @@ def make_image_lock(matrix: Matrix, root: Path, target: str, python: str, wheel_
                   f"lock of {target} for Python {python}")
     header = _header([f"The {target} target's whole package set for Python {python} on {PLATFORM}: every file "
                       "hash-checked when the image installs it.",
-                      f"Made by `python build.py lock --target {target}` (uv) from images.yaml's pins; do not edit."],
+                      f"Made by `python3 build.py lock --target {target}` (uv) from images.yaml's pins; do not edit."],
                      inputs_digest(matrix, target, python), plan.left_out)
     path = root / plan.path
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -312,7 +312,7 @@ def make_host_lock(matrix: Matrix, root: Path, say) -> Path:
     body = run_uv(["--universal", "--python-version", HOST_PYTHON], [p for p in pins if p],
                   uv_env(with_auth(matrix.indexes["pypi"].url, "pypi"), []), "host lock")
     header = _header(["The host tool's whole package set, every file hash-checked: `make venv` installs exactly this.",
-                      f"Made by `python build.py lock --host-tool` (uv) from {HOST_PINS}; do not edit."],
+                      f"Made by `python3 build.py lock --host-tool` (uv) from {HOST_PINS}; do not edit."],
                      host_inputs_digest(root), {})
     write_text(root / HOST_LOCK, header + body, mode=0o644)
     say(f"lock: {HOST_LOCK}: {len(read(root / HOST_LOCK).packages)} packages in {time.monotonic() - started:.0f} s")

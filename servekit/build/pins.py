@@ -106,7 +106,7 @@ def mirror_problems(matrix: Matrix, root: Path) -> Findings:
                 found = mo["version"].split("+")[0]
                 if found != pin:
                     out.problems.append(f"{rel}:{lineno}: {mo['name']}=={mo['version']} but images.yaml pins "
-                                        f"{pin}; run `python build.py bump --to {matrix.vllm}` or edit the line")
+                                        f"{pin}; run `python3 build.py bump --to {matrix.vllm}` or edit the line")
     for path in versioned_files(matrix, root):
         named = VERSIONED_NAME.search(path.name)
         if named and named[1] != matrix.vllm:
@@ -243,5 +243,5 @@ def bump(session, to: str, dry_run: bool = False, say=print) -> Bump:
             make_image_lock(matrix, session.root, target, python, session.settings.wheel_dirs, say)
     except (UserError, EnvironmentProblem) as exc:
         plan.findings.problems.append(f"the locks were not made again ({exc}); `verify` names them stale until "
-                                      "`python build.py lock` succeeds")
+                                      "`python3 build.py lock` succeeds")
     return plan

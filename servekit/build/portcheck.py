@@ -78,7 +78,7 @@ def record_accepted(series_dir: Path, accepted: dict[str, str]) -> None:
     already holds gets the new reason in its place, every other line (a reviewer's comment too) stays as it was."""
     path = series_dir / ACCEPT_FILE
     lines = path.read_text().splitlines() if path.is_file() else \
-        ["# Reviewed exceptions of `python build.py port`: NAME=REASON a line."]
+        ["# Reviewed exceptions of `python3 build.py port`: NAME=REASON a line."]
     left = dict(accepted)
     for i, line in enumerate(lines):
         name = line.partition("=")[0].strip()

@@ -16,7 +16,7 @@ from servekit.image.series import REQUIRED, TRAILERS, trailer
 
 PACKAGE = "vllm/"  # the diff is taken inside the package, as the series applies it (patch -p1 in site-packages/vllm)
 SERIES_HEADER = ("# The patch series, applied in this order with `patch -p1 --forward --fuzz 0` inside the vllm package.\n"
-                 "# Exported by `python build.py series export` from {branch} on {base}; one patch per commit.\n")
+                 "# Exported by `python3 build.py series export` from {branch} on {base}; one patch per commit.\n")
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -95,7 +95,7 @@ def export(repo: Path, base: str, branch: str, out: Path) -> list[str]:
         trailers["Cut-against"] = cut
         head = [subject, "", *prose, *([""] if prose else []),
                 *(f"{key}: {trailers[key]}" for key in TRAILERS if key in trailers),
-                "", f"Exported from commit {sha} of {branch} by `python build.py series export`.", ""]
+                "", f"Exported from commit {sha} of {branch} by `python3 build.py series export`.", ""]
         patches[name] = "\n".join(head) + "\n" + diff
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*.patch"):

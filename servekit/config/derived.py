@@ -1,7 +1,7 @@
 """The parts of the docs and Compose files that are derived from images.yaml and the knob table.
 
 Each derived part sits between a `BEGIN name` and an `END name` comment line in a hand-written
-file, so the prose, anchors and comments around it stay readable. `python build.py derive`
+file, so the prose, anchors and comments around it stay readable. `python3 build.py derive`
 rewrites them (adding a profile is one edit to images.yaml, then `make derived`); `verify` and a
 test fail while a committed file differs from what this renders.
 """
@@ -280,7 +280,7 @@ def _context(matrix: Matrix) -> list[str]:
 # names to the ${VARIABLES} the Compose files read (less those servekit's own block writes).
 USER_SETTINGS: dict[str, str] = {
     "VLLM_API_KEY": "the key clients send, as the source's users set it: the container takes it first; "
-                    "`python build.py up` also writes it into compose/secrets/api_key, its own key file",
+                    "`python3 build.py up` also writes it into compose/secrets/api_key, its own key file",
     "HF_TOKEN": "a Hugging Face token for prepare's download (a gated model); compose/secrets/hf_token wins when "
                 "it holds one",
     "HF_ENDPOINT": "the hub prepare downloads from, in place of huggingface.co (a mirror)",

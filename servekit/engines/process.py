@@ -284,7 +284,7 @@ def check_environment(engine: ProcessEngine, dep) -> None:
     unapplied = check_applied(dep.root / dep.matrix.series.dir, site_vllm_dir(str(engine.python)), dep.target,
                               settled_files(staged_env(dep.root, dep.target) / "components" / MANIFEST))
     if unapplied:
-        raise UserError(f"engine {engine.given}: {unapplied[0]}; apply the series with `python build.py patch-env "
+        raise UserError(f"engine {engine.given}: {unapplied[0]}; apply the series with `python3 build.py patch-env "
                         f"--python {engine.python} --target {dep.target}`")
 
 

@@ -55,8 +55,8 @@ def ensure_image(engine: Engine, tag: str, release: ReleaseRecord | None = None,
     this_machine = local_engine()
     local = this_machine.image(tag)
     if local is None:
-        raise UserError(f"image {tag} is not here: `python build.py pull` fetches this checkout's release from "
-                        "the registry (SERVEKIT_REGISTRY), or `python build.py image` builds it")
+        raise UserError(f"image {tag} is not here: `python3 build.py pull` fetches this checkout's release from "
+                        "the registry (SERVEKIT_REGISTRY), or `python3 build.py image` builds it")
     if engine.url == this_machine.url or engine.image_id(tag) == local.id:
         return "already there"
     here, remote = this_machine.sdk(timeout=3600), engine.sdk(timeout=3600)
@@ -99,7 +99,7 @@ def save_on_top_of(tag: str, host_layers: list[str], out, say=print) -> dict[str
     here = local_engine()
     image = here.image(tag)
     if image is None:
-        raise UserError(f"image {tag} is not built here: run `python build.py image` for its target first")
+        raise UserError(f"image {tag} is not built here: run `python3 build.py image` for its target first")
     layers = list(image.attrs["RootFS"]["Layers"])
     skip = set(shared_prefix(layers, host_layers))
     stream = io.BufferedReader(ChunkStream(here.sdk(timeout=3600).api.get_image(tag, chunk_size=CHUNK)), CHUNK)

@@ -237,4 +237,4 @@ def summary(matrix, root: Path, host: str) -> str:
             for verdict, fits in (("fit", True), ("do not fit", False), ("not predicted", None))}
     return (f"on {matrix.hosts[host].card} ({host}): " + "; ".join(f"{verdict}: {', '.join(names)}"
                                                                     for verdict, names in said.items() if names)
-            + " (`python build.py fit` says why)")
+            + " (`python3 build.py fit` says why)")

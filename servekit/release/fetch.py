@@ -66,7 +66,7 @@ def pull_release(session, target: str, given_registry: str | None = None, say=No
 
 def _not_there(repository: str, tag: str, moving: str | None, build: str, target: str) -> str:
     offer = (f"; the registry has {repository}:{moving}, the newest release of this vLLM (another build, not this "
-             f"checkout's digest): `python build.py pull --moving` takes it") if moving else ""
+             f"checkout's digest): `python3 build.py pull --moving` takes it") if moving else ""
     return (f"{repository}:{tag} is not in the registry: this build ({build}) was not released there{offer}; or build "
-            f"it here with `python build.py image --target {target}`, or name the registry it was released to with "
+            f"it here with `python3 build.py image --target {target}`, or name the registry it was released to with "
             "--registry (SERVEKIT_REGISTRY in the shell or compose/.env)")

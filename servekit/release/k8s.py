@@ -35,7 +35,7 @@ def image_reference(matrix: Matrix, plan: TargetPlan, root: Path) -> tuple[str, 
         return f"{record.repository}@{record.registry_digest}", f"by digest, from releases/v{matrix.vllm}.json"
     return released_reference(matrix, plan), (
         f"by tag at {registry_path(matrix)}: this build is not released yet, so a node cannot pull it until "
-        "`python build.py release` pushes it (then render again for the digest)")
+        "`python3 build.py release` pushes it (then render again for the digest)")
 
 
 def render(matrix: Matrix, profile: str, target: str, host: str, image: str) -> list[dict]:

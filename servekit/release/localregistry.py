@@ -52,7 +52,7 @@ def start_registry(storage: Path, port: int, log: Path, htpasswd: Path | None = 
     """The registry on 127.0.0.1:port, answering; behind a login when `htpasswd` names its users' file."""
     binary = shutil.which("docker-registry") or shutil.which("registry")
     if not binary:
-        raise EnvironmentProblem("no docker-registry binary: `python build.py engine --test-tools` installs Debian's docker-registry")
+        raise EnvironmentProblem("no docker-registry binary: `python3 build.py engine --test-tools` installs Debian's docker-registry")
     storage.mkdir(parents=True, exist_ok=True)
     config = storage.parent / f"registry-{port}.yml"
     config.write_text(CONFIG.format(storage=storage, port=port) + (HTPASSWD.format(path=htpasswd) if htpasswd else ""))

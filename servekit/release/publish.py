@@ -160,17 +160,17 @@ def gate(matrix: Matrix, target: str, image_id: str, root: Path) -> dict[str, Pr
             path, _, why = answering[-1]
             fix = "on a GPU host through a Docker engine" if gpu else "with every check"
             raise CheckFailed(f"{target}: the passing {profile} report of {image_id[:19]}... proves nothing "
-                              f"({path.relative_to(root)}): {why}; run `python build.py run --target {target} "
+                              f"({path.relative_to(root)}): {why}; run `python3 build.py run --target {target} "
                               f"--profile {profile}` {fix}")
         if not working:
             others = [(r.image.id or "?")[:19] for _, r in mine if r.gate_passes]
             if others and not same:
                 raise CheckFailed(f"{target}: the passing {profile} reports are of another image ({others[-1]}...), "
-                                  f"not of {image_id[:19]}...; run `python build.py run --target {target} "
+                                  f"not of {image_id[:19]}...; run `python3 build.py run --target {target} "
                                   f"--profile {profile}` on this image")
             raise CheckFailed(f"{target}: no passing {profile} report for image {image_id[:19]}..."
                               + ("; those there served a model whose answers prove nothing (random weights)" if same
-                                 else "") + unread_note + f"; run `python build.py run --target {target} --profile "
+                                 else "") + unread_note + f"; run `python3 build.py run --target {target} --profile "
                               f"{profile}` with the model or a trained stand-in")
         sizing = [(p, r, why or size_proof_problem(matrix, r)) for p, r, why in judged if _proves(matrix, r, "size")]
         sized = [(p, r) for p, r, why in sizing if not why]
@@ -179,7 +179,7 @@ def gate(matrix: Matrix, target: str, image_id: str, root: Path) -> dict[str, Pr
             raise CheckFailed(f"{target}: no passing full-size {profile} report on a 24 GB card for image "
                               f"{image_id[:19]}..." + (f" (the one there proves nothing: {refused[-1]})" if refused
                                                        else "") + unread_note + "; write the checkpoint's layout with `python "
-                              f"build.py stand-in` and run `python build.py run --target {target} --profile "
+                              f"build.py stand-in` and run `python3 build.py run --target {target} --profile "
                               f"{profile} --card rtx3090` with MODEL_DIR naming it (docs/gpu/README.md)")
         path, report = working[-1]
         found[profile] = ProfileGate(report=str(path.relative_to(root)), passed=True, run_id=report.run_id,
@@ -369,7 +369,7 @@ def release_targets(matrix: Matrix, root: Path, engine, registry_path: str, plan
         image = engine.image(plan.tag)
         if image is None:
             if explicit:
-                raise CheckFailed(f"{target}: image {plan.tag} is not built: run `python build.py run --target "
+                raise CheckFailed(f"{target}: image {plan.tag} is not built: run `python3 build.py run --target "
                                   f"{target}` first")
             say(f"release: {target}: no image {plan.tag} here; skipped")
             continue

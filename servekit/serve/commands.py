@@ -160,7 +160,7 @@ def smoke_running(session, profile: str, target: str | None = None, engine=None,
         engine.check()
         server = deploy.find_server(profile, engine)
         if server is None:
-            raise UserError(f"{profile} is not running on engine {engine.given}: start it with `python build.py up "
+            raise UserError(f"{profile} is not running on engine {engine.given}: start it with `python3 build.py up "
                             f"{profile}" + ("" if engine.is_local else f" --engine {engine.given}") + "`")
         logs = lambda: server.log().splitlines()  # noqa: E731
         environ = server.environ
@@ -168,7 +168,7 @@ def smoke_running(session, profile: str, target: str | None = None, engine=None,
         running_on = state.env.get("SERVEKIT_CARD")  # compose.card.yaml sets it on an emulated card's server
         if card and running_on != card:
             raise UserError(f"--card {card}: {profile} runs " + (f"on card {running_on}" if running_on else
-                            "on the GPU as it is") + f"; start it with `python build.py up {profile} --card {card}`")
+                            "on the GPU as it is") + f"; start it with `python3 build.py up {profile} --card {card}`")
         port = state.port or port
         host = state.env.get(HOST_KIND_ENV) or host  # its host's checks (a WSL2 server gets spill, which smoke cannot judge)
         # compiles while booting are expected; the log checks judge what came after the server was ready

@@ -177,7 +177,7 @@ def ensure_secrets(dep: Deployment) -> Path:
     return dep.api_key_file
 
 
-ENV_BEGIN = "# BEGIN servekit: `python build.py image` and `up` rewrite this block, and only it (its keys come last, so"
+ENV_BEGIN = "# BEGIN servekit: `python3 build.py image` and `up` rewrite this block, and only it (its keys come last, so"
 ENV_BEGIN_2 = "# they win); your own lines above it, knobs such as MAX_SEQS=4 among them, are kept as you wrote them."
 ENV_END = "# END servekit"
 
@@ -226,7 +226,7 @@ def write_env(dep: Deployment) -> Path | None:
     uid, gid = run_as()
     if (uid, gid) != (IMAGE_UID, IMAGE_UID) and dep.engine.same_machine:  # another machine's engine: the image's user
         ours.update(SERVEKIT_UID=str(uid), SERVEKIT_GID=str(gid))
-    where = [] if dep.engine.is_local else [f"# For `python build.py --engine {dep.engine.given}`; docker compose "
+    where = [] if dep.engine.is_local else [f"# For `python3 build.py --engine {dep.engine.given}`; docker compose "
                                             "--env-file reads it."]
     block = [ENV_BEGIN, ENV_BEGIN_2, *where, *(f"{k}={v}" for k, v in ours.items()), ENV_END]
     write_text(dep.env_file, "".join(line + "\n" for line in [*users_lines(dep.env_file), *block]))
@@ -237,7 +237,7 @@ def write_env(dep: Deployment) -> Path | None:
 OWN_KEYS = re.compile(r"^\s*(?:export\s+)?(SERVEKIT_(?:IMAGE|HOST|BIND|PORT|UID|GID|CARD\w*|MPS_PIPE_DIR|API_KEY_FILE|"
                       r"HF_TOKEN_FILE)|MODEL_DIR|DRAFTER_DIR|COMPOSE_PROJECT_NAME|COMPOSE_PATH_SEPARATOR|COMPOSE_FILE|"
                       r"COMPOSE_PROFILES)\s*=")
-OWN_COMMENTS = (ENV_BEGIN, ENV_BEGIN_2, "# For `python build.py --engine ", "# Written by `python build.py")
+OWN_COMMENTS = (ENV_BEGIN, ENV_BEGIN_2, "# For `python3 build.py --engine ", "# Written by `python3 build.py")
 
 
 def _ours(line: str) -> bool:
@@ -393,7 +393,7 @@ def logs(profile: str, engine: Engine | None = None, follow: bool = False, tail:
     engine.check()
     server = find_server(profile, engine)
     if server is None:
-        raise UserError(f"{profile} has no container on engine {engine.given}; `python build.py ps` lists what runs")
+        raise UserError(f"{profile} has no container on engine {engine.given}; `python3 build.py ps` lists what runs")
     with docker_errors(f"logs of {profile} on engine {engine.given}"):
         pending = b""
         for chunk in server.follow_log(tail=tail, follow=follow):

@@ -87,7 +87,7 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
     try:
         if deploy.is_running(profile, dep.engine):  # somebody's server (an `up`): never restarted or stopped by a run
             raise BootFailed(f"{profile} is already running on engine {dep.engine.given}, started by someone else "
-                             f"(`up`?); left alone: stop it with `python build.py down {profile}` first", "", [])
+                             f"(`up`?); left alone: stop it with `python3 build.py down {profile}` first", "", [])
         b = boot(dep, profile, boot_timeout_s or matrix.serve.boot_timeout_s, knobs=knobs, stop=stop, say=say)
         say(f"  healthy in {b.record.time_to_healthy_s} s (KV pool {b.record.kv_pool_tokens} tokens)")
         b.mark("traffic")
@@ -134,7 +134,7 @@ def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=prin
                 deploy.down(dep, profile)  # what this run started, and nothing else
             except Exception as exc:  # the report is still written, and says the server may be left
                 down_failed = Result("down", "failed", f"taking {profile} down failed ({type(exc).__name__}): {exc}; "
-                                     f"`python build.py down {profile}` tries again")
+                                     f"`python3 build.py down {profile}` tries again")
     series = _record_memory(report, b or failed_boot)
     # what the server ran with (the shell's knobs included), else what this run asked for
     report.knobs = deploy.knobs_of(b.server.state()) if b and b.server else (knobs or {})
