@@ -27,6 +27,7 @@ from packaging.utils import canonicalize_name
 
 from servekit.atomic import write_text
 from servekit.errors import EnvironmentProblem, UserError
+from servekit.image.boundary import file_sha256
 from servekit.trust import requests_verify
 
 TIMEOUT = 30  # one read
@@ -262,14 +263,14 @@ def download_wheel(name: str, version: str, index_url: str, dest: Path, platform
                    lambda: _wheel_entry(session, name, version, index_url, platform))
     path = dest / wheel["filename"]
     sha256 = (wheel.get("hashes") or {}).get("sha256")
-    if path.is_file() and (_sha256(path) == sha256 if sha256 else path.stat().st_size == wheel.get("size")):
+    if path.is_file() and (file_sha256(path) == sha256 if sha256 else path.stat().st_size == wheel.get("size")):
         return path
     dest.mkdir(parents=True, exist_ok=True)
     size = wheel.get("size") if isinstance(wheel.get("size"), int) else 0
     partial = path.with_suffix(".part")
     within(WHEEL_DEADLINE_S + size / WHEEL_MIN_RATE, f"{index_url}: {wheel['filename']}", index_url,
            lambda: _fetch(session, wheel["url"], partial))
-    if sha256 and _sha256(partial) != sha256:
+    if sha256 and file_sha256(partial) != sha256:
         partial.unlink()
         raise IndexUnreachable(f"{index_url} served a {wheel['filename']} whose sha256 is not the one its listing "
                                "names; removed, not used")
@@ -285,9 +286,3 @@ def _fetch(session: requests.Session, url: str, out_path: Path) -> None:
                 out.write(chunk)
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

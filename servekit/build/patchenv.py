@@ -8,14 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from servekit import image
+from servekit.image import CODE_DIR
 from servekit.build.builder import replace_tree, stage_components
 from servekit.layout import staged_env
 from servekit.errors import UserError
 from servekit.image.components import MANIFEST
 from servekit.image.series import check_applied, read_series, settled_files, site_vllm_dir
 
-IMAGE_CODE = Path(image.__file__).resolve().parent
 
 
 def patch_environment(session, target: str, python: str, say=print) -> list[str]:
@@ -45,7 +44,7 @@ def patch_environment(session, target: str, python: str, say=print) -> list[str]
     for script, args in (("series.py", ["apply", "--series-dir", str(staged / "patches"), "--target", target]),
                          ("components.py", ["install", "--spec", str(staged / "components" / "components.json"),
                                             "--components-dir", str(staged / "components")])):
-        done = subprocess.run([sys.executable, str(IMAGE_CODE / script), *args, "--python", str(interpreter)],
+        done = subprocess.run([sys.executable, str(CODE_DIR / script), *args, "--python", str(interpreter)],
                               capture_output=True, text=True)
         for line in (done.stdout + done.stderr).splitlines():
             say(f"patch-env: {line}")

@@ -26,7 +26,7 @@ from pathlib import Path
 import psutil
 from packaging.utils import canonicalize_name
 
-from servekit import image
+from servekit.image import CODE_DIR
 from servekit.atomic import write_text
 from servekit.engines.docker import PROJECT, EngineError
 from servekit.engines.protocol import ServerState
@@ -42,7 +42,6 @@ from servekit.gpu import NvmlUnavailable, list_gpus
 from servekit.waiting import until
 
 SCHEME = "venv"
-IMAGE_CODE = Path(image.__file__).resolve().parent  # the launcher and its siblings, as the image has them
 STOP_GRACE_S = 30.0  # SIGTERM, then this long for vLLM to shut down, then SIGKILL
 # What a distribution's version is read with, inside the environment (importlib.metadata: no import of vLLM).
 # Every distribution in path order; the first of a name wins, as import does (an environment can shadow what a
@@ -305,7 +304,7 @@ def _launched(dep, profile: str, knobs: dict[str, str] | None) -> tuple[list[str
     state.mkdir(parents=True, exist_ok=True)
     profiles_file = state / "profiles" / f"{dep.target}.json"  # beside the records (*.json), not among them
     write_text(profiles_file, json.dumps(_profiles(dep, state), indent=2) + "\n")
-    launcher = [str(engine.python), str(IMAGE_CODE / "launcher.py")]
+    launcher = [str(engine.python), str(CODE_DIR / "launcher.py")]
     return launcher, _environment(dep, profiles_file, knobs or {}), state / f"{profile}.log"
 
 

@@ -6,3 +6,7 @@ serving stack. Only inside a function may one use a package the target's own loc
 huggingface_hub). This folder is what the Dockerfile copies to /opt/servekit, what .dockerignore admits and what
 the image's digest covers.
 """
+
+from pathlib import Path
+
+CODE_DIR = Path(__file__).resolve().parent  # the launcher and its siblings, as the image has them (/opt/servekit)

@@ -19,15 +19,13 @@ import sys
 from pathlib import Path
 
 try:
+    from .boundary import file_sha256
     from .series import PATCH_ARGS, SeriesError, _failure, parse_patch, site_vllm_dir
 except ImportError:  # run as a script inside the image, beside series.py
+    from boundary import file_sha256  # type: ignore[no-redef]
     from series import PATCH_ARGS, SeriesError, _failure, parse_patch, site_vllm_dir  # type: ignore[no-redef]
 
 MANIFEST = "component-manifest.json"
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def source_digest(source: Path, patches: list[str]) -> str:
@@ -60,7 +58,7 @@ def install(name: str, source: Path, patches: list[str], vllm_dir: Path, checks:
                 raise SeriesError(f"component {name}: " + _failure(patch, done.stdout + done.stderr))
         changed += patch.files
     say(f"== component {name}: {len(added)} files, {len(patches)} patches")
-    return {"name": name, "files": {rel: _sha256(vllm_dir / rel) for rel in sorted(set(added + changed))},
+    return {"name": name, "files": {rel: file_sha256(vllm_dir / rel) for rel in sorted(set(added + changed))},
             "modules": [f"vllm.{rel[:-3].replace('/', '.')}" for rel in added if rel.endswith(".py")
                         and not rel.endswith("__init__.py")], "checks": checks or []}
 
@@ -72,7 +70,7 @@ def verify(manifest: list[dict], vllm_dir: Path, python: str) -> list[str]:
             path = vllm_dir / rel
             if not path.is_file():
                 problems.append(f"component {comp['name']}: {rel} is missing")
-            elif _sha256(path) != digest:
+            elif file_sha256(path) != digest:
                 problems.append(f"component {comp['name']}: {rel} does not match its installed hash")
         for module in comp["modules"]:
             done = subprocess.run([python, "-c", f"import {module}"], capture_output=True, text=True)

@@ -188,9 +188,6 @@ def gate(matrix: Matrix, target: str, image_id: str, root: Path) -> dict[str, Pr
     return found
 
 
-CARD_BYTES = 24 * 2**30  # the cards the profiles are sized for show at most this much (images.yaml cards)
-
-
 def _proves(matrix: Matrix, report: RunReport, what: str) -> bool:
     """Whether the model a report served proves `what` (function, size): the served model both, a stand-in what
     images.yaml says of it."""
@@ -201,7 +198,8 @@ def _proves(matrix: Matrix, report: RunReport, what: str) -> bool:
 def size_proof_problem(matrix: Matrix, report: RunReport) -> str | None:
     """Why a report does not show its profile fitting a 24 GB card, or None. An emulated card (--card) must be one of
     images.yaml, with that card's bytes as the matrix has them, and its GPU entry that card's memory (what a process
-    finds there); a real card at most CARD_BYTES. Either way each GPU entry peaks above 0 and within its total."""
+    finds there); a real card at most the largest of images.yaml's cards. Either way each GPU entry peaks above 0
+    and within its total."""
     card, gpus = report.card, report.memory.gpus
     spec = None
     if card is not None:
@@ -221,7 +219,7 @@ def size_proof_problem(matrix: Matrix, report: RunReport) -> str | None:
             return f"its GPU memory entry {i} lacks whole numbers for its total and peak"
         if spec is not None and total != (spec.free_bytes or spec.total_bytes):
             return f"its GPU memory entry {i} totals {str(total)[:40]} bytes, not its card's {spec.total_bytes:,}"
-        if spec is None and not 0 < total <= CARD_BYTES:
+        if spec is None and not 0 < total <= max(c.total_bytes for c in matrix.cards.values()):
             return f"its GPU {entry.get('name', i)!s:.40} has {str(total)[:40]} bytes: not a 24 GB card"
         if not 0 < peak <= total:
             return f"its GPU memory entry {i} peaks at {str(peak)[:40]} bytes: no peak within its {total:,}"
