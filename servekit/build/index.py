@@ -22,12 +22,11 @@ from pathlib import Path
 from urllib.parse import unquote, urljoin
 
 import requests
-
 from packaging.utils import canonicalize_name
 
 from servekit.atomic import write_text
 from servekit.errors import EnvironmentProblem, UserError
-from servekit.image.boundary import file_sha256
+from servekit.image.components import file_sha256
 from servekit.trust import requests_verify
 
 TIMEOUT = 30  # one read

@@ -8,7 +8,6 @@ returns why a value does not fit (a phrase to follow "expected"), or None; `read
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shlex
@@ -148,15 +147,6 @@ def read_text(path: str | os.PathLike, max_bytes: int, follow_links: bool = True
     if "\x00" in text:
         raise Refused(f"{path}: not a text file (it holds NUL bytes)")
     return text
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    """The file's sha256 in hex, read a MiB at a time (a wheel or a shard need not fit in memory)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:

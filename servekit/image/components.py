@@ -19,13 +19,21 @@ import sys
 from pathlib import Path
 
 try:
-    from .boundary import file_sha256
     from .series import PATCH_ARGS, SeriesError, _failure, parse_patch, site_vllm_dir
 except ImportError:  # run as a script inside the image, beside series.py
-    from boundary import file_sha256  # type: ignore[no-redef]
     from series import PATCH_ARGS, SeriesError, _failure, parse_patch, site_vllm_dir  # type: ignore[no-redef]
 
 MANIFEST = "component-manifest.json"
+
+
+def file_sha256(path: Path) -> str:
+    """The file's sha256 in hex, read a MiB at a time (a wheel need not fit in memory). Here, not in boundary.py:
+    the build's components stage holds this file and series.py alone."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def source_digest(source: Path, patches: list[str]) -> str:
