@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from second_engine import Dockerd  # noqa: E402
 
-from servekit.config.load import load_matrix  # noqa: E402
 from servekit.build.plan import plan_targets  # noqa: E402
+from servekit.config.load import load_matrix  # noqa: E402
 from servekit.engines import resolve  # noqa: E402
 from servekit.engines.transfer import ensure_image  # noqa: E402
 

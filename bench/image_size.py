@@ -84,7 +84,7 @@ def layers(tag: str) -> list[dict]:
     made_by = [h.get("created_by", "") for h in config["history"] if not h.get("empty_layer")]
     diff_ids = config["rootfs"]["diff_ids"]
     return [{"diff_id": diff_id, **files[path], "made_by": step}
-            for path, diff_id, step in zip(manifest["Layers"], diff_ids, made_by)]
+            for path, diff_id, step in zip(manifest["Layers"], diff_ids, made_by, strict=True)]
 
 
 def refetched(found: list[dict]) -> list[dict]:

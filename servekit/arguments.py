@@ -90,7 +90,10 @@ def folder(text: str) -> Path:
 
 def kube_version(text: str) -> str:
     """A Kubernetes minor version whose schemas the validator holds (it validates offline)."""
-    from kubernetes_validate.utils import all_versions, major_minor  # the Kubernetes schemas, loaded only by `render k8s` and --kube-version
+    from kubernetes_validate.utils import (  # the Kubernetes schemas, loaded only by `render k8s` and --kube-version
+        all_versions,
+        major_minor,
+    )
     known = sorted({major_minor(v) for v in all_versions()}, key=lambda v: tuple(map(int, v.split("."))))
     if text not in known:
         raise argparse.ArgumentTypeError(f"expected a Kubernetes minor version whose schemas are here, {known[0]} to "

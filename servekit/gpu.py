@@ -8,6 +8,7 @@ most once a second.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
@@ -80,7 +81,7 @@ class GpuSeries:
     card: tuple[str, int] | None = None  # (name, bytes): a smaller card emulated on this GPU (--card)
 
     def peak(self, start: float = 0.0, end: float = float("inf")) -> int | None:
-        window = [u for t, u in zip(self.times, self.used) if start <= t <= end]
+        window = [u for t, u in zip(self.times, self.used, strict=True) if start <= t <= end]
         return max(window) if window else None
 
     @property
@@ -105,7 +106,7 @@ class GpuSeries:
         if self.card:
             out["emulated_on"] = {"name": self.name, "total_bytes": self.total_bytes, "idle_used_bytes": idle}
         bounds = phases + [("", end)]
-        for (name, start), (_, stop) in zip(bounds, bounds[1:]):
+        for (name, start), (_, stop) in zip(bounds, bounds[1:], strict=False):
             p = used(self.peak(start, stop))
             out["phases"][name] = {"start_s": round(start, 3), "end_s": round(stop, 3), "peak_used_bytes": p,
                                    "min_margin_bytes": None if p is None else total - p}
@@ -130,7 +131,7 @@ class NvmlSampler:
         self._thread = threading.Thread(target=self._run, name="nvml-sampler", daemon=True)
         self._t0 = 0.0
 
-    def __enter__(self) -> "NvmlSampler":
+    def __enter__(self) -> NvmlSampler:
         self.start()
         return self
 
@@ -160,7 +161,7 @@ class NvmlSampler:
         next_processes = 0.0
         while not self._stop.is_set():
             now = self.elapsed()
-            for handle, series in zip(self.handles, self.series):
+            for handle, series in zip(self.handles, self.series, strict=True):
                 series.times.append(now)
                 series.used.append(self.nvml.nvmlDeviceGetMemoryInfo(handle).used)
                 if now >= next_processes:
@@ -175,10 +176,8 @@ class NvmlSampler:
         if self._thread.is_alive():
             self._thread.join(timeout=5)
         self._end = self.elapsed()
-        try:
+        with contextlib.suppress(self.nvml.NVMLError):
             self.nvml.nvmlShutdown()
-        except self.nvml.NVMLError:
-            pass
 
     def summary(self) -> list[dict]:
         end = getattr(self, "_end", self.elapsed())

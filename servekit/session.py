@@ -7,15 +7,16 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from servekit.engines import Engine, card as cards, resolve
-from servekit.gpu import NvmlUnavailable, list_gpus
-from servekit.errors import EnvironmentProblem, UserError
-from servekit.config.matrix import Matrix
-from servekit.config.load import load_matrix
 from servekit.build.plan import TargetPlan, installed_pins, plan_targets
-from servekit.config.settings import BuildSettings
-from servekit.serve.deploy import Deployment, published
+from servekit.config.load import load_matrix
+from servekit.config.matrix import Matrix
 from servekit.config.profiles import refusal
+from servekit.config.settings import BuildSettings
+from servekit.engines import Engine, resolve
+from servekit.engines import card as cards
+from servekit.errors import EnvironmentProblem, UserError
+from servekit.gpu import NvmlUnavailable, list_gpus
+from servekit.serve.deploy import Deployment, published
 
 
 @dataclass(frozen=True)

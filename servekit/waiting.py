@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from tenacity import RetryError, Retrying, retry_if_result, stop_after_delay, wait_fixed
 

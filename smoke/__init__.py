@@ -12,9 +12,9 @@ from __future__ import annotations
 import inspect
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Literal, get_args
-
+from typing import Literal, get_args
 from urllib.parse import urljoin, urlsplit
 
 import requests

@@ -53,7 +53,7 @@ def long_conversations(ctx: Context, conversations: int = 2, tokens: int = 60000
     with ThreadPoolExecutor(conversations) as pool:  # all in flight at once, as that many users would be
         turn1 = list(pool.map(lambda m: ctx.chat(m, temperature=0, max_tokens=max_tokens), convs))
         turn2_msgs = [m + [{"role": "assistant", "content": text_of(r["choices"][0]["message"])},
-                           {"role": "user", "content": "And in one word?"}] for m, r in zip(convs, turn1)]
+                           {"role": "user", "content": "And in one word?"}] for m, r in zip(convs, turn1, strict=True)]
         turn2 = list(pool.map(lambda m: ctx.chat(m, temperature=0, max_tokens=max_tokens), turn2_msgs))
     after = ctx.metric_totals(METRIC)
     per = []

@@ -88,7 +88,7 @@ def _same_value(wanted, got) -> bool:
     if isinstance(wanted, (int, float)) and isinstance(got, (int, float)):
         return float(wanted) == float(got)
     if isinstance(wanted, list) and isinstance(got, (list, tuple)):
-        return len(wanted) == len(got) and all(_same_value(a, b) for a, b in zip(wanted, got))
+        return len(wanted) == len(got) and all(_same_value(a, b) for a, b in zip(wanted, got, strict=True))
     return wanted == got or (isinstance(got, str) and str(wanted) == got)
 
 

@@ -73,12 +73,13 @@ class Dockerd:
         self._remove_orphan_bridges()
         self.data.mkdir(parents=True, exist_ok=True)
         self.run.mkdir(parents=True, exist_ok=True)
-        log = open(self.data / "dockerd.log", "ab")
-        self.proc = subprocess.Popen(["dockerd", "--host", self.url, "--data-root", str(self.data / "data"),
-                          "--exec-root", str(self.run / "exec"), "--pidfile", str(self.run / "dockerd.pid"),
-                          "--iptables=false", "--ip-masq=false", f"--bridge={self.bridge}",
-                          "--default-address-pool", f"base={self.pool},size=24"],
-                         stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+        with open(self.data / "dockerd.log", "ab") as log:  # the child's own descriptor once it started
+            self.proc = subprocess.Popen(["dockerd", "--host", self.url, "--data-root", str(self.data / "data"),
+                                          "--exec-root", str(self.run / "exec"), "--pidfile",
+                                          str(self.run / "dockerd.pid"), "--iptables=false", "--ip-masq=false",
+                                          f"--bridge={self.bridge}", "--default-address-pool",
+                                          f"base={self.pool},size=24"],
+                                         stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + wait_s
         while not self.answers():
             if time.monotonic() > deadline:

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 
+from support import ROOT
+
 from servekit.config.matrix import SourceBudget
 from servekit.records.budget import NAMES, read_budget
 from servekit.records.models import RunReport
 from servekit.records.report import render_markdown
-from support import ROOT
 
 GPU = ROOT / "docs" / "gpu"
 
@@ -39,7 +40,7 @@ def _patched_lines() -> list[str]:
     patch = (ROOT / "docker" / "patches" / "memory-budget-info.patch").read_text()
     assert '+        logger.info(\n             "Initial free memory: %s GiB; Requested memory: %f (util), %s GiB",' in patch
     assert '+        logger.info("%s", profile_result)' in patch
-    requested = "Initial free memory: %s GiB; Requested memory: %f (util), %s GiB" % ("23.28", 0.93, "21.91")
+    requested = f"Initial free memory: 23.28 GiB; Requested memory: {0.93:f} (util), 21.91 GiB"
     profile = ("Memory profiling takes 41.20 seconds. Total non KV cache memory: 17.20GiB; torch peak memory increase: "
                "1.96GiB; total consumed (from mem_get_info): 16.10GiB; weights memory: 14.26GiB.")
     prefix = "(EngineCore pid=96) INFO 12-06 10:00:00 [gpu_worker.py:680] "

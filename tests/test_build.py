@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-from servekit.image.series import read_series
 from support import ROOT, TEST_PROJECT, cpu_tag, docker, run_build_py, tracked_copy, work_dir
+
 from servekit.build.plan import plan_targets
+from servekit.image.series import read_series
 from servekit.layout import WHEELHOUSE
 
 pytestmark = [pytest.mark.engine, pytest.mark.network]

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from servekit.config.load import load_matrix
+from servekit.engines import card as cards
 from servekit.engines import gpuaccess
 from servekit.errors import EnvironmentProblem, UserError
 from servekit.gpu import GpuInfo, GpuSeries
-from servekit.engines import card as cards
 
 ROOT = Path(__file__).resolve().parent.parent
 MATRIX = load_matrix(ROOT / "images.yaml")

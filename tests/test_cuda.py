@@ -16,7 +16,6 @@ import subprocess
 import time
 
 import pytest
-
 from support import ROOT, TEST_PROJECT, docker, project_containers, run_build_py, tracked_copy
 
 pytestmark = [pytest.mark.engine, pytest.mark.network]

@@ -9,7 +9,6 @@ import tomllib
 from importlib.metadata import PackageNotFoundError, packages_distributions, requires
 
 from packaging.requirements import Requirement
-
 from support import ROOT
 
 # Imported only by code that runs inside an image, from the image's own lock (each import says so beside it)

@@ -14,13 +14,24 @@ from pathlib import Path
 import pytest
 import requests
 import yaml
+from support import (
+    ROOT,
+    TEST_PORT,
+    TEST_PROJECT,
+    compose_dir,
+    ctrl_c_reaches_it,
+    follow_logs,
+    project_containers,
+    run_build_py,
+    serving,
+    tracked_copy,
+    work_dir,
+)
 
-from support import (ROOT, TEST_PORT, TEST_PROJECT, compose_dir, ctrl_c_reaches_it, follow_logs, project_containers, run_build_py,
-                     serving, tracked_copy, work_dir)
 from servekit.config.load import load_matrix
-from servekit.image.prepare import COMPLETE, is_complete, prepare
 from servekit.engines.failures import classify
-from servekit.serve.watch import LogFollower, BootRecord, without_frames
+from servekit.image.prepare import COMPLETE, is_complete, prepare
+from servekit.serve.watch import BootRecord, LogFollower, without_frames
 
 PROFILES = ["default", "batch", "alternative", "mtp", "mtp-long", "dflash2", "dflash2-k15", "huge"]
 
@@ -126,8 +137,8 @@ def test_a_half_prepared_model_is_redone_and_never_served(tmp_path):
     dest.mkdir(parents=True)
     (dest / "weights").write_text("half")  # a copy that stopped: no completion marker
     profiles = tmp_path / "profiles.json"
-    from servekit.config.profiles import render_profiles
     from servekit.config.load import load_matrix
+    from servekit.config.profiles import render_profiles
     rendered = render_profiles(load_matrix(ROOT / "images.yaml"), "cpu")
     rendered["model"].update(path=str(dest), baked=str(baked))
     profiles.write_text(json.dumps(rendered))
@@ -144,8 +155,8 @@ def test_a_half_prepared_model_is_redone_and_never_served(tmp_path):
 
 
 def test_a_key_that_is_empty_short_or_a_link_is_made_again_and_the_link_target_left_alone(tmp_path):
-    from servekit.serve.deploy import Deployment, ensure_secrets
     from servekit.image.launcher import MIN_KEY_CHARS
+    from servekit.serve.deploy import Deployment, ensure_secrets
     dep = Deployment(tmp_path, "cpu", "native", "x", "127.0.0.1", 18000)
     key = dep.api_key_file
     key.parent.mkdir(parents=True)
@@ -612,9 +623,10 @@ def test_up_shows_the_download_from_a_hub_before_the_boot_and_serves_what_arrive
     end, all before the boot; the server then serves the files that arrived. The model and the hub's address reach
     the containers through compose.override.yaml, as a user's own Compose settings would. Buys what no in-process
     test can: Compose carrying HF_ENDPOINT to prepare, and prepare's lines reaching `up` as they come."""
+    from standins.hub_server import COMMIT, Hub
+
     from servekit.config.profiles import render_profiles
     from servekit.engines.docker import free_port
-    from standins.hub_server import COMMIT, Hub
     root = tracked_copy(tmp_path / "clone")
     demo = ROOT / "docker" / "demo-model"
     Hub.repos = {"org/demo": {p.name: p.read_bytes() for p in demo.iterdir() if p.is_file()}}

@@ -7,8 +7,8 @@ import re
 import subprocess
 
 import pytest
-
 from support import run_build_py
+
 from servekit.machine.doctor import disk_finding
 
 pytestmark = pytest.mark.engine
@@ -59,10 +59,11 @@ def test_plan_knows_whether_an_image_exists():
 
 
 def test_doctor_tries_the_gpu_with_an_image_built_here_before_the_bases(cpu_image):
+    from support import ROOT
+
     from servekit.config.load import load_matrix
     from servekit.engines.docker import local
     from servekit.machine.doctor import images_to_try
-    from support import ROOT
     matrix = load_matrix(ROOT / "images.yaml")
     images = images_to_try(local(), matrix)
     bases = [base.image for base in matrix.bases.values()]

@@ -3,13 +3,13 @@ servers are Servers, and nothing outside servekit/engines/ names one engine's cl
 
 from __future__ import annotations
 
-import pytest
-
 import ast
 import subprocess
 import sys
 
+import pytest
 from support import ROOT
+
 from servekit.engines import Engine, Server, resolve
 from servekit.engines.docker import DockerEngine, DockerServer
 from servekit.engines.process import ProcessEngine, ProcessServer

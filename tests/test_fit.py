@@ -8,10 +8,10 @@ import subprocess
 import sys
 
 import pytest
+from support import ROOT
 
 from servekit.image.standin import FULL
-from servekit.records.fit import GiB, Flags, Layout, NotPredicted, need
-from support import ROOT
+from servekit.records.fit import Flags, GiB, Layout, NotPredicted, need
 
 LAYOUT = Layout.from_config(FULL)
 GPU = ROOT / "docs" / "gpu"

@@ -12,13 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import second_engine
-from support import compose_dir, ROOT, SLOT, TEST_PROJECT, work_dir, follow_logs, run_build_py
-from servekit.errors import UserError
+from support import ROOT, SLOT, TEST_PROJECT, compose_dir, follow_logs, run_build_py, work_dir
+
 from servekit.engines import resolve
 from servekit.engines.docker import address, reach, tunnel_command
 from servekit.engines.docker import resolve as docker_engine
+from servekit.errors import UserError
 
 pytestmark = pytest.mark.xdist_group("second-engine")  # one second engine on this machine: test_release's too
 
@@ -65,9 +65,8 @@ def test_an_ssh_engine_is_reached_through_a_tunnel_to_its_loopback():
 
 def test_a_tcp_engine_elsewhere_needs_ssh_or_a_bind_it_can_reach():
     engine = resolve("tcp://10.0.0.5:2376")
-    with pytest.raises(UserError, match="use ssh://user@10.0.0.5"):
-        with reach(engine, "127.0.0.1", 8000):
-            pass
+    with pytest.raises(UserError, match="use ssh://user@10.0.0.5"), reach(engine, "127.0.0.1", 8000):
+        pass
     with reach(engine, "0.0.0.0", 8000) as url:
         assert url == "http://10.0.0.5:8000"
     with reach(resolve("unix:///run/x/docker.sock"), "127.0.0.1", 8001) as url:
@@ -86,9 +85,9 @@ def test_another_engine_gets_its_own_env_file_and_no_bind_mounted_secrets(tmp_pa
 
 
 def test_the_summary_has_a_row_per_engine_and_fails_with_any(tmp_path):
+    from servekit.records.models import RunReport
     from servekit.serve.deploy import Deployment
     from servekit.serve.fleet import EngineRun, summary
-    from servekit.records.models import RunReport
     report = RunReport.model_validate({
         "run_id": "r", "created": "2026-12-01T00:00:00+00:00", "profile": "default", "target": "cpu", "host": "native",
         "url": "http://127.0.0.1:8001", "pins": {}, "passed": True,
@@ -200,10 +199,10 @@ def _running(url: str | None, service: str | None = None) -> list[str]:
 @pytest.mark.engine
 @pytest.mark.slow
 def test_an_image_reaches_another_engine_by_stream_then_by_registry(second, tmp_path, cpu_base):
-    from servekit.release.localregistry import start_registry
-    from servekit.release.publish import push
     from servekit.engines.docker import free_port
     from servekit.engines.transfer import ensure_image
+    from servekit.release.localregistry import start_registry
+    from servekit.release.publish import push
     engine = resolve(second)
     local_id = subprocess.run(["docker", "image", "inspect", cpu_base, "--format", "{{.Id}}"], capture_output=True,
                               text=True).stdout.strip()
@@ -299,6 +298,7 @@ def ssh_engine(second, tmp_path_factory):
     import os
     import shutil
     import time
+
     from servekit.engines.docker import free_port
     sshd = shutil.which("sshd") or "/usr/sbin/sshd"
     assert Path(sshd).exists(), "no sshd: `make engine` installs openssh-server"
@@ -328,7 +328,8 @@ SetEnv DOCKER_HOST={second}
     (d / "bin" / "ssh").write_text(f'#!/bin/sh\nexec {shutil.which("ssh")} -F {d}/ssh_config "$@"\n')
     (d / "bin" / "ssh").chmod(0o755)
     Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation folder
-    daemon = subprocess.Popen([sshd, "-D", "-e", "-f", str(d / "sshd_config")], stderr=open(d / "sshd.log", "wb"))
+    with open(d / "sshd.log", "wb") as log:  # the child's own descriptor once it started
+        daemon = subprocess.Popen([sshd, "-D", "-e", "-f", str(d / "sshd_config")], stderr=log)
     env = dict(os.environ, PATH=f"{d / 'bin'}:{os.environ['PATH']}")
     url = f"ssh://root@127.0.0.1:{port}"
     deadline = time.monotonic() + 30

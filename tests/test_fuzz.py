@@ -14,14 +14,16 @@ import json
 import math
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings, strategies as st
-
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from support import ROOT
+
 from servekit.config.load import load_matrix
 from servekit.config.profiles import render_profiles
 from servekit.errors import UserError

@@ -14,14 +14,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-
 from support import ROOT
+
+from servekit.config.load import load_matrix
+from servekit.config.profiles import render_profiles
 from servekit.image.knobs import FALSE_WORDS, KNOBS, TRUE_WORDS
 from servekit.image.launcher import KnobError, build_command
 from servekit.image.recipe import BOOLEAN_ENV, PRIVACY_ENV
-from servekit.config.load import load_matrix
 from servekit.serve.checks import console_line, not_required_results, smoke
-from servekit.config.profiles import render_profiles
 from servekit.smoke import Context, Result, all_passed, run_check
 
 MATRIX = load_matrix(ROOT / "images.yaml")

@@ -12,7 +12,6 @@ import subprocess
 import sys
 
 import pytest
-
 from support import ROOT
 
 sys.path.insert(0, str(ROOT / "bench" / "gpu"))

@@ -17,7 +17,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-
 from support import ROOT
 
 GOOD = (ROOT / "images.yaml").read_text()
@@ -668,6 +667,7 @@ def test_a_wheel_that_is_no_zip_archive_is_refused_by_port_in_one_line(tmp_path)
 
 def test_a_server_published_on_an_ipv6_address_has_a_url_that_parses():
     from urllib.parse import urlsplit
+
     from servekit.engines.docker import local_url
     assert local_url("::1", 18020) == "http://[::1]:18020" and urlsplit(local_url("::1", 18020)).port == 18020
     assert local_url("::", 18020) == local_url("0.0.0.0", 18020) == "http://127.0.0.1:18020"

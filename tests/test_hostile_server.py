@@ -8,10 +8,10 @@ import time
 from http.server import BaseHTTPRequestHandler
 
 import pytest
+from support import serving
 
 from servekit.serve.checks import smoke
 from servekit.smoke import Context, run_check
-from support import serving
 
 DEADLINE_S = 3.0
 

@@ -13,9 +13,9 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
+from support import serving
 
 from servekit.build import index
-from support import serving
 
 WHEEL = b"PK\x05\x06" + bytes(18)  # an empty zip: the bytes of a wheel, as far as a download is concerned
 NAME = "vllm-0.32.0-cp38-abi3-manylinux1_x86_64.whl"

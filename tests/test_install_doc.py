@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from support import ROOT, work_dir
+
 from servekit.engines.process import _started
 
 pytestmark = [pytest.mark.slow, pytest.mark.network]
@@ -76,8 +76,8 @@ def doc_home(tmp_path_factory):
 
 
 def test_the_document_installs_the_cpu_images_lock():
-    from servekit.config.load import load_matrix
     from servekit.build.pins import mirror_problems
+    from servekit.config.load import load_matrix
     matrix = load_matrix(ROOT / "images.yaml")
     problems = [p for p in mirror_problems(matrix, ROOT).problems if p.startswith("docs/install.md")]
     assert problems == [], "\n".join(problems)  # each says the line and what the matrix pins

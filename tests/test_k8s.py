@@ -9,11 +9,11 @@ import subprocess
 
 import pytest
 import yaml
+from support import ROOT, compose_dir, run_build_py
 
-from support import compose_dir, ROOT, run_build_py
-from servekit.release import k8s
 from servekit.config.load import load_matrix
 from servekit.config.profiles import resolve_knobs
+from servekit.release import k8s
 
 MATRIX = load_matrix(ROOT / "images.yaml")
 CASES = [(p, t, h) for p, spec in MATRIX.profiles.items() for t in spec.targets for h in MATRIX.hosts]

@@ -8,8 +8,8 @@ import json
 from dataclasses import dataclass, field
 
 import pytest
-
 from support import ROOT
+
 from servekit.config.load import load_matrix
 from servekit.config.profiles import render_profiles
 from servekit.image.knobs import SAME_AS_SOURCE

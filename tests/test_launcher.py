@@ -8,11 +8,11 @@ import subprocess
 import sys
 
 import pytest
-
 from support import ROOT
-from servekit.image.launcher import KnobError, build_command
+
 from servekit.config.load import load_matrix
 from servekit.config.profiles import render_profiles, resolve_knobs
+from servekit.image.launcher import KnobError, build_command
 
 MATRIX = load_matrix(ROOT / "images.yaml")
 CUDA = render_profiles(MATRIX, "cuda")
@@ -214,6 +214,7 @@ def test_every_flag_the_launcher_emits_is_in_the_list_verify_checks():
     """The flag list is derived from the recipe's tables; any knob combination stays inside it (the image's verify
     asks vLLM for exactly that list)."""
     import random
+
     from servekit.image.knobs import KNOBS
     from servekit.image.launcher import flags
     allowed, seen = set(flags()), set()

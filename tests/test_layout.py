@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 
 import yaml
-
 from support import ROOT
+
 from servekit.layout import CACHE_MOUNT, IMAGE_CODE, IMAGE_UID, MODELS_MOUNT
 
 DOCKERFILE = (ROOT / "docker" / "Dockerfile").read_text()

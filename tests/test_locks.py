@@ -7,12 +7,22 @@ import json
 import re
 
 import pytest
-
 from support import ROOT, with_prebuilt_cubins
-from servekit.errors import UserError
+
+from servekit.build.locks import (
+    HOST_LOCK,
+    HOST_PINS,
+    PACKAGE,
+    for_build,
+    image_locks,
+    inputs_digest,
+    installable,
+    lock_file,
+    problems,
+    read,
+)
 from servekit.config.load import load_matrix
-from servekit.build.locks import (HOST_LOCK, HOST_PINS, PACKAGE, for_build, image_locks, inputs_digest, installable,
-                                  lock_file, problems, read)
+from servekit.errors import UserError
 
 pytestmark = pytest.mark.network  # verify reads vLLM's metadata (cached after the first read)
 
@@ -129,6 +139,7 @@ def test_a_lock_is_installed_in_layers_that_change_as_rarely_as_their_packages()
     """torch and what it needs (by the lock's `via` notes) in one slice, the rest in the other; each slice only
     package and hash lines, so a pin moving in one slice (and every `via` note) leaves the other's text alone."""
     from packaging.utils import canonicalize_name
+
     from servekit.build.locks import LAYERS, layers
     lock = read(ROOT / lock_file("cuda", "3.11"))
     sliced = layers(lock.text)

@@ -7,10 +7,10 @@ import re
 from pathlib import Path
 
 import pytest
-
 from support import ROOT, run_build_py
-from servekit.config.matrix import render_json_schema
+
 from servekit.config.load import load_matrix
+from servekit.config.matrix import render_json_schema
 
 GOOD = (ROOT / "images.yaml").read_text()
 
@@ -280,6 +280,7 @@ def test_adding_a_profile_is_one_edit_to_the_matrix(tmp_path):
     import shutil
 
     import yaml
+
     from servekit.config.derived import PARTS
     (tmp_path / "docs").mkdir()
     for rel in ("images.yaml", "compose", *PARTS):
@@ -369,6 +370,7 @@ def test_build_progress_shows_steps_their_times_and_a_long_steps_latest_line(cap
     """Each step's header and time; inside a long step, its latest line (BuildKit's elapsed seconds) at most every
     few seconds; never the rest, which goes to the log."""
     import time
+
     from servekit.commands.console import step_printer
     clock = [100.0]
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])

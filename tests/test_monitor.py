@@ -7,10 +7,9 @@ import os
 import subprocess
 import sys
 
-
 import pytest
-
 from support import ROOT
+
 from servekit.wsl2.shared_usage import AdapterSeries, choose_adapter, parse_sample, summarize
 
 STANDINS = ROOT / "tests" / "standins"

@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 
 import yaml
-
 from support import ROOT
+
 from servekit.config.load import load_matrix
 from servekit.image.launcher import CONTAINER_PORT
 

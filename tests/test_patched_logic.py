@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from support import ROOT, docker
 
 pytestmark = [pytest.mark.engine, pytest.mark.network, pytest.mark.slow]

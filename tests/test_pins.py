@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from support import ROOT
 
 pytestmark = pytest.mark.network  # co-pins read vLLM's metadata from PyPI (cached after the first read)

@@ -10,14 +10,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from support import ROOT, tracked_copy, with_prebuilt_cubins
 
 from servekit.build.builder import offered_wheels
-from servekit.errors import UserError
-from servekit.config.load import load_matrix
 from servekit.build.plan import plan_targets
+from servekit.config.load import load_matrix
 from servekit.config.settings import BuildSettings, _pip_find_links
+from servekit.errors import UserError
 
 
 def _tag(root: Path, target: str, settings: BuildSettings | None = None) -> str:
@@ -253,8 +252,8 @@ def test_the_image_code_is_standard_library_only():
 def test_the_dockerfile_copies_only_the_image_folder_and_what_the_build_stages():
     """One list: the Dockerfile copies from the repository only the image's code folder (the runtime stage all
     of it) and the staged inputs; .dockerignore admits exactly those; every file of the folder is in the digest."""
-    from servekit.config.load import load_matrix
     from servekit.build.plan import build_inputs
+    from servekit.config.load import load_matrix
     from servekit.layout import IMAGE_CODE, STAGED
     dockerfile = (ROOT / "docker/Dockerfile").read_text().replace("\\\n", " ")
     sources = [src for line in dockerfile.splitlines() if line.startswith("COPY") and "--from=" not in line
@@ -280,8 +279,8 @@ def test_the_dockerfile_copies_exactly_what_the_builder_stages():
 
 def test_the_demo_model_ships_in_the_repository_small():
     """No build trains a model: the generated one is a folder of the repository, a few MB, in the digest."""
-    from servekit.config.load import load_matrix
     from servekit.build.plan import build_inputs
+    from servekit.config.load import load_matrix
     matrix = load_matrix(ROOT / "images.yaml")
     folder = ROOT / (matrix.models["demo"].dir or "")
     files = sorted(folder.iterdir())
@@ -311,6 +310,7 @@ def test_a_made_base_leaves_out_apts_downloads_and_docs_but_each_copyright(tmp_p
 
 def test_a_gpu_boots_needs_are_said_when_pythons_headers_are_missing(tmp_path, monkeypatch):
     import sysconfig
+
     from servekit.image import bootneeds
     assert bootneeds.problems() == []  # this machine compiles against Python.h
     monkeypatch.setattr(sysconfig, "get_paths", lambda: {"include": str(tmp_path)})
@@ -325,6 +325,7 @@ def test_the_in_image_verify_names_a_module_a_boot_imports_that_is_gone_and_a_pa
     """A wrong exclusion fails the build: a module a boot imports that does not import is named; so is a package
     installed beside the lock's slices, and one a slice names that is not there."""
     from importlib.metadata import version
+
     from servekit.image import verify
     [problem] = verify.check_imports(["json", "servekit_no_such_module"])
     assert problem.startswith("`import servekit_no_such_module` fails without a GPU: ModuleNotFoundError")

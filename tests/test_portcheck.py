@@ -7,8 +7,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from support import ROOT
+
 from servekit.build.portcheck import FINDINGS, port, read_accepted, record_accepted
 
 FILLER = "".join(f"def filler_{i}(x):\n    return x * {i}\n\n\n" for i in range(6))

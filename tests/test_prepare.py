@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from support import ROOT, serving
 from standins.hub_server import COMMIT, Hub, repo_files, shard_bytes
+from support import ROOT, serving
 
 LAUNCHER = ROOT / "servekit/image/launcher.py"
 

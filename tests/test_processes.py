@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from servekit.engines import resolve, transfer
-from servekit.errors import EnvironmentProblem, UserError
 from servekit.engines.process import ProcessEngine, ProcessServer, _started, check_environment, down, stop_group
 from servekit.engines.process import resolve as process_engine
+from servekit.errors import EnvironmentProblem, UserError
 
 
 def test_venv_names_a_process_engine(tmp_path):

@@ -9,7 +9,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from support import ROOT, docker, run_build_py, tracked_copy
 
 pytestmark = [pytest.mark.engine, pytest.mark.network, pytest.mark.slow]
@@ -22,7 +21,7 @@ def test_the_cpu_images_record_says_what_its_packages_read(cpu_image):
     assert done.returncode == 0, done.stderr
     record = json.loads(done.stdout)
     assert record["read"]["VLLM_NO_USAGE_STATS"] == "vllm/envs.py" and "TORCHDYNAMO_DISABLE" in record["read"]
-    assert SOURCE_VARIABLES <= set(record["inert"])  # vLLM as released reads none of the source's own
+    assert set(record["inert"]) >= SOURCE_VARIABLES  # vLLM as released reads none of the source's own
     # but our series' marlin-int8-include reads batch's include rule (the cpu image carries it too)
     assert record["read"]["VLLM_MARLIN_INT8_INCLUDE_RE"].endswith("quantization/utils/marlin_utils.py")
 

@@ -7,11 +7,11 @@ import json
 import shlex
 
 import pytest
-
 from support import ROOT
-from servekit.image.launcher import KnobError, build_command
+
 from servekit.config.load import load_matrix
 from servekit.config.profiles import render_profiles
+from servekit.image.launcher import KnobError, build_command
 
 CUDA = render_profiles(load_matrix(ROOT / "images.yaml"), "cuda")
 HEAD = "--model /app/models/qwen38-27b --served-model-name qwen3.8-27b --host 0.0.0.0 --port 8000"

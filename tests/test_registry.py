@@ -47,7 +47,9 @@ def test_on_a_terminal_a_pull_draws_a_bar_for_each_layer():
     """`pull` on a terminal: each layer's bar (its bytes of its size and what the engine says of it), by rich, as
     `docker pull` draws them; the summing line stays for the log."""
     import io
+
     from rich.console import Console
+
     from servekit.release.registry import LayerBars
     screen = io.StringIO()
     pulled = [{**e, "status": e.get("status", "").replace("Pushing", "Downloading").replace("Pushed", "Pull complete")}

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 import requests
+from support import ROOT, TEST_PROJECT, run_build_py, tracked_copy, work_dir
 
-from servekit.image.series import read_series
-from support import ROOT, TEST_PROJECT, work_dir, run_build_py, tracked_copy
-from servekit.engines.docker import free_port
 from servekit.config.load import load_matrix
+from servekit.engines.docker import free_port
+from servekit.image.series import read_series
 from servekit.release.localregistry import start_registry
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.xdist_group("second-engine")]  # test_fleet's too

@@ -11,9 +11,9 @@ import subprocess
 import tarfile
 
 import pytest
+from support import TEST_PROJECT
 
 from servekit.build import reproducible
-from support import TEST_PROJECT
 
 EPOCH = reproducible.epoch_seconds("2026-12-01T00:00:00Z")
 

@@ -9,8 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
-from support import ROOT, TEST_PORT, work_dir, project_containers, run_build_py, tracked_copy
+from support import ROOT, TEST_PORT, project_containers, run_build_py, tracked_copy, work_dir
 
 pytestmark = pytest.mark.engine
 
@@ -117,8 +116,8 @@ def test_a_signal_that_ends_a_boot_keeps_the_budget_its_log_gave(repo, monkeypat
     the run ends interrupted. Once such a report said "interrupted before the boot" and held no budget at all."""
     from servekit.config.load import load_matrix
     from servekit.engines import resolve
-    from servekit.serve import boot, deploy, pipeline
     from servekit.errors import BootFailed
+    from servekit.serve import boot, deploy, pipeline
     matrix = load_matrix(repo / "images.yaml")
     dep = deploy.Deployment(repo, "cpu", "native", "unused", "127.0.0.1", TEST_PORT,
                             engine=resolve(f"venv:{repo / 'venv'}"), matrix=matrix)

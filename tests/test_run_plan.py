@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from support import ROOT, run_build_py, work_dir
 
 pytestmark = pytest.mark.engine

@@ -7,11 +7,11 @@ import hashlib
 import json
 
 import pytest
+from support import ROOT, docker
 
 from servekit.build import sbom
 from servekit.build.plan import plan_targets
 from servekit.config.load import load_matrix
-from support import ROOT, docker
 
 LOCK = """# a lock
 certifi==2026.11.1 \\

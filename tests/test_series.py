@@ -6,8 +6,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from support import ROOT
+
 from servekit.image.series import SeriesError, apply_series, check_applied, prove_on_pristine, read_series
 
 PREAMBLE = """Some prose about why.

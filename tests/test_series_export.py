@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from servekit.build.seriesexport import export
 from servekit.errors import UserError
 from servekit.image.series import apply_series, read_series
-from servekit.build.seriesexport import export
 
 CORE = "".join(f"def step_{i}(x):\n    return x + {i}\n\n\n" for i in range(12))
 

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from support import run_build_py
+
 from servekit.records.models import RunReport
 from servekit.records.report import compare, render_markdown
 from servekit.smoke import CHECKS, Context, run_check

@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import pytest
-
 from support import ROOT, tracked_copy
+
 from servekit.errors import UserError
 from servekit.serve.deploy import Deployment, ensure_secrets, published, write_env
 
@@ -322,6 +322,7 @@ def test_env_example_names_every_setting_the_compose_files_read():
     """compose/.env.example lists what a user may set: every ${VARIABLE} of compose/*.yaml is there, or a knob, or
     one servekit writes itself (its block of compose/.env, or the profile of the command it runs)."""
     import re
+
     from servekit.config.derived import USER_SETTINGS
     from servekit.image.knobs import KNOBS
     from servekit.serve.deploy import OWN_KEYS

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from support import project_containers, run_build_py, work_dir
 
-from support import work_dir, project_containers, run_build_py
 from servekit.serve.sweep import Cell, sizing_advice, spread_versus_gap
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]

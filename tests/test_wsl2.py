@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from support import ROOT, TEST_PORT, work_dir, project_containers
 from standins.docker_api import RecordedEngine
+from support import ROOT, TEST_PORT, project_containers, work_dir
+
 from servekit.serve.sweep import Cell, sizing_advice
 from servekit.smoke import CheckFailure
 from servekit.smoke.spill import judge
@@ -55,9 +55,9 @@ def test_spill_is_checked_only_on_wsl2_after_the_other_checks_with_the_profiles_
 def test_a_boot_reads_the_adapter_images_yaml_names(repo, monkeypatch, named):
     """The same choice as monitor's: the matrix's hosts.wsl2.adapter, here the iGPU by its LUID or by its name,
     wins over dedicated memory."""
-    from servekit.serve.deploy import Deployment
     from servekit.config.load import load_matrix
     from servekit.serve.boot import Boot
+    from servekit.serve.deploy import Deployment
     from servekit.wsl2.shared_usage import SharedUsageSampler
     matrix_path = repo / "images.yaml"
     matrix_path.write_text(matrix_path.read_text().replace('    card: rtx4090-wsl2\n',

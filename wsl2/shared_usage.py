@@ -125,7 +125,7 @@ def summarize(series: dict[str, AdapterSeries], adapter: str, why: str, phases: 
     t = [x - origin for x in s.times]
     bounds = [("before load", float("-inf")), *phases, ("", float("inf"))]
     per_phase: dict[str, dict] = {}
-    for (name, start), (_, stop) in zip(bounds, bounds[1:]):
+    for (name, start), (_, stop) in zip(bounds, bounds[1:], strict=False):
         picked = [i for i, x in enumerate(t) if start <= x < stop]
         shared, dedicated = [s.shared[i] for i in picked], [s.dedicated[i] for i in picked]
         per_phase[name] = {"start_s": None if start == float("-inf") else start,
@@ -169,7 +169,7 @@ class SharedUsageSampler:
         self._arrived = threading.Condition()
         self.count = 0  # samples read so far
 
-    def start(self) -> "SharedUsageSampler":
+    def start(self) -> SharedUsageSampler:
         self._proc = subprocess.Popen(
             [self.powershell, "-NoProfile", "-NonInteractive", "-EncodedCommand", encoded_command(self.interval_s)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, bufsize=1)

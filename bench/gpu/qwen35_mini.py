@@ -34,7 +34,11 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from servekit.smoke import api as smoke_api, cache as smoke_cache, spec as smoke_spec, tools as smoke_tools  # noqa: E402,E501  (the checks' prompts: the model learns what they ask)
+# the checks' prompts (the model learns what they ask), from the checkout just put on the path
+from servekit.smoke import api as smoke_api  # noqa: E402
+from servekit.smoke import cache as smoke_cache  # noqa: E402
+from servekit.smoke import spec as smoke_spec  # noqa: E402
+from servekit.smoke import tools as smoke_tools  # noqa: E402
 
 DEMO = ROOT / "docker" / "demo-model"
 SEED = 20261202

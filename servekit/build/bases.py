@@ -20,12 +20,12 @@ import time
 import zipfile
 from pathlib import Path
 
+from servekit.config.matrix import Base
 from servekit.engines.bootstrap import apt_install, can_install
+from servekit.engines.docker import local
 from servekit.errors import EnvironmentProblem
 from servekit.exclusive import machine_wide
-from servekit.config.matrix import Base
 from servekit.trust import ca_bundle
-from servekit.engines.docker import local
 
 LABEL = "io.servekit.base.definition"
 CUDA_HOME = "/usr/local/cuda"

@@ -14,31 +14,32 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Callable
 
 import requests
 import yaml
 from packaging.utils import canonicalize_name
 
-from servekit.image import components as components_mod, series as series_mod
 from servekit import credentials
 from servekit.atomic import write_text
+from servekit.build import sbom
 from servekit.build.bases import ensure_made_base
+from servekit.build.index import IndexUnreachable, release_exists
+from servekit.build.locks import for_build, layers
+from servekit.build.plan import STAGED_FILES, TargetPlan
+from servekit.build.reproducible import epoch_seconds, make_canonical
+from servekit.config.matrix import Matrix, substitute
+from servekit.config.settings import ENV_BASE, ENV_WHEELS, ENV_WITHOUT, BuildSettings
 from servekit.engines.docker import docker_cli, local
 from servekit.errors import EnvironmentProblem, UserError
 from servekit.exclusive import machine_wide, one_buildkit_solve
-from servekit.output import as_output
-from servekit.build.index import IndexUnreachable, release_exists
-from servekit.config.matrix import Matrix, substitute
-from servekit.build.locks import for_build, layers
-from servekit.build import sbom
-from servekit.build.reproducible import epoch_seconds, make_canonical
-from servekit.build.plan import STAGED_FILES, TargetPlan
+from servekit.image import components as components_mod
+from servekit.image import series as series_mod
 from servekit.layout import STAGE_DIR, WHEELHOUSE
-from servekit.config.settings import ENV_BASE, ENV_WHEELS, ENV_WITHOUT, BuildSettings
+from servekit.output import as_output
 from servekit.trust import ca_bundle, requests_verify
 
 DOCKERFILE = "docker/Dockerfile"

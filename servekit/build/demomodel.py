@@ -93,8 +93,9 @@ def synthetic_chats(n: int, rng: random.Random) -> list[tuple[list[dict], list[d
 
 
 def build_tokenizer(out: Path, texts: list[str]):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # the demo model is made inside the image (its lock installs tokenizers), not by the host tool
-    from transformers import PreTrainedTokenizerFast  # the demo model is made inside the image (its lock installs transformers), not by the host tool
+    # the demo model is made inside the image (its lock installs these), not by the host tool
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # made in the image, not by the host
+    from transformers import PreTrainedTokenizerFast  # made in the image (its lock installs it), not by the host
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -159,7 +160,11 @@ def make(out: Path, steps: int = STEPS, say=print, gated: bool = True) -> None:
     """Train into `out`; unless `gated` is off, exit naming what the model fails of what the checks ask (a short
     training's model, which the tests load and ask, fails some by design)."""
     import torch  # the demo model is made inside the image (its lock installs torch), not by the host tool
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM  # the demo model is made inside the image (its lock installs transformers), not by the host tool
+    from transformers import (  # the demo model is made inside the image (its lock installs transformers), not by the host tool
+        GenerationConfig,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
 
     started = time.monotonic()
     random.seed(SEED)
@@ -207,7 +212,10 @@ def behaviour(folder: Path) -> dict[str, str]:
     """Each of BEHAVIOURS answered greedily by the model in `folder`: 'ok', or what it said instead. CPU training is
     not bit-reproducible across processors, so this, not the weights' bytes, is what a trained model must match."""
     import torch  # the demo model is made inside the image (its lock installs torch), not by the host tool
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # the demo model is made inside the image (its lock installs transformers), not by the host tool
+    from transformers import (  # the demo model is made inside the image (its lock installs transformers), not by the host tool
+        AutoModelForCausalLM,
+        AutoTokenizer,
+    )
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()

@@ -10,6 +10,6 @@ class Findings:
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
-    def extend(self, other: "Findings") -> None:
+    def extend(self, other: Findings) -> None:
         self.problems += other.problems
         self.notes += other.notes

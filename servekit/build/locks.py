@@ -21,11 +21,11 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 
 from servekit.atomic import write_text
-from servekit.errors import EnvironmentProblem, UserError
 from servekit.build.index import IndexUnreachable, release_exists
 from servekit.config.matrix import Matrix
-from servekit.credentials import auth, with_auth
 from servekit.config.settings import ENV_WHEELS
+from servekit.credentials import auth, with_auth
+from servekit.errors import EnvironmentProblem, UserError
 from servekit.trust import ca_bundle
 
 LOCK_DIR = "docker/locks"

@@ -8,13 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from servekit.image import CODE_DIR
 from servekit.build.builder import replace_tree, stage_components
-from servekit.layout import staged_env
 from servekit.errors import UserError
+from servekit.image import CODE_DIR
 from servekit.image.components import MANIFEST
 from servekit.image.series import check_applied, read_series, settled_files, site_vllm_dir
-
+from servekit.layout import staged_env
 
 
 def patch_environment(session, target: str, python: str, say=print) -> list[str]:

@@ -4,25 +4,24 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import cast
 from pathlib import Path
+from typing import cast
 
 from packaging.markers import default_environment
-from packaging.utils import canonicalize_name
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from packaging.specifiers import SpecifierSet
-
 from servekit.build.findings import Findings
-from servekit.errors import EnvironmentProblem, UserError
 from servekit.build.index import IndexUnreachable, NotOnIndex, fetch_metadata
-from servekit.image.series import SeriesError, read_series
-from servekit.config.matrix import Matrix
-from servekit.config.load import load_matrix
-from servekit.build.portcheck import FINDINGS, run_port, trailer_findings
 from servekit.build.locks import image_locks, lock_file, make_image_lock
+from servekit.build.portcheck import FINDINGS, run_port, trailer_findings
 from servekit.config.derived import derive_files
+from servekit.config.load import load_matrix
+from servekit.config.matrix import Matrix
+from servekit.errors import EnvironmentProblem, UserError
+from servekit.image.series import SeriesError, read_series
 
 VERSIONED_NAME = re.compile(r"-(\d+\.\d+\.\d+(?:rc\d+|\.post\d+)?)\.patch$")
 PIN_TEXT = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[0-9][A-Za-z0-9.+!]*[A-Za-z0-9])")

@@ -14,13 +14,13 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from servekit.config.matrix import Matrix
 from servekit.build.bases import definition_digest
-from servekit.build.reproducible import CANONICAL_FORMAT
 from servekit.build.locks import LAYERS, lock_file
+from servekit.build.reproducible import CANONICAL_FORMAT
+from servekit.config.matrix import Matrix
 from servekit.config.profiles import render_profiles
-from servekit.image.series import SeriesError, read_series
 from servekit.config.settings import BuildSettings
+from servekit.image.series import SeriesError, read_series
 from servekit.layout import IMAGE_CODE
 
 # What the build writes into each target's folder under STAGE_DIR before it starts (inputs staged from images.yaml and

@@ -28,10 +28,10 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from servekit.atomic import write_text
-from servekit.errors import UserError
-from servekit.image.series import _patch, apply_series, Patch, PATCH_ARGS, read_series, SeriesError
 from servekit.build.findings import Findings
 from servekit.build.index import download_wheel
+from servekit.errors import UserError
+from servekit.image.series import PATCH_ARGS, Patch, SeriesError, _patch, apply_series, read_series
 
 IDENTIFIER = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]{3,}\b")
 DEFINES = (re.compile(r"^\s*(?:async\s+)?def\s+(\w+)"), re.compile(r"^\s*class\s+(\w+)"),
@@ -286,7 +286,7 @@ def binds(fn: ast.FunctionDef | ast.AsyncFunctionDef, bound: bool, positional: i
     defaults = len(a.defaults)
     required = [p.arg for p in params[:len(params) - defaults]] if defaults else [p.arg for p in params]
     missing = [r for r in required[positional:] if r not in keywords]
-    missing += [p.arg for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is None and p.arg not in keywords]
+    missing += [p.arg for p, d in zip(a.kwonlyargs, a.kw_defaults, strict=True) if d is None and p.arg not in keywords]
     return f"missing {', '.join(missing)}" if missing else None
 
 

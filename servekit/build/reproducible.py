@@ -12,8 +12,10 @@ which names each layer by the digest of its canonical tar: the same contents giv
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime as dt
+import functools
 import hashlib
 import io
 import json
@@ -21,9 +23,10 @@ import posixpath
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Callable, Iterator
+from typing import IO
 
 from servekit.atomic import write_text
 from servekit.engines.transfer import ChunkStream
@@ -40,12 +43,12 @@ KEPT_PAX = "SCHILY.xattr."
 def epoch_seconds(epoch: str | dt.datetime) -> int:
     when = epoch if isinstance(epoch, dt.datetime) else dt.datetime.fromisoformat(epoch.replace("Z", "+00:00"))
     if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.timezone.utc)
+        when = when.replace(tzinfo=dt.UTC)
     return int(when.timestamp())
 
 
 def epoch_iso(seconds: int) -> str:
-    return dt.datetime.fromtimestamp(seconds, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class _Hashing:
@@ -193,10 +196,8 @@ def _read_saved(saved: Iterator[bytes], on_layer: Callable[[str, IO[bytes]], Non
             if _is_layer(member.name, head):
                 on_layer(member.name, io.BufferedReader(_Prefixed(head, fh), CHUNK))
             elif head.lstrip()[:1] in (b"{", b"[") and member.size < (16 << 20):
-                try:
+                with contextlib.suppress(ValueError):
                     documents[member.name] = json.loads(head + fh.read())
-                except ValueError:
-                    pass
     manifest = documents.get("manifest.json")
     if not isinstance(manifest, list) or not manifest:
         return {}, []
@@ -373,7 +374,7 @@ def _entries(layer: IO[bytes]) -> dict[str, tuple]:
             if info.isreg():
                 sha = hashlib.sha256()
                 fh = _open(tar, info)
-                for block in iter(lambda: fh.read(CHUNK), b""):
+                for block in iter(functools.partial(fh.read, CHUNK), b""):
                     sha.update(block)
                 digest = sha.hexdigest()[:16]
             out[info.name] = (info.type, info.mode, info.uid, info.gid, info.size, int(info.mtime), info.linkname,
@@ -423,4 +424,4 @@ _FIELDS = ("kind", "mode", "uid", "gid", "size", "mtime", "link", "contents", "x
 def _why(a: tuple | None, b: tuple | None) -> str:
     if a is None or b is None:
         return "only in the " + ("second" if a is None else "first")
-    return ", ".join(name for name, x, y in zip(_FIELDS, a, b) if x != y)
+    return ", ".join(name for name, x, y in zip(_FIELDS, a, b, strict=True) if x != y)

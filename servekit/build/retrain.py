@@ -3,8 +3,8 @@ in for the shipped folder at once."""
 
 from __future__ import annotations
 
-from pathlib import Path
 import shutil
+from pathlib import Path
 
 from servekit.build import demomodel
 from servekit.build.builder import ensure_built

@@ -3,13 +3,13 @@ derived files, the package locks, vLLM's declared requirements (co-pins) and the
 
 from __future__ import annotations
 
-from servekit.config.derived import stale
-from servekit.image.series import SeriesError, prove_on_pristine, read_series
+from servekit.build.findings import Findings
 from servekit.build.index import IndexUnreachable, NotOnIndex, download_wheel
 from servekit.build.locks import problems as lock_problems
-from servekit.build.findings import Findings
 from servekit.build.pins import copin_problems, mirror_problems
 from servekit.build.portcheck import trailer_findings
+from servekit.config.derived import stale
+from servekit.image.series import SeriesError, prove_on_pristine, read_series
 
 
 def verify(session, offline: bool = False, series: bool = True, say=print) -> Findings:

@@ -6,9 +6,9 @@ import sys
 from pathlib import Path
 
 from servekit import arguments
-from servekit.errors import UserError
 from servekit.commands.console import channel, emit_json, engine_of, open_session, print_table, print_wide
 from servekit.commands.parsing import Commands
+from servekit.errors import UserError
 
 # Each command imports its stage when it runs, inside its function: `--help`, completion and a refused argument
 # answer in a tenth of a second, without loading the engine's SDK, pydantic or Rich (a second and more).
@@ -31,11 +31,10 @@ def cmd_run(args) -> int:
                         doc.table.rows, summary_md.read_text())
             print(f"run: summary in {summary_md.relative_to(session.root)}")
         return 0 if doc.passed else 1
-    from servekit.smoke import GATE_PASSES
-
-    from servekit.serve import commands
     from servekit.config.knobargs import parse_settings
+    from servekit.serve import commands
     from servekit.serve.pipeline import RunInterrupted
+    from servekit.smoke import GATE_PASSES
     try:
         done = commands.run(session, args.target, args.profile, args.host, engine_of(args), args.port, say=channel(),
                             knobs=parse_settings(args.knob or []), only=args.check, boot_timeout_s=args.timeout,
@@ -56,10 +55,9 @@ def cmd_run(args) -> int:
 
 
 def cmd_smoke(args) -> int:
-    from servekit.smoke import all_passed
-
     from servekit.serve.checks import console_line
     from servekit.serve.commands import smoke_running
+    from servekit.smoke import all_passed
     url, results = smoke_running(open_session(args), args.profile, args.target, engine_of(args) if args.engine else None,
                                  args.url, Path(args.api_key_file) if args.api_key_file else None,
                                  on_result=None if args.json else lambda r: print(console_line(r)),
@@ -91,7 +89,7 @@ def cmd_run_plan(args) -> int:
     rows = table_rows(results)
     if args.json:
         emit_json({"passed": not left and all(r is not None and r.passed for _, r in results), "left": left,
-                   "runs": [dict(zip(TABLE_HEADER, row)) for row in rows]})
+                   "runs": [dict(zip(TABLE_HEADER, row, strict=True)) for row in rows]})
     else:
         from servekit.records.report import markdown_table
         print_wide(f"plan {plan.name}", TABLE_HEADER, rows, "\n".join(markdown_table(TABLE_HEADER, rows)))

@@ -69,10 +69,7 @@ def step_printer(every_s: float = 5.0):
     last = [time.monotonic()]
 
     def show(line: str) -> None:
-        if step.match(line) or mine.match(line) or (done.match(line) and not line.endswith(" 0.0s")):
-            print(f"  {line[:110]}", file=sys.stderr, flush=True)
-            last[0] = time.monotonic()
-        elif output.match(line) and time.monotonic() - last[0] >= every_s:
+        if step.match(line) or mine.match(line) or (done.match(line) and not line.endswith(" 0.0s")) or output.match(line) and time.monotonic() - last[0] >= every_s:
             print(f"  {line[:110]}", file=sys.stderr, flush=True)
             last[0] = time.monotonic()
     return show

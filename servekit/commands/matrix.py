@@ -129,6 +129,7 @@ def cmd_derive(args) -> int:
 
 def cmd_fit(args) -> int:
     import json
+
     from servekit.errors import UserError
     from servekit.records.fit import FULL, Layout, predict_all
     session = open_session(args)

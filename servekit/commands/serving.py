@@ -18,9 +18,9 @@ def cmd_up(args) -> int:
     from rich.console import Console
     from rich.text import Text
 
-    from servekit.serve.commands import up_profile
     from servekit.config.knobargs import parse_settings
     from servekit.errors import BootFailed
+    from servekit.serve.commands import up_profile
     knobs = parse_settings(args.knob or [])
     try:
         with Console(stderr=True).status(f"waiting for {args.profile} to become healthy") as status:

@@ -15,14 +15,14 @@ import re
 import shlex
 from pathlib import Path
 
-from servekit.image import recipe
-from servekit.image.knobs import KNOBS, RENAMED, SAME_AS_SOURCE, SOURCE_NAMES, Knob
+from servekit.atomic import write_text
 from servekit.config.matrix import Matrix
 from servekit.config.profiles import HOST_LAYERS, layers, render_profiles
-from servekit.layout import IMAGE_CODE, STAGED
-from servekit.image.launcher import build_command
-from servekit.atomic import write_text
 from servekit.errors import UserError
+from servekit.image import recipe
+from servekit.image.knobs import KNOBS, RENAMED, SAME_AS_SOURCE, SOURCE_NAMES, Knob
+from servekit.image.launcher import build_command
+from servekit.layout import IMAGE_CODE, STAGED
 
 MARK = re.compile(r"^(?P<indent>[ \t]*)(?P<open>#|<!--) BEGIN (?P<name>[\w-]+)(?P<rest>[^\n]*)\n(?P<body>.*?)"
                   r"^(?P=indent)(?P=open) END (?P=name)[^\n]*\n", re.M | re.S)

@@ -10,20 +10,27 @@ import ipaddress
 import json
 import re
 from pathlib import Path
-from urllib.parse import urlsplit
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from packaging.version import InvalidVersion, Version
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator,
-                      model_validator)
-
-from servekit.smoke import param_problems
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from servekit import credentials
-from servekit.image import boundary
-from servekit.errors import UserError
-from servekit.image.knobs import KNOBS, masked, watched_problem
 from servekit.config.yamlload import LoadedYaml
+from servekit.errors import UserError
+from servekit.image import boundary
+from servekit.image.knobs import KNOBS, masked, watched_problem
+from servekit.smoke import param_problems
 
 SCHEMA_VERSION = 1
 
@@ -82,7 +89,7 @@ class Index(Strict):
     @classmethod
     def _parses(cls, value: str) -> str:
         try:
-            urlsplit(value).port  # an unclosed [ of an IPv6 host, a port past 65535
+            _ = urlsplit(value).port  # an unclosed [ of an IPv6 host, a port past 65535
         except ValueError as exc:
             raise ValueError(f"expected a URL, found {value[:80]!r} ({exc})") from None
         return value
@@ -146,7 +153,7 @@ class Model(Strict):
         ["function", "size"], description="what a passing report of this model proves for a release: function (its "
         "answers are the served model's behaviour: a trained stand-in), size (its memory is the served model's: the "
         "full-size layout); the served model itself proves both")
-    not_required: dict[str, "ModelNotRequired"] = Field(
+    not_required: dict[str, ModelNotRequired] = Field(
         {}, description="check -> the profiles on which this model cannot pass it by design (a stand-in whose "
         "drafter is untrained) and why; reported as not required with the reason")
 

@@ -7,9 +7,8 @@ profile's target knobs < the environment at launch (applied by the launcher).
 from __future__ import annotations
 
 from servekit.config.matrix import Matrix
-from servekit.layout import MODELS_MOUNT
 from servekit.image.launcher import KnobError, build_command
-
+from servekit.layout import MODELS_MOUNT
 
 HOST_LAYERS = ("host", "host, component", "profile, host")  # the layers a host brings (docs/profiles.md shows them)
 

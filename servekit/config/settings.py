@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from servekit.errors import UserError
 from servekit.config.matrix import Matrix
+from servekit.errors import UserError
 
 ENV_BASE = "SERVEKIT_BASE"
 ENV_WITHOUT = "SERVEKIT_WITHOUT"

@@ -129,10 +129,11 @@ def dockerd_args() -> list[str]:
 def _start_dockerd(say, wait_s: float = 90) -> None:
     args = dockerd_args()
     say(f"starting dockerd{' ' + ' '.join(args) if args else ''} (no systemd here), log in {DOCKERD_LOG}")
-    log = open(DOCKERD_LOG, "ab")
-    # Its own session, so that it outlives this process and a Ctrl-C here does not reach it.
-    proc = subprocess.Popen(["dockerd", *args], stdout=log, stderr=log, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+    # Its own session, so that it outlives this process and a Ctrl-C here does not reach it; the log's descriptor
+    # is the child's own once it started (the parent's copy closes here).
+    with open(DOCKERD_LOG, "ab") as log:
+        proc = subprocess.Popen(["dockerd", *args], stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
     def answers() -> bool:
         if SOCKET.exists() and engine_answers():
             return True

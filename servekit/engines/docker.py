@@ -23,15 +23,14 @@ from functools import cached_property
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlparse
 
-from servekit.engines.gpuaccess import GpuAccess, decide
-from servekit.errors import BootFailed, EnvironmentProblem, UserError
 from servekit.engines.failures import prepare_failure
+from servekit.engines.gpuaccess import GpuAccess, decide
 from servekit.engines.protocol import Engine, ServerState
-from servekit.layout import PROFILE_LABEL, PROJECT_LABEL
-from servekit.wsl2.detect import is_wsl2
+from servekit.errors import BootFailed, EnvironmentProblem, UserError
 from servekit.image.launcher import CONTAINER_PORT
+from servekit.layout import PROFILE_LABEL, PROJECT_LABEL
 from servekit.waiting import until
-
+from servekit.wsl2.detect import is_wsl2
 
 # The Compose project every command acts on; another name (the tests use their own) keeps two sets of
 # servers, volumes and `down`s apart on one engine.

@@ -13,6 +13,7 @@ process's start time, so a reused pid is never taken for it, the port and knobs)
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -26,20 +27,20 @@ from pathlib import Path
 import psutil
 from packaging.utils import canonicalize_name
 
-from servekit.image import CODE_DIR
 from servekit.atomic import write_text
+from servekit.config.profiles import render_profiles
 from servekit.engines.docker import PROJECT, EngineError
+from servekit.engines.failures import prepare_failure
 from servekit.engines.protocol import ServerState
 from servekit.errors import EnvironmentProblem, UserError
-from servekit.layout import staged_env
-from servekit.config.profiles import render_profiles
-from servekit.image.components import MANIFEST
-from servekit.image.series import check_applied, settled_files, site_vllm_dir
-from servekit.engines.failures import prepare_failure
-from servekit.image.knobs import KNOBS
-from servekit.wsl2.detect import is_wsl2
 from servekit.gpu import NvmlUnavailable, list_gpus
+from servekit.image import CODE_DIR
+from servekit.image.components import MANIFEST
+from servekit.image.knobs import KNOBS
+from servekit.image.series import check_applied, settled_files, site_vllm_dir
+from servekit.layout import staged_env
 from servekit.waiting import until
+from servekit.wsl2.detect import is_wsl2
 
 SCHEME = "venv"
 STOP_GRACE_S = 30.0  # SIGTERM, then this long for vLLM to shut down, then SIGKILL
@@ -345,7 +346,7 @@ def up(dep, profile: str, knobs: dict[str, str] | None = None) -> ProcessServer:
                                  start_new_session=True)  # its own group: `down` stops vLLM's children with it
     record = {"profile": profile, "pid": popen.pid, "started": _started(popen.pid), "port": dep.port,
               "bind": dep.bind, "target": dep.target, "image": dep.image,
-              "started_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+              "started_at": dt.datetime.now(dt.UTC).isoformat(),
               "knobs": {k: v for k, v in env.items() if k in _knob_names()}}
     write_text(state / f"{profile}.json", json.dumps(record, indent=2) + "\n")
     return ProcessServer(engine, record, popen)
@@ -381,7 +382,5 @@ def stop_group(pgid: int, grace_s: float = STOP_GRACE_S) -> None:
 
 def _reap(pid: int) -> None:
     """Collect the exit of a server this process started (else it stays a zombie and counts as present)."""
-    try:
+    with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass

@@ -9,9 +9,10 @@ import tarfile
 import tempfile
 import time
 
-from servekit.errors import EnvironmentProblem, UserError
-from servekit.engines.docker import DockerEngine, local as local_engine
+from servekit.engines.docker import DockerEngine
+from servekit.engines.docker import local as local_engine
 from servekit.engines.protocol import Engine
+from servekit.errors import EnvironmentProblem, UserError
 from servekit.records.models import ReleaseRecord
 
 CHUNK = 4 << 20
@@ -82,7 +83,7 @@ def shared_prefix(layers: list[str], host_layers: list[str]) -> list[str]:
     """The layers (DiffIDs, lowest first) an image shares with one the host has, counted from the bottom: a layer
     counts only with every layer under it, since an engine keys a layer by its whole chain."""
     shared = []
-    for mine, theirs in zip(layers, host_layers):
+    for mine, theirs in zip(layers, host_layers, strict=False):
         if mine != theirs:
             break
         shared.append(mine)

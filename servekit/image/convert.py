@@ -148,8 +148,8 @@ def _rewrite_shard(path: Path, keys: list[str], step: str) -> int:
     from safetensors.torch import save_file
     tensors, freed = {}, 0
     with safe_open(str(path.with_name(path.name + ".pre")), framework="pt") as shard:
-        metadata = shard.metadata()
-        for key in shard.keys():
+        metadata, names = shard.metadata(), shard.keys()  # a safetensors handle: keys() is how it lists
+        for key in names:
             tensor = shard.get_tensor(key)
             if key not in keys:
                 tensors[key] = tensor

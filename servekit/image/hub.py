@@ -10,6 +10,7 @@ a hub that stops answering or trickles is abandoned once too few bytes arrive in
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -103,8 +104,8 @@ def download(repo: str, revision: str | None, dest: Path, token: str | None, say
     """Every file of the repository into `dest`, resuming what an earlier run left; the commit fetched."""
     import httpx
     from huggingface_hub import HfApi, constants, snapshot_download
-    from huggingface_hub.hf_api import RepoFile
     from huggingface_hub import errors as hf
+    from huggingface_hub.hf_api import RepoFile
 
     wanted = revision or "main"
     stall_s = number_setting(os.environ, "PREPARE_STALL_S", STALL_S_DEFAULT, 1, STALL_S_MOST, "seconds")
@@ -184,10 +185,8 @@ class Progress:
     def whole_files(self) -> int:
         whole = 0
         for name, size in self.sizes.items():
-            try:
+            with contextlib.suppress(OSError):  # not there yet
                 whole += (self.dest / name).stat().st_size == size
-            except OSError:  # not there yet
-                pass
         return whole
 
     def tick(self, held: int) -> None:
@@ -241,10 +240,8 @@ def _bytes_under(folder: Path) -> int:
     total = 0
     for root, _, files in os.walk(folder):
         for name in files:
-            try:
+            with contextlib.suppress(OSError):  # renamed or removed by the client as we counted
                 total += os.lstat(os.path.join(root, name)).st_size
-            except OSError:  # renamed or removed by the client as we counted
-                pass
     return total
 
 

@@ -20,8 +20,7 @@ try:
 except ImportError:  # run as a script inside the image, beside knobs.py and recipe.py
     import readers  # type: ignore[no-redef]
     import recipe  # type: ignore[no-redef]
-    from boundary import (Refused, argv_words, control_character, header_unsafe, read_secret,  # type: ignore[no-redef]
-                          read_text)
+    from boundary import Refused, argv_words, control_character, header_unsafe, read_secret, read_text  # type: ignore[no-redef]
     from knobs import KNOBS, RENAMED, masked  # type: ignore[no-redef]
 
 CONTAINER_PORT = 8000  # where vLLM listens inside the container: the Dockerfile and Compose use it (a test ties them)

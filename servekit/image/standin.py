@@ -19,8 +19,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 try:
     from . import convert, hub
@@ -179,9 +180,9 @@ def _bytes(tensors: dict[str, Array]) -> int:
 def _save(tensors: dict[str, Array], path: Path) -> None:
     """One safetensors file, BF16 where the array holds BF16 bit patterns (uint16), written under a temporary name
     and renamed: a killed writer leaves no file that looks whole."""
-    import numpy as np
     import warnings
 
+    import numpy as np
     import torch
     from safetensors.torch import save_file
     warnings.filterwarnings("ignore", "The given NumPy array is not writable")  # save_file only reads them

@@ -6,16 +6,23 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from servekit.records.fit import summary
-from servekit.wsl2.detect import wsl2_signs
+from servekit.build.bases import made_base_current
+from servekit.config.load import load_matrix
+from servekit.engines.card import doctor_line
+from servekit.engines.docker import docker_cli, gpu_access_of, local
+from servekit.engines.gpuaccess import (
+    ACCESS_ENV,
+    CONTAINER_DRIVER_DIR,
+    DRIVER_DIR_ENV,
+    GPU_DEVICE_ENV,
+    GpuAccess,
+    decide,
+    docker_run_args,
+)
 from servekit.errors import EnvironmentProblem, UserError
 from servekit.gpu import NvmlUnavailable, driver_version, list_gpus
-from servekit.engines.docker import docker_cli, gpu_access_of, local
-from servekit.engines.gpuaccess import (ACCESS_ENV, CONTAINER_DRIVER_DIR, DRIVER_DIR_ENV, GPU_DEVICE_ENV, GpuAccess,
-                                        decide, docker_run_args)
-from servekit.build.bases import made_base_current
-from servekit.engines.card import doctor_line
-from servekit.config.load import load_matrix
+from servekit.records.fit import summary
+from servekit.wsl2.detect import wsl2_signs
 
 
 @dataclass

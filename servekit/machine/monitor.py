@@ -11,10 +11,9 @@ from pathlib import Path
 
 import yaml
 
+from servekit.gpu import NvmlSampler, NvmlUnavailable
 from servekit.wsl2.detect import is_wsl2
 from servekit.wsl2.shared_usage import SharedUsageSampler, SharedUsageUnavailable
-
-from servekit.gpu import NvmlSampler, NvmlUnavailable
 
 
 def monitor(seconds: float | None, interval_s: float = 0.05, adapter: str | None = None,

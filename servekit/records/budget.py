@@ -67,7 +67,7 @@ def read_budget(lines) -> dict[str, float | int]:
         for pattern, names in _LINES:
             match = pattern.search(line)
             if match:
-                for name, text in zip(names, match.groups()):
+                for name, text in zip(names, match.groups(), strict=True):
                     found[name] = int(text.replace(",", "")) if name in _WHOLE else float(text)
     if "total_gib" not in found and found.get("util") and "requested_gib" in found:
         found["total_gib"] = round(float(found["requested_gib"]) / float(found["util"]), 2)

@@ -44,7 +44,7 @@ class Layout:
     ssm_elements: int
 
     @classmethod
-    def from_config(cls, config: dict) -> "Layout":
+    def from_config(cls, config: dict) -> Layout:
         t = config.get("text_config", config)
         types = t.get("layer_types") or ["full_attention" if (i + 1) % t["full_attention_interval"] == 0
                                           else "linear_attention" for i in range(t["num_hidden_layers"])]
@@ -70,7 +70,7 @@ class Flags:
     ssm_bytes: int = 2  # --mamba-ssm-cache-dtype float16 (the launcher's); float32 takes 4
 
     @classmethod
-    def from_argv(cls, argv: list[str]) -> "Flags":
+    def from_argv(cls, argv: list[str]) -> Flags:
         values = {name: str(value) for name, value in flag_values(argv).items()}  # as the logs check reads them
         spec = json.loads(values["speculative_config"]) if values.get("speculative_config") else {}
         return cls(kv_dtype=values.get("kv_cache_dtype", "auto"), max_len=int(values["max_model_len"]),

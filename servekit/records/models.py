@@ -12,12 +12,11 @@ from typing import Annotated, Any, Literal, NotRequired
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator, with_config
 from typing_extensions import TypedDict  # pydantic validates typing's TypedDict only from Python 3.12
 
-from servekit.smoke import Result, all_passed
-
 from servekit.atomic import write_text
 from servekit.errors import UserError
 from servekit.image import boundary
 from servekit.image.boundary import Refused, read_text
+from servekit.smoke import Result, all_passed
 
 SCHEMA_VERSION = 1
 

@@ -28,5 +28,5 @@ def write_manifest(root: Path, matrix: Matrix, releases: list[ReleaseRecord]) ->
     path = manifest_path(root, matrix)
     earlier = load(path, ReleaseManifest).targets if path.exists() else {}
     doc = ReleaseManifest(version=matrix.vllm, targets={**earlier, **{r.target: r for r in releases}},
-                          updated=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+                          updated=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
     return save(path, doc)  # later trusted by `up`, k8s

@@ -9,6 +9,7 @@ takes an image takes it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -70,10 +71,8 @@ def _untag(client, reference: str) -> None:
     """Take our name off a carrier, never the image by its ID: the same SBOM is the same image ID, so another
     release (another checkout, another registry) may hold it under its own name at this moment."""
     import docker  # the SDK takes a third of a second to import: only what talks to an engine pays for it
-    try:
+    with contextlib.suppress(docker.errors.ImageNotFound):  # already gone: nothing of ours is left
         client.images.remove(reference, noprune=False)
-    except docker.errors.ImageNotFound:
-        pass  # already gone: nothing of ours is left
 
 
 def verify_sbom(client, record: ReleaseRecord) -> list[str]:

@@ -14,14 +14,14 @@ from pathlib import Path
 import yaml
 
 from servekit.atomic import write_text
-from servekit.config.matrix import Matrix
 from servekit.build.plan import TargetPlan
+from servekit.config.matrix import Matrix
 from servekit.config.profiles import resolve_knobs
+from servekit.errors import CheckFailed, UserError
 from servekit.image.launcher import CONTAINER_PORT, HOST_KIND_ENV
 from servekit.layout import CACHE_MOUNT, IMAGE_UID, MODELS_MOUNT
-from servekit.release.publish import registry_path, released_reference
 from servekit.records.releases import released
-from servekit.errors import CheckFailed, UserError
+from servekit.release.publish import registry_path, released_reference
 
 PORT = CONTAINER_PORT
 PROBE_PERIOD_S = 10

@@ -7,10 +7,10 @@ engine treats 127.0.0.0/8 as an insecure registry, so pushes over plain HTTP wor
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import ctypes
 import ctypes.util
+import shutil
+import subprocess
 from pathlib import Path
 
 import requests
@@ -56,8 +56,9 @@ def start_registry(storage: Path, port: int, log: Path, htpasswd: Path | None = 
     storage.mkdir(parents=True, exist_ok=True)
     config = storage.parent / f"registry-{port}.yml"
     config.write_text(CONFIG.format(storage=storage, port=port) + (HTPASSWD.format(path=htpasswd) if htpasswd else ""))
-    proc = subprocess.Popen([binary, "serve", str(config)], stdout=open(log, "ab"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    with open(log, "ab") as sink:  # the child's own descriptor once it started
+        proc = subprocess.Popen([binary, "serve", str(config)], stdout=sink, stderr=subprocess.STDOUT,
+                                start_new_session=True)
     def answers() -> bool:
         if proc.poll() is not None:
             raise EnvironmentProblem(f"the registry exited at start; see {log}")

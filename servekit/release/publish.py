@@ -19,22 +19,22 @@ from pathlib import Path
 from packaging.version import Version
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from servekit.build.builder import component_digest
+from servekit.build.plan import TargetPlan
+from servekit.build.reproducible import epoch_seconds
+from servekit.config.matrix import Matrix
+from servekit.config.profiles import render_profiles
+from servekit.engines.docker import local
 from servekit.engines.process import SCHEME as PROCESS_SCHEME
 from servekit.errors import CheckFailed, EnvironmentProblem, UserError
 from servekit.image.boundary import REGISTRY, number_setting
-from servekit.config.matrix import Matrix
-from servekit.build.plan import TargetPlan
-from servekit.records.releases import manifest_path, write_manifest
-from servekit.release import attach, registry
-from servekit.build.reproducible import epoch_seconds
-from servekit.release.registry import TransientRegistryError
-from servekit.records.models import OtherKind, ProfileGate, ReleaseManifest, ReleaseRecord, RunReport, load
-from servekit.records.report import load_report, report_files
 from servekit.image.launcher import build_command, served_parts
 from servekit.image.prepare import identity
-from servekit.config.profiles import render_profiles
-from servekit.build.builder import component_digest
-from servekit.engines.docker import local
+from servekit.records.models import OtherKind, ProfileGate, ReleaseManifest, ReleaseRecord, RunReport, load
+from servekit.records.releases import manifest_path, write_manifest
+from servekit.records.report import load_report, report_files
+from servekit.release import attach, registry
+from servekit.release.registry import TransientRegistryError
 from servekit.serve.deploy import source_settings
 
 ENV_REGISTRY = "SERVEKIT_REGISTRY"
@@ -306,7 +306,7 @@ def served_models(matrix: Matrix, root: Path, target: str) -> dict[str, dict[str
         except Exception:  # a profile whose knobs the launcher refuses serves nothing; verify reports it
             continue
         model_part, *drafters = served_parts(model, argv)
-        out[profile] = {"model": name(model_part), **{"drafter": name(d) for d in drafters}}
+        out[profile] = {"model": name(model_part), **({"drafter": name(drafters[0])} if drafters else {})}
     return out
 
 

@@ -6,6 +6,7 @@ Docker Hub's, `ghcr.io/org/image` GHCR's). No HTTP of ours reaches a registry.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from typing import Any
@@ -33,7 +34,7 @@ class RegistryAuthError(EnvironmentProblem):
 
 def host_of(repository: str) -> str:
     """The registry a repository lives in, as Docker resolves the name (docker.io for Docker Hub's)."""
-    from docker.auth import resolve_repository_name  # the SDK takes a third of a second to import: only what talks to an engine pays for it
+    from docker.auth import resolve_repository_name  # the SDK's 0.3 s import: paid only by what needs an engine
     return resolve_repository_name(repository)[0]
 
 
@@ -108,10 +109,8 @@ def vllm_version(client, repository: str, tag: str) -> Version | None:
         raise TransientRegistryError(f"pulling {reference}: {_said(exc)}") from None
     label = (image.labels or {}).get(VERSION_LABEL, "")
     if not present:
-        try:
+        with contextlib.suppress(docker.errors.APIError):  # in use under another name: it stays, as it was
             client.images.remove(reference)
-        except docker.errors.APIError:
-            pass  # in use under another name: it stays, as it was before
     try:
         return Version(label.split("-")[0])
     except InvalidVersion:

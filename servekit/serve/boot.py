@@ -10,15 +10,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from servekit.wsl2.shared_usage import SharedUsageSampler, SharedUsageUnavailable
-
 from servekit.engines import Server
 from servekit.engines.docker import EngineError
+from servekit.errors import BootFailed
+from servekit.gpu import NvmlSampler, NvmlUnavailable
 from servekit.output import as_output
 from servekit.serve import deploy
-from servekit.gpu import NvmlSampler, NvmlUnavailable
-from servekit.errors import BootFailed
 from servekit.serve.watch import BootRecord, milestone, watch_boot
+from servekit.wsl2.shared_usage import SharedUsageSampler, SharedUsageUnavailable
 
 
 class ContainerMemory(threading.Thread):

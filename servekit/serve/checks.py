@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from servekit.errors import UserError
-from servekit.smoke import AFTER_TRAFFIC, Result, run_check, RUN_DEADLINE_S
+from servekit.smoke import AFTER_TRAFFIC, RUN_DEADLINE_S, Result, run_check
 
 
 def checks_to_run(matrix, profile: str, target: str, only: list[str] | None = None,

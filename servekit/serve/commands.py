@@ -2,26 +2,26 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from contextlib import nullcontext
 
 from servekit import engines
+from servekit.build.builder import ensure_built
 from servekit.engines import transfer
 from servekit.errors import UserError
 from servekit.image.boundary import Missing, Refused, read_secret
 from servekit.image.launcher import HOST_KIND_ENV
 from servekit.output import as_output
 from servekit.records.models import RunReport
+from servekit.records.releases import released
+from servekit.records.report import write_report
 from servekit.serve import deploy
 from servekit.serve.boot import boot
 from servekit.serve.checks import checks_to_run, not_required_results, smoke
 from servekit.serve.pipeline import run_profiles
-from servekit.build.builder import ensure_built
-from servekit.records.releases import released
-from servekit.records.report import write_report
-from servekit.smoke import Context
 from servekit.serve.watch import READY
+from servekit.smoke import Context
 
 
 @dataclass(frozen=True)

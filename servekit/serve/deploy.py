@@ -9,6 +9,7 @@ bind-mounts nothing from this disk.
 
 from __future__ import annotations
 
+import datetime as dt
 import fcntl
 import io
 import ipaddress
@@ -18,22 +19,22 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-import datetime as dt
 
 from dotenv import dotenv_values
 
 from servekit.atomic import write_text
 from servekit.config.derived import USER_SETTINGS
-from servekit.errors import UserError
-from servekit.output import as_output
-from servekit.engines import Engine, local, resolve, Server, ServerState
+from servekit.engines import Engine, Server, ServerState, local, resolve
+from servekit.engines.card import COMPOSE_FILE as CARD_COMPOSE
+from servekit.engines.card import MpsDaemon, mps_dir
+from servekit.engines.docker import PROJECT, address, docker_errors, local_url
 from servekit.engines.gpuaccess import COMPOSE_FILE as GPU_DEVICES_COMPOSE
-from servekit.engines.card import COMPOSE_FILE as CARD_COMPOSE, MpsDaemon, mps_dir
-from servekit.engines.docker import address, docker_errors, local_url, PROJECT
+from servekit.errors import UserError
 from servekit.image.boundary import Missing, Refused, control_character, header_unsafe, read_secret, read_text
 from servekit.image.knobs import KNOBS, masked
 from servekit.image.launcher import MIN_KEY_CHARS
 from servekit.layout import IMAGE_UID
+from servekit.output import as_output
 
 MAX_ID = 2**31 - 1  # the largest id Docker and Kubernetes take
 MODEL_DIR_COMPOSE = "compose.model-dir.yaml"  # mounts MODEL_DIR read-only; prepare then fetches nothing
@@ -377,8 +378,8 @@ def status(engine: Engine | None = None, bind: str = "127.0.0.1") -> list[dict]:
         state = server.state()
         started = state.started_at[:26].rstrip("Z")  # RFC 3339 with nanoseconds: keep microseconds
         try:
-            up_s = (dt.datetime.now(dt.timezone.utc) - dt.datetime.fromisoformat(started).replace(
-                tzinfo=dt.timezone.utc)).total_seconds() if state.running else None
+            up_s = (dt.datetime.now(dt.UTC) - dt.datetime.fromisoformat(started).replace(
+                tzinfo=dt.UTC)).total_seconds() if state.running else None
         except ValueError:
             up_s = None
         rows.append({"profile": state.profile, "container": state.name, "state": state.status, "health": state.health,

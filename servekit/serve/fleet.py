@@ -7,24 +7,25 @@ summary; the others go on.
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
 from pathlib import Path
-import datetime as dt
+from typing import Any
 
-from servekit.serve import deploy
 from servekit.atomic import write_text
-from servekit.output import as_output
-from servekit.serve.pipeline import run_profiles
-from servekit.engines.docker import Engine
-from servekit.records.models import FleetEngine, FleetSummary, RunReport, Table, save
-from servekit.records.report import markdown_table, write_report
 from servekit.build.builder import ensure_built
+from servekit.engines.docker import Engine
+from servekit.output import as_output
+from servekit.records.models import FleetEngine, FleetSummary, RunReport, Table, save
+from servekit.records.releases import released
+from servekit.records.report import markdown_table, write_report
+from servekit.serve import deploy
 from servekit.serve.checks import checks_to_run
 from servekit.serve.commands import profiles_of
-from servekit.records.releases import released
+from servekit.serve.pipeline import run_profiles
 
 STOP_WAIT_S = 60  # after Ctrl-C, how long the engines' threads get to take their boots down
 
@@ -86,10 +87,8 @@ def run_fleet(matrix, deps: list, profiles: list[str], key_file: Path, out: Path
 def _down_everywhere(runs: list[EngineRun], profiles: list[str]) -> None:
     for run in runs:
         for profile in profiles:
-            try:
+            with contextlib.suppress(Exception):  # an engine that went away has nothing left to take down
                 deploy.down(run.dep, profile)
-            except Exception:  # an engine that went away has nothing left to take down
-                pass
 
 
 def summary(runs: list[EngineRun]) -> tuple[FleetSummary, str]:
@@ -140,7 +139,7 @@ def run(session, engines: list[Engine], target: str | None = None, profiles: lis
     for dep in deps:  # here, not in the threads: the key file is one for all, and each env file is written once
         key_file = deploy.ensure_secrets(dep)
         deploy.write_env(dep)
-    out = session.root / "reports" / f"{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}-fleet-{target}"
+    out = session.root / "reports" / f"{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}-fleet-{target}"
     say(f"run: {', '.join(profiles)} on {len(engines)} engines in parallel: "
         f"{', '.join(f'{d.engine.given} ({d.host}, port {d.port})' for d in deps)}")
     runs = run_fleet(session.matrix, deps, profiles, key_file, out, say=say,

@@ -9,13 +9,13 @@ from pathlib import Path
 
 from servekit import engines
 from servekit.engines import transfer
+from servekit.errors import BootFailed
 from servekit.image.boundary import read_secret
 from servekit.records.budget import compile_cache, read_budget
 from servekit.records.models import BootFigures, ImageUsed, Memory, ReleaseRecord, RunReport
 from servekit.serve import deploy
 from servekit.serve.boot import BootInterrupted, Stopped, boot
 from servekit.serve.checks import checks_to_run, console_line, not_required_results, smoke
-from servekit.errors import BootFailed
 from servekit.smoke import Context, Result, all_passed
 
 
@@ -30,7 +30,7 @@ class RunInterrupted(KeyboardInterrupt):
 
 def _new_report(matrix, dep: deploy.Deployment, profile: str) -> RunReport:
     """The report of a run about to start: what runs where, the image's ID and what the reader must know of it."""
-    created = dt.datetime.now(dt.timezone.utc)
+    created = dt.datetime.now(dt.UTC)
     report = RunReport(run_id=f"{created:%Y%m%d-%H%M%S}-{profile}-{dep.target}",
                        created=created.isoformat(timespec="seconds"), profile=profile, target=dep.target,
                        host=dep.host, engine=dep.engine.given, url=dep.url, image=ImageUsed(tag=dep.image),

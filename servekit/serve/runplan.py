@@ -31,13 +31,13 @@ from pathlib import Path
 import yaml
 from pydantic import Field, ValidationError, field_validator
 
+from servekit import engines
 from servekit.atomic import write_text
 from servekit.config.matrix import Strict
 from servekit.errors import UserError
 from servekit.image import boundary
 from servekit.records.models import RunReport
 from servekit.records.report import in_gib, load_report
-from servekit import engines
 from servekit.serve import commands
 from servekit.serve.checks import checks_to_run
 

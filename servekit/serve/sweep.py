@@ -4,24 +4,24 @@ document drew by hand, with the spread between boots measured so a reader knows 
 
 from __future__ import annotations
 
+import datetime as dt
 import itertools
 import statistics
-from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
-import datetime as dt
+from typing import Any
 
 from servekit.atomic import write_text
-from servekit.errors import UserError
+from servekit.build.builder import ensure_built
 from servekit.config.knobargs import parse_knobs
+from servekit.config.profiles import render_profiles
+from servekit.engines import resolve
+from servekit.errors import UserError
+from servekit.image.launcher import build_command
 from servekit.records.models import RunReport, SweepCell, SweepReport, Table, save
 from servekit.records.report import markdown_table, quiet_matplotlib
-from servekit.serve.pipeline import run_profile
-from servekit.image.launcher import build_command
-from servekit.config.profiles import render_profiles
 from servekit.serve import deploy
-from servekit.build.builder import ensure_built
-from servekit.engines import resolve
+from servekit.serve.pipeline import run_profile
 
 GiB = 2**30
 
@@ -38,7 +38,7 @@ class Cell:
 
 def combinations(knobs: list[tuple[str, list[str]]]) -> list[dict[str, str]]:
     names = [name for name, _ in knobs]
-    return [dict(zip(names, values)) for values in itertools.product(*(vals for _, vals in knobs))]
+    return [dict(zip(names, values, strict=True)) for values in itertools.product(*(vals for _, vals in knobs))]
 
 
 def failure_kind(reason: str) -> str:
@@ -99,7 +99,7 @@ def primary_metric(cells: list[Cell]) -> str:
 def spread_versus_gap(cells: list[Cell], metric: str) -> list[str]:
     """Per row: whether the spread between its boots (and the next row's) is smaller than the gap between them."""
     out = []
-    for cell, nxt in zip(cells, cells[1:] + [None]):
+    for cell, nxt in zip(cells, cells[1:] + [None], strict=True):
         mine = [b[metric] for b in cell.boots if b[metric] is not None]
         if nxt is None:
             out.append("")
@@ -119,7 +119,7 @@ def table_rows(cells: list[Cell], speculates: bool) -> tuple[list[str], list[lis
     header = ["value", "boots", "GPU margin", "KV pool (tokens)", "tokens/s", "time to healthy (s)", "spill",
               f"spread < gap to next ({metric})", "tokens per step (T=0 / default)"]
     rows = []
-    for cell, claim in zip(cells, spread_versus_gap(cells, metric)):
+    for cell, claim in zip(cells, spread_versus_gap(cells, metric), strict=True):
         b = cell.boots
         spec = [x["tokens_per_step"] for x in b if x["tokens_per_step"]]
         rows.append([
@@ -276,6 +276,6 @@ def sweep(session, profile: str, knob_specs: list[str], boots: int = 2, target: 
     deploy.write_env(dep)
     cells, interrupted = run_sweep(matrix, dep, profile, key_file, knobs, boots, checks, say=say)
     doc, markdown = sweep_document(matrix, dep, profile, plan.tag, knobs, boots, cells, interrupted)
-    out = session.root / "reports" / f"{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}-sweep-{profile}-{target}"
+    out = session.root / "reports" / f"{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}-sweep-{profile}-{target}"
     write(out, doc, markdown, cells, knobs[0][0])
     return out, doc, markdown

@@ -48,7 +48,7 @@ class RecordedEngine:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"tcp://127.0.0.1:{self.server.server_address[1]}"
 
-    def __enter__(self) -> "RecordedEngine":
+    def __enter__(self) -> RecordedEngine:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         return self
 

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -18,6 +19,7 @@ def card_patch() -> dict:
     """The emulated-card patch as vLLM runs it: the memory snapshot and the platform's device total read the card's
     VLLM_DEVICE_TOTAL_MEMORY, and VLLM_FLASH_ATTN_VERSION picks the FlashAttention version, each only when set."""
     import os
+
     import vllm.envs as envs
     from vllm.utils import mem_utils
     sys.modules.setdefault("vllm._C_stable_libtorch", types.ModuleType("vllm._C_stable_libtorch"))  # CUDA-only ops
@@ -33,8 +35,9 @@ def card_patch() -> dict:
     torch.cuda.get_device_properties = lambda device=0: types.SimpleNamespace(total_memory=139 * gib)
     sys.modules["vllm.vllm_flash_attn"] = types.ModuleType("vllm.vllm_flash_attn")
     interface = types.ModuleType("vllm.vllm_flash_attn.flash_attn_interface")
-    setattr(interface, "is_fa_version_supported", lambda version: True)
-    setattr(interface, "fa_version_unsupported_reason", lambda version: None)
+    # setattr: a module made here has no attributes mypy knows of, so an assignment would not type-check
+    setattr(interface, "is_fa_version_supported", lambda version: True)  # noqa: B010
+    setattr(interface, "fa_version_unsupported_reason", lambda version: None)  # noqa: B010
     sys.modules["vllm.vllm_flash_attn.flash_attn_interface"] = interface
     fa_utils.current_platform = types.SimpleNamespace(is_xpu=lambda: False, is_rocm=lambda: False,
                                                       get_device_capability=lambda: types.SimpleNamespace(major=9, minor=0))
@@ -76,6 +79,7 @@ def profile_order() -> dict:
     Profiled (GPU_UTIL): an unmeasured forward before the measured window, unless VLLM_PROFILE_WARMUP=0. A pinned pool
     (kv_cache_memory_bytes): the one forward, then the allocator's cache emptied before the pool."""
     from contextlib import contextmanager
+
     from vllm.v1.worker import gpu_worker
     steps: list[str] = []
 
@@ -112,10 +116,8 @@ def profile_order() -> dict:
                 init_snapshot=types.SimpleNamespace(free_memory=20 << 30),
                 model_config=types.SimpleNamespace(multimodal_config=None), parallel_config=types.SimpleNamespace())
             steps.clear()
-            try:
+            with contextlib.suppress(Measured):
                 gpu_worker.Worker.determine_available_memory(worker)
-            except Measured:
-                pass
             out[name] = list(steps)
     finally:
         os.environ.pop("VLLM_PROFILE_WARMUP", None)
@@ -131,6 +133,7 @@ def kv_groups() -> dict:
     blocks with k7 and prefix caching, 15 window blocks): the specs stand in for vLLM's, answering what the grouping
     asks of them."""
     from dataclasses import dataclass
+
     from vllm.v1.core import kv_cache_utils
 
     @dataclass(frozen=True)

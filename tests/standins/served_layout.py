@@ -213,13 +213,16 @@ def _vllm_takes(folder: Path) -> dict:
     their own weight loaders and looked up as its kernel computes (in torch: its kernel is Triton's), and what vLLM
     says of an int8 lm_head here."""
     import socket
+
     from compressed_tensors.quantization import QuantizationArgs
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
     from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_embedding import (
-        CompressedTensorsEmbeddingWNA16Int)
+        CompressedTensorsEmbeddingWNA16Int,
+    )
     from vllm.model_executor.layers.quantization.compressed_tensors.schemes.compressed_tensors_wNa16 import (
-        CompressedTensorsWNA16)
+        CompressedTensorsWNA16,
+    )
     from vllm.model_executor.model_loader.weight_utils import default_weight_loader
     free = socket.socket()
     free.bind(("127.0.0.1", 0))
@@ -261,12 +264,13 @@ def _as_qwen35_builds_it(folder: Path) -> dict:
     quantization config: its quantization method, and whether the checkpoint's int8 triplet loads into it through its
     own weight loaders (qwen35-quantized-embedding.patch; as released, both are built without the config)."""
     from types import SimpleNamespace
+
     from transformers import AutoConfig
     from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import CompressedTensorsConfig
     # The vision tower's image processor wants torchvision, which the cpu image's lock leaves out; the text model
     # and its embeddings need none of it.
     processor = types.ModuleType("transformers.models.qwen2_vl.image_processing_qwen2_vl")
-    setattr(processor, "__getattr__", lambda name: type(name, (), {}))
+    setattr(processor, "__getattr__", lambda name: type(name, (), {}))  # noqa: B010 (mypy: a module's method)
     sys.modules.setdefault(processor.__name__, processor)
     from vllm.model_executor.models import qwen3_5, qwen3_5_mtp
 

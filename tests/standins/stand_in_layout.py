@@ -15,7 +15,6 @@ from pathlib import Path
 
 sys.path.insert(0, "/opt/servekit")
 import standin  # noqa: E402
-
 import torch  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 
@@ -43,8 +42,9 @@ def written(folder: Path) -> dict:
     files: dict[str, dict] = {}
     for name in sorted(set(index["weight_map"].values())):
         with safe_open(str(folder / name), framework="pt") as f:
+            names = f.keys()  # a safetensors handle: keys() is how it lists
             files[name] = {k: {"dtype": str(f.get_slice(k).get_dtype()), "shape": list(f.get_slice(k).get_shape())}
-                           for k in f.keys()}
+                           for k in names}
     tensors = {k: v for f in files.values() for k, v in f.items()}
     from vllm.model_executor.model_loader.weight_utils import safetensors_weights_iterator
     read = {name: tuple(t.shape) for name, t in safetensors_weights_iterator(
@@ -83,8 +83,9 @@ def main(work: Path) -> None:
     facts["small"] = written(model)
     facts["schemes_published"] = schemes(model)
     with safe_open(str(drafter / "model.safetensors"), framework="pt") as f:
+        names = f.keys()  # a safetensors handle: keys() is how it lists
         facts["drafter"] = {"config": json.loads((drafter / "config.json").read_text()),
-                            "tensors": {k: str(f.get_slice(k).get_dtype()) for k in f.keys()}}
+                            "tensors": {k: str(f.get_slice(k).get_dtype()) for k in names}}
     index = json.loads((model / "model.safetensors.index.json").read_text())["weight_map"]
     scales = [k for k in index if k.endswith(".weight_scale")]
     negative = total = 0
