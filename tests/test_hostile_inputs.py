@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -104,6 +105,8 @@ PATHS = [
 TYPES = [
     ("boolean-for-a-number", _line("  boot_timeout_s: ", "true"),
      ["serve.boot_timeout_s", "expected an integer"]),
+    ("boolean-for-an-integer-knob", _sub("        MAX_SEQS: 4", "        MAX_SEQS: true"),
+     ["MAX_SEQS", "expected an integer"]),  # it was taken as 1
     ("quoted-number-for-a-number", _line("  boot_timeout_s: ", '"900"'),
      ["serve.boot_timeout_s", "expected an integer"]),
     ("float-for-an-integer", _line("  boot_timeout_s: ", "900.5"),
@@ -671,3 +674,28 @@ def test_a_server_published_on_an_ipv6_address_has_a_url_that_parses():
     from servekit.engines.docker import local_url
     assert local_url("::1", 18020) == "http://[::1]:18020" and urlsplit(local_url("::1", 18020)).port == 18020
     assert local_url("::", 18020) == local_url("0.0.0.0", 18020) == "http://127.0.0.1:18020"
+
+
+@pytest.fixture
+def shared_tmp():
+    """A folder another user may read (pytest's own are the owner's alone), removed afterwards."""
+    folder = Path(tempfile.mkdtemp(prefix="servekit-test-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_model_folder_prepare_may_not_write_is_refused_in_one_line(shared_tmp):
+    """A read-only models folder (or shards another user owns) was a PermissionError traceback at the first write;
+    prepare runs here as another user (nobody) than the one who owns the folder, as a container's does."""
+    folder, _, env = _converting_folder(shared_tmp)
+    (folder / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "compressed-tensors"}}))
+    env = {**env, "QUANT_LM_HEAD": "0", "QUANT_EMBED": "0", "QUANT_MTP": "0"}
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "mtp.fc.weight": "model-1.safetensors"}}))  # a BF16 MTP linear: its name goes into the config's ignore
+    done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
+                           str(ROOT / "servekit/image/launcher.py"), "prepare"], env=env, capture_output=True,
+                          text=True, timeout=30)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert lines[-1].startswith("prepare: error: ") and "Permission denied" in lines[-1] and "SERVEKIT_UID" in lines[-1]

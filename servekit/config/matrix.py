@@ -36,9 +36,10 @@ SCHEMA_VERSION = 1
 
 
 def _knob_value(value: Any) -> str:
-    """Knobs are environment variables: YAML numbers and booleans become their text."""
+    """Knobs are environment variables: YAML numbers and booleans become their text. A boolean becomes the word,
+    which a switch takes (as 1 or 0) and a number or a name refuses: `MAX_SEQS: true` is no count of 1."""
     if isinstance(value, bool):
-        return "1" if value else "0"
+        return "true" if value else "false"
     if isinstance(value, (int, float)):
         return str(value)
     return value

@@ -126,9 +126,13 @@ def prepare(model: dict, say=print, needed: list[dict] | None = None) -> Path:
     except Refused as exc:
         raise PrepareError(str(exc)) from None
     dest = Path(model["path"])
-    with _locked(dest.parent):
-        for part in needed if needed is not None else parts(model):
-            _prepare_one(part, say)
+    try:
+        with _locked(dest.parent):
+            for part in needed if needed is not None else parts(model):
+                _prepare_one(part, say)
+    except PermissionError as exc:  # a read-only volume, a folder or shards of another user
+        raise PrepareError(f"{exc.filename}: {exc.strerror}; prepare writes the models folder as the container's "
+                           "user (SERVEKIT_UID, default 10001): give it that folder, or mount one it owns") from None
     return dest
 
 
