@@ -400,7 +400,9 @@ def test_compose_on_an_engine_that_never_built_the_image_pulls_the_release_serve
     project, serve_port = f"{TEST_PROJECT}-pull", free_port()
     (work / ".env").write_text(f"COMPOSE_PROJECT_NAME={project}\nCOMPOSE_FILE=compose.yaml:compose.cpu.yaml\n"
                                f"COMPOSE_PROFILES=*\nSERVEKIT_REGISTRY=127.0.0.1:{port}/serve\n"
-                               f"SERVEKIT_PORT={serve_port}\n")
+                               f"SERVEKIT_PORT={serve_port}\n"
+                               # the key file servekit's block names (without it Compose mounts compose/no-secret)
+                               "SERVEKIT_API_KEY_FILE=./secrets/api_key\nSERVEKIT_HF_TOKEN_FILE=./secrets/hf_token\n")
     secrets = work / "secrets"
     secrets.mkdir(exist_ok=True)
     for name, text in (("api_key", "sk-pulled-0123456789abcdef0123456789"), ("hf_token", "")):

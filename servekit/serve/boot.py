@@ -157,9 +157,6 @@ def boot(dep: deploy.Deployment, profile: str, timeout_s: float, say=None, knobs
     `stop`, when set, ends the wait with Stopped (a Ctrl-C reaches only the main thread)."""
     out = as_output(say)
     b = Boot(dep, profile)
-    b.start_samplers()
-    for line in b.notes:
-        out.note(line)
     try:
         began = time.time()
         try:
@@ -168,6 +165,11 @@ def boot(dep: deploy.Deployment, profile: str, timeout_s: float, say=None, knobs
         except EngineError as exc:
             raise BootFailed(f"compose up failed: {exc.reason}", "", exc.output) from None
         b.prepare = {**prepare_figures(lines), "total_s": round(time.time() - began, 1)}
+        # The samplers start with the boot, not before a download: their first samples are the level the server
+        # starts from (Shared Usage's baseline), however long prepare took.
+        b.start_samplers()
+        for line in b.notes:
+            out.note(line)
         b.record.started = time.time()  # the boot begins with the model in place: a download is not its time
         b.mark("load")
         try:
