@@ -318,6 +318,13 @@ MALFORMED_REPORTS = [
     ("a-number-as-text", lambda d: {**d, "boot": {**d["boot"], "time_to_healthy_s": "fast"}}),
     ("another-kind", lambda d: {**d, "kind": "sweep"}),
     ("a-future-schema", lambda d: {**d, "schema_version": 99}),
+    # the fourth pass's (#63): each was a traceback or compared as a number
+    ("kind-a-list", lambda d: {**d, "kind": ["run"]}),
+    ("kind-a-mapping", lambda d: {**d, "kind": {"run": 1}}),
+    ("a-figure-not-finite", lambda d: {**d, "boot": {**d["boot"], "time_to_healthy_s": float("nan")}}),
+    ("a-figure-of-401-digits", lambda d: {**d, "boot": {**d["boot"], "kv_pool_tokens": int("9" * 401)}}),
+    ("shared-usage-as-text", lambda d: {**d, "memory": {**d.get("memory", {}), "shared_usage": "1.3 GB"}}),
+    ("a-gpu-entry-of-nothing", lambda d: {**d, "memory": {**d.get("memory", {}), "gpus": [{}]}}),
 ]
 
 
@@ -385,6 +392,18 @@ def test_a_malformed_release_manifest_is_refused_before_it_is_rendered_or_verifi
     code, _, err = cli("--matrix", str(repo / "images.yaml"), "render", "k8s", "--profile", "default", "--target",
                        "cpu", "--out", str(repo / "k8s-out"))
     _refused(code, err, "v0.31.0.json")
+    assert not (repo / "k8s-out").exists()
+
+
+@pytest.mark.parametrize("kind", [["release"], {"release": 1}, None], ids=["a-list", "a-mapping", "none"])
+def test_a_manifest_whose_kind_is_no_word_is_refused_before_it_is_rendered(repo, cli, kind):
+    """A manifest's kind is looked up among the kinds servekit writes: a list or a mapping there was a traceback."""
+    path = repo / "releases" / "v0.31.0.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"schema_version": 1, "kind": kind, "version": "0.31.0", "targets": {}}))
+    code, _, err = cli("--matrix", str(repo / "images.yaml"), "render", "k8s", "--profile", "default", "--target",
+                       "cpu", "--out", str(repo / "k8s-out"))
+    _refused(code, err, "v0.31.0.json", "not a servekit file")
     assert not (repo / "k8s-out").exists()
 
 

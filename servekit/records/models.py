@@ -140,7 +140,7 @@ class ImageUsed(Record):
 
 class BootFigures(Record):
     time_to_healthy_s: float | None = None
-    kv_pool_tokens: int | None = None
+    kv_pool_tokens: Count | None = None
     detection_lag_s: float | None = None
     phases: list[tuple[str, float]] = []
     budget: dict[str, Bytes | float] = {}  # vLLM's memory budget from the boot's log (records/budget.py), as far as it got
