@@ -3,6 +3,7 @@ code (servekit/image/standin.py), so that a GPU host without the hub serves the 
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 from servekit.engines.docker import local
@@ -23,6 +24,16 @@ def default_out(session, target: str | None = None) -> Path:
     return session.root / Path(found).parent
 
 
+@contextmanager
+def _out_folder(out: Path):
+    """--out in a folder that cannot hold it (/proc, read-only, a name too long) in one line. Only the file system's
+    calls go in here: an engine's connection error is an OSError too, and is no fault of --out."""
+    try:
+        yield
+    except OSError as exc:
+        raise UserError(f"stand-in: --out {str(out)[:80]}: {exc.strerror}; name a folder you can write") from None
+
+
 def write_stand_in(session, out: Path, drafter: bool, seed: int, scale: str, target: str | None = None,
                    convert: bool = True, say=print) -> tuple[Path, Path | None]:
     """The model into out/<its source folder> (and its DFlash2 drafter beside it), through `target`'s image, then
@@ -39,19 +50,18 @@ def write_stand_in(session, out: Path, drafter: bool, seed: int, scale: str, tar
     dflash = served.drafters.get("dflash")
     drafter_folder = dflash.source_folder if drafter and dflash else None
     model_dir = out / served.source_folder
-    try:
+    with _out_folder(out):
         if out.exists() and not out.is_dir():
             raise UserError(f"stand-in: --out {out} is not a folder")
         for folder in (model_dir, out / drafter_folder if drafter_folder else None):
             if folder and folder.exists() and any(folder.iterdir()):
                 raise UserError(f"stand-in: {folder} is not empty; remove it or name another --out")
-        engine.check()
-        image = session.plan(target).tag
-        if not engine.image_exists(image):
-            raise UserError(f"stand-in: {image} is not here; run `python3 build.py image --target {target}` first")
+    engine.check()
+    image = session.plan(target).tag
+    if not engine.image_exists(image):
+        raise UserError(f"stand-in: {image} is not here; run `python3 build.py image --target {target}` first")
+    with _out_folder(out):  # made only once the image is there: a refused run leaves nothing behind
         out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:  # --out in a folder that cannot hold it (/proc, read-only, a name too long)
-        raise UserError(f"stand-in: --out {str(out)[:80]}: {exc.strerror}; name a folder you can write") from None
     command = ["/opt/venv/bin/python", "/opt/servekit/standin.py", "--out", f"{CONTAINER_OUT}/{served.source_folder}",
                "--tokenizer", CONTAINER_TOKENIZER, "--seed", str(seed), "--scale", scale]
     if drafter_folder:

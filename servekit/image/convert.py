@@ -124,7 +124,7 @@ def _step(folder: Path, step: str, say) -> None:
         _link(folder / shard, folder / f"{shard}.pre", replace=True)  # the shard before this step
     freed = sum(_rewrite_shard(folder / shard, [k for k in pending if index["weight_map"][k] == shard], step)
                 for shard in shards)
-    config = _read_config(folder)
+    config = json.loads(config_text)  # the text read above: convert() checked its shape, and steps keep it
     _add_group(config, step)
     if step == "mtp":
         names = {k[:-len(".weight")] for k in pending}
@@ -319,7 +319,8 @@ def _read_journal(folder: Path) -> tuple[str, list[str], str]:
     shard files of `folder`, the config's text."""
     journal = _read_json(folder / JOURNAL)
     step, shards, config = journal.get("step"), journal.get("shards"), journal.get("config")
-    problem = (f"its step {str(step)[:40]!r} is none of {', '.join(STEPS)}" if not isinstance(step, str) or step not in STEPS else
+    known = isinstance(step, str) and step in STEPS
+    problem = (f"its step {str(step)[:40]!r} is none of {', '.join(STEPS)}" if not known else
                "its shards are not a list of file names" if not isinstance(shards, list) or not all(
                    isinstance(n, str) for n in shards) else
                "its config is not text" if not isinstance(config, str) else

@@ -116,22 +116,18 @@ def proof_problem(matrix: Matrix, report: RunReport) -> str | None:
     return None
 
 
-GPU_FIELDS = ("total_bytes", "samples", "peak_used_bytes")  # what a GPU memory entry must measure
-
-
 def gpu_proof_problem(report: RunReport) -> str | None:
     """Why a passing report of a GPU target does not prove the image on a GPU, or None: it must come from a Docker
     engine (a process engine serves a venv, not the image) and carry NVML's memory samples of a GPU, each entry with
-    its total, its sample count and its peak, as whole numbers that fit the card."""
+    its total, its sample count and its peak (whole numbers: the report's reader holds them so) fitting the card."""
     if report.engine.startswith(f"{PROCESS_SCHEME}:"):
         return f"it was served by the process engine ({report.engine}), not by the image in a container"
     if not report.memory.gpus:
         return "it holds no GPU memory samples (NVML did not answer where it ran)"
     for i, entry in enumerate(report.memory.gpus):
-        values = [entry.get(name) for name in GPU_FIELDS]
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-            return f"its GPU memory entry {i} lacks whole numbers for {', '.join(GPU_FIELDS)}"
-        total, samples, peak = (int(v) for v in values)  # type: ignore[call-overload]
+        total, samples, peak = entry["total_bytes"], entry["samples"], entry["peak_used_bytes"]
+        if peak is None:
+            return f"its GPU memory entry {i} has no peak (no sample came)"
         if report.card and peak > total > 0 and samples >= 1:
             return (f"its peak ({peak / 2**30:.2f} GiB) passed the memory of the card it emulated "
                     f"({total / 2**30:.2f} GiB): on that card it would not have fit")
@@ -202,21 +198,20 @@ def size_proof_problem(matrix: Matrix, report: RunReport) -> str | None:
     and within its total."""
     card, gpus = report.card, report.memory.gpus
     spec = None
-    if card is not None:
-        name = card.get("card") if isinstance(card, dict) else None
-        spec = matrix.cards.get(name) if isinstance(name, str) else None
+    if card is not None:  # its fields' types are the report reader's (records.models.CardUsed)
+        name = card["card"]
+        spec = matrix.cards.get(name)
         if spec is None:
-            shown = repr(name[:40]) if isinstance(name, str) else "none named"
-            return f"the card it emulated ({shown}) is none of images.yaml's ({', '.join(matrix.cards)})"
-        if card.get("total_bytes") != spec.total_bytes:
-            return (f"its card {name} holds {str(card.get('total_bytes'))[:40]} bytes, not the {spec.total_bytes:,} "
+            return f"the card it emulated ({name[:40]!r}) is none of images.yaml's ({', '.join(matrix.cards)})"
+        if card["total_bytes"] != spec.total_bytes:
+            return (f"its card {name} holds {str(card['total_bytes'])[:40]} bytes, not the {spec.total_bytes:,} "
                     "images.yaml gives it")
     if not gpus:
         return "it holds no GPU memory samples"
     for i, entry in enumerate(gpus):
-        total, peak = entry.get("total_bytes"), entry.get("peak_used_bytes")
-        if not isinstance(total, int) or not isinstance(peak, int) or isinstance(total, bool) or isinstance(peak, bool):
-            return f"its GPU memory entry {i} lacks whole numbers for its total and peak"
+        total, peak = entry["total_bytes"], entry["peak_used_bytes"]
+        if peak is None:
+            return f"its GPU memory entry {i} has no peak (no sample came)"
         if spec is not None and total != (spec.free_bytes or spec.total_bytes):
             return f"its GPU memory entry {i} totals {str(total)[:40]} bytes, not its card's {spec.total_bytes:,}"
         if spec is None and not 0 < total <= max(c.total_bytes for c in matrix.cards.values()):
