@@ -6,6 +6,7 @@ import ast
 import re
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -347,3 +348,17 @@ def test_a_failed_verify_is_summed_up_by_its_first_problem_not_by_a_note_before_
                    "37.13 verify: 1 problem(s); the image is not tagged\n------\n")
     assert _failure_summary(log) == ("[image runtime 4/5]: verify: component kvarn: check failed "
                                      "(1 problem(s); the image is not tagged)")
+
+
+def test_build_py_run_by_another_python_runs_the_command_in_the_venv(tmp_path):
+    """`python3 build.py plan` from a Python that loads the CLI but lacks a package a command imports only as it runs
+    (here tenacity, blocked in a venv that otherwise sees the checkout's packages) runs in the checkout's venv."""
+    other = tmp_path / "other"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", other], check=True)
+    site = subprocess.run([other / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    (Path(site) / "checkout.pth").write_text(f"{sysconfig.get_paths()['purelib']}\n")
+    (Path(site) / "without.pth").write_text("import sys; sys.modules['tenacity'] = None\n")
+    done = subprocess.run([other / "bin" / "python", ROOT / "build.py", "plan"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
