@@ -89,8 +89,25 @@ def test_the_drafter_is_a_w4a16_dflash2_drafter_fed_by_five_target_layers(facts)
     config = drafter["config"]
     assert config["architectures"] == ["DFlash2DraftModel"] and config["quantization_config"]["format"] == "pack-quantized"
     assert drafter["tensors"]["layers.0.mlp.gate_proj.weight_packed"] == "I32"
-    assert drafter["tensors"]["fc.weight"] == "BF16" and "fc" in config["quantization_config"]["ignore"]
+    assert drafter["tensors"]["fc.weight"] == "BF16"
+    assert drafter["tensors"]["layers.0.attention_conv.kernel_projection.weight_packed"] == "I32"
     assert "embed_tokens.weight" not in drafter["tensors"]  # shared with the target, as the published requant
+
+
+def test_vllm_quantizes_the_drafters_modules_as_its_files_hold_them(facts):
+    """vLLM builds the drafter under `model.`, its layers numbered after the target's, and matches the ignore list
+    against those names: the BF16 fc must be ignored by that name, the packed linears (the convolutions' kernel
+    projections among them) not. A full-size boot died on each mismatch in turn (docs/gpu/log.md)."""
+    schemes = facts["drafter"]["schemes"]
+    assert schemes.pop("model.fc") is None
+    assert set(schemes.values()) == {4}, schemes
+
+
+def test_the_drafters_window_survives_the_config_vllm_reads(facts):
+    """vLLM reads the drafter's config as a Qwen3Config, which drops a top-level `sliding_window` unless
+    `use_sliding_window` is set; DFlash takes `dflash_config.swa_window_size` first (a full-size boot without it:
+    'DFlash sliding attention requires a window size')."""
+    assert facts["drafter"]["window_as_read"] == 2048
 
 
 def test_the_drafter_has_the_served_window_layers_and_the_scales_autorounds_signs(facts):

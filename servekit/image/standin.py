@@ -327,8 +327,10 @@ def write_model(out: Path, tokenizer: Path, seed: int, t: dict, v: dict, say=pri
 
 
 def write_drafter(out: Path, seed: int, t: dict, d: dict, say=print) -> dict:
-    """A DFlash2 drafter for the model of text config `t`, of the served size: its Qwen3 layers' linears W4A16 (as
-    the published requant), the rest BF16; it shares the target's embeddings and lm_head (vLLM's drafters do)."""
+    """A DFlash2 drafter for the model of text config `t`, of the served size: the linears of its layers W4A16 (as
+    the published requant; AutoRound quantizes every linear of a block, the convolutions' kernel projections too),
+    the rest BF16; it shares the target's embeddings and lm_head (vLLM's drafters do). The window is in
+    `dflash_config.swa_window_size`: a Qwen3 config drops its top-level `sliding_window` unless `use_sliding_window`."""
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     w = Weights(seed, 20_000)
@@ -351,10 +353,13 @@ def write_drafter(out: Path, seed: int, t: dict, d: dict, say=print) -> dict:
                         p + "input_layernorm.weight": w.ones(h), p + "post_attention_layernorm.weight": w.ones(h)})
         for conv in ("attention_conv", "mlp_conv"):
             tensors[p + f"{conv}.base_kernel"] = w.bf16(2, taps, h)
-            tensors[p + f"{conv}.kernel_projection.weight"] = w.bf16(2 * taps * groups, h)
+            tensors.update(w.int4(p + f"{conv}.kernel_projection", 2 * taps * groups, h))
     _save(tensors, out / "model.safetensors")
     quant = quantization_config(dict(t, num_hidden_layers=0), dict(VISION_SMALL, depth=0))
-    quant["ignore"] = ["fc", "candidate_selector.hidden_projection"]
+    # vLLM matches the ignore list against its own module names, and builds the drafter under `model.` (its layers
+    # numbered after the target's): a checkpoint's `fc` would leave vLLM expecting fc packed ([I]: the published list
+    # is not known; this one is what loads).
+    quant["ignore"] = ["model.fc", "model.candidate_selector.hidden_projection"]
     config = {"architectures": ["DFlash2DraftModel"], "model_type": "qwen3",
               **{k: d[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                                    "num_key_value_heads", "head_dim")},
@@ -363,7 +368,8 @@ def write_drafter(out: Path, seed: int, t: dict, d: dict, say=print) -> dict:
               "hidden_act": "silu", "attention_bias": False,
               "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0}, "tie_word_embeddings": False,
               "torch_dtype": "bfloat16", "target_hidden_size": t["hidden_size"], "quantization_config": quant,
-              "dflash_config": {"target_layer_ids": d["target_layer_ids"], "conv_kernel_size": taps,
+              "dflash_config": {"target_layer_ids": d["target_layer_ids"], "swa_window_size": d["sliding_window"],
+                                "conv_kernel_size": taps,
                                 "conv_group_size": 64, "selector_rank": rank, "selector_top_k": 8,
                                 "use_aux_hidden_state": True, "mask_token_id": 248044}}
     _write_json(out / "config.json", config)

@@ -17,6 +17,7 @@ sys.path.insert(0, "/opt/servekit")
 import standin  # noqa: E402
 import torch  # noqa: E402
 from safetensors import safe_open  # noqa: E402
+from transformers import AutoConfig  # noqa: E402
 
 
 def full_size() -> dict:
@@ -59,15 +60,25 @@ def written(folder: Path) -> dict:
             "encodes": tokenizer.encode("<|im_start|>user\nhello<|im_end|>").ids, "config": config}
 
 
-def schemes(folder: Path) -> dict:
-    """The weight bits vLLM's compressed-tensors config gives the modules the trap concerns."""
+TARGET_MODULES = {"lm_head": "ParallelLMHead", "model.language_model.layers.0.mlp.gate_up_proj": "MergedColumnParallelLinear",
+                  "model.language_model.layers.0.linear_attn.in_proj_a": "ColumnParallelLinear",
+                  "model.language_model.layers.3.self_attn.qkv_proj": "QKVParallelLinear",
+                  "mtp.fc": "ColumnParallelLinear", "model.visual.blocks.0.attn.qkv": "ColumnParallelLinear"}
+
+
+def drafter_modules(target_layers: int) -> dict:
+    """The drafter's modules by the names vLLM's qwen3_dflash builds them with: under `model.`, its layers numbered
+    after the target's."""
+    first = f"model.layers.{target_layers}"
+    return {"model.fc": "ReplicatedLinear", f"{first}.attention_conv.kernel_projection": "ReplicatedLinear",
+            f"{first}.self_attn.qkv_proj": "QKVParallelLinear", f"{first}.mlp.gate_up_proj": "MergedColumnParallelLinear"}
+
+
+def schemes(folder: Path, modules: dict) -> dict:
+    """The weight bits vLLM's compressed-tensors config gives the modules named (their class names as vLLM's)."""
     from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import CompressedTensorsConfig
     quant = CompressedTensorsConfig.from_config(json.loads((folder / "config.json").read_text())["quantization_config"])
     quant.packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
-    modules = {"lm_head": "ParallelLMHead", "model.language_model.layers.0.mlp.gate_up_proj": "MergedColumnParallelLinear",
-               "model.language_model.layers.0.linear_attn.in_proj_a": "ColumnParallelLinear",
-               "model.language_model.layers.3.self_attn.qkv_proj": "QKVParallelLinear", "mtp.fc": "ColumnParallelLinear",
-               "model.visual.blocks.0.attn.qkv": "ColumnParallelLinear"}
     out = {}
     for name, kind in modules.items():
         scheme = quant.get_scheme_dict(type(kind, (torch.nn.Module,), {})(), layer_name=name)
@@ -81,11 +92,15 @@ def main(work: Path) -> None:
     subprocess.run([sys.executable, "/opt/servekit/standin.py", "--out", str(model), "--drafter", str(drafter),
                     "--tokenizer", "/tokenizer", "--scale", "small"], check=True, stdout=subprocess.DEVNULL)
     facts["small"] = written(model)
-    facts["schemes_published"] = schemes(model)
+    facts["schemes_published"] = schemes(model, TARGET_MODULES)
     with safe_open(str(drafter / "model.safetensors"), framework="pt") as f:
         names = f.keys()  # a safetensors handle: keys() is how it lists
         facts["drafter"] = {"config": json.loads((drafter / "config.json").read_text()),
                             "tensors": {k: str(f.get_slice(k).get_dtype()) for k in names}}
+    target_layers = facts["small"]["config"]["text_config"]["num_hidden_layers"]
+    facts["drafter"]["schemes"] = schemes(drafter, drafter_modules(target_layers))
+    read = AutoConfig.from_pretrained(drafter)  # as vLLM reads it: model_type qwen3, a Qwen3Config
+    facts["drafter"]["window_as_read"] = read.dflash_config.get("swa_window_size", read.sliding_window)
     index = json.loads((model / "model.safetensors.index.json").read_text())["weight_map"]
     scales = [k for k in index if k.endswith(".weight_scale")]
     negative = total = 0
@@ -99,7 +114,7 @@ def main(work: Path) -> None:
                     "--scale", "small", "--convert"], check=True, stdout=subprocess.PIPE)
     facts["same_seed_same_bytes"] = all((model / n).read_bytes() == (again / n).read_bytes()
                                         for n in ("model-00002-of-00007.safetensors",))
-    facts["schemes_converted"] = schemes(again)
+    facts["schemes_converted"] = schemes(again, TARGET_MODULES)
     print(json.dumps(facts))
 
 
