@@ -6,6 +6,7 @@ and the card's margin in the memory summary."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 from pathlib import Path
@@ -62,8 +63,10 @@ def test_the_cards_are_24_gb_cards_as_cuda_shows_them_and_each_host_names_its_ow
     for name in ("rtx3090", "rtx4090"):
         card = MATRIX.cards[name]
         assert 23.4 <= card.memory_gib <= 23.7 and card.memory_source and card.free_gib is None
-    wsl2 = MATRIX.cards["rtx4090-wsl2"]  # 24.0 GiB total to CUDA, about 22.75 GiB of it free under WSL2
-    assert (wsl2.memory_gib, wsl2.free_gib) == (24.0, 22.75) and wsl2.memory_source
+    wsl2 = MATRIX.cards["rtx4090-wsl2"]  # 24.0 GiB total to CUDA, at least 22.8 GiB of it free under WSL2
+    assert (wsl2.memory_gib, wsl2.free_gib) == (24.0, 22.81) and wsl2.memory_source
+    # the source's alternative.sh boots on it at GPU_UTIL 0.95: vLLM's startup gate (math.ceil of total x util)
+    assert wsl2.free_bytes >= math.ceil(wsl2.total_bytes * 0.95)
     assert {h: MATRIX.hosts[h].card for h in MATRIX.hosts} == {"native": "rtx3090", "wsl2": "rtx4090-wsl2"}
     assert {MATRIX.cards[h.card].cuda_arch for h in MATRIX.hosts.values() if h.card} == {"8.6", "8.9"}
 
@@ -83,8 +86,9 @@ def test_the_emulation_sizes_the_mps_limit_and_vllms_total_from_the_card(mps_hos
     assert env["SERVEKIT_CARD_DISABLED_KERNELS"] == "MacheteLinearKernel"
     assert env["SERVEKIT_CARD_FLASH_ATTN_VERSION"] == "2"
     assert env["SERVEKIT_MPS_PIPE_DIR"] == str(mps_host / "mps" / "pipe")
-    wsl2 = cards.plan(MATRIX, "rtx4090-wsl2", H200).compose_env()  # vLLM reads 24.0 GiB; the process takes 22.75
-    assert (wsl2["SERVEKIT_CARD_BYTES"], wsl2["SERVEKIT_CARD_MIB"]) == (str(24 * GiB), str(round(22.75 * 1024)))
+    # vLLM reads 24.0 GiB and finds 22.81 free: the cap holds that and the server's own context
+    wsl2 = cards.plan(MATRIX, "rtx4090-wsl2", H200).compose_env()
+    assert (wsl2["SERVEKIT_CARD_BYTES"], wsl2["SERVEKIT_CARD_MIB"]) == (str(24 * GiB), str(round(22.81 * 1024) + 512))
     said = emulation.said()
     assert "rtx3090 (23.56 GiB, sm_86) emulated on NVIDIA H200" in said and "Machete" in said
     assert emulation.to_json()["emulated_on"]["name"] == "NVIDIA H200"

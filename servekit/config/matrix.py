@@ -193,9 +193,10 @@ class Card(Strict):
     memory_gib: float = Field(ge=1, le=1024, allow_inf_nan=False, description="the total memory CUDA shows on the "
                               "card (cudaMemGetInfo's total, torch's total_memory), GiB: what vLLM sizes from there")
     memory_source: str = Field(min_length=1, description="where memory_gib comes from")
-    free_gib: float | None = Field(None, ge=1, le=1024, allow_inf_nan=False, description="what a process finds "
-                                   "free at its start where that is less than memory_gib less its own context (WSL2: "
-                                   "Windows holds the rest), GiB: the emulated card's allocation cap")
+    free_gib: float | None = Field(None, ge=1, le=1024, allow_inf_nan=False, description="what vLLM finds free at "
+                                   "its start (its own CUDA context already taken) where that is less than memory_gib "
+                                   "less the context (WSL2: Windows holds the rest), GiB: what vLLM's startup gate "
+                                   "holds GPU_UTIL to on the emulated card")
     cuda_arch: str = Field(pattern=r"^\d+\.\d+$", description="the card's compute capability")
 
     @field_validator("memory_gib", "free_gib", mode="before")

@@ -28,6 +28,10 @@ CONTAINER_PIPE_DIR = "/tmp/nvidia-mps"  # where compose.card.yaml mounts the dae
 COMPOSE_FILE = "compose.card.yaml"
 MPS_DIR_ENV = "SERVEKIT_MPS_DIR"  # where the daemon's pipe/ and log/ folders live (default: a folder in /tmp)
 GiB = 2**30
+# What the server's own CUDA context takes inside its MPS cap: vLLM found 0.50 GiB less free than the cap at its start
+# on both cards a full-size run capped (23.56 -> 23.06 GiB, 22.75 -> 22.25 GiB; an H100, driver 580, 2026-12-06).
+# A card whose free memory is given (WSL2) is capped that much above it, so vLLM finds the card's figure free.
+CONTEXT_IN_CAP_BYTES = GiB // 2
 START_S = 20  # the daemon answers in well under a second when the driver is there
 STOP_S = 30
 
@@ -50,12 +54,13 @@ class Emulation:
     gpu_arch: str
     mps_dir: Path
     forced: tuple[Forced, ...] = ()
-    free_bytes: int | None = None  # what a process may take where the card shows less free than total (WSL2)
+    free_bytes: int | None = None  # what vLLM finds free at its start where the card shows less than its total (WSL2)
 
     @property
     def cap_bytes(self) -> int:
-        """The MPS allocation cap: what a process finds free on the card, else its memory."""
-        return self.free_bytes or self.total_bytes
+        """The MPS allocation cap: the card's memory, whose context the card's total holds too; where the card
+        gives what a process finds free, that and the context the cap holds."""
+        return self.free_bytes + CONTEXT_IN_CAP_BYTES if self.free_bytes else self.total_bytes
 
     @property
     def pipe_dir(self) -> Path:
