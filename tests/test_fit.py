@@ -10,10 +10,11 @@ import sys
 import pytest
 from support import ROOT
 
-from servekit.image.standin import FULL
+from servekit.image.standin import DRAFTER_FULL, FULL
 from servekit.records.fit import Flags, GiB, Layout, NotPredicted, need
 
-LAYOUT = Layout.from_config(FULL)
+LAYOUT = Layout.from_config(FULL, DRAFTER_FULL)
+PINNED = 5583457484  # the source's KV_MEM for its DFlash2 profiles at CTX=fast (--kv-cache-memory-bytes)
 GPU = ROOT / "docs" / "gpu"
 
 
@@ -53,10 +54,32 @@ def test_one_request_needs_what_vllm_said_it_needed_at_full_size():
 
 
 def test_a_drafter_this_arithmetic_does_not_cover_is_said_not_guessed():
-    with pytest.raises(NotPredicted, match="dflash"):
+    # int4 KV: the drafter's 8 heads of 128 take 1088 B a token and layer, the target's 4 of 256 take 1056
+    with pytest.raises(NotPredicted, match="drafter's page"):
         need(LAYOUT, Flags("int4_per_token_head", 160000, 0.95, method="dflash", drafts=7))
+    with pytest.raises(NotPredicted, match="no drafter config"):
+        need(Layout.from_config(FULL), Flags("bfloat16", 65536, 0.93, kv_bytes=PINNED, method="dflash", drafts=7))
     with pytest.raises(NotPredicted, match="kvarn"):
         need(LAYOUT, Flags("kvarn_k4v2_g128", 200000, 0.93))
+
+
+def test_the_dflash_drafters_window_layers_group_as_the_series_patch_groups_them():
+    """The source's dflash2-k15 pool (57,344 tokens, bf16 KV, KV_MEM pinned, sync scheduling), 57,669 tokens, is
+    177 blocks of 480 tokens in groups of 16 layers, the group size kv-group-by-request.patch picks (vLLM's own rule
+    takes the window's 5 and pads the attention layers' groups). Per request vLLM 0.31.0's bounds hold 181 blocks
+    (120 attention, 17 in each of 3 GDN groups: align mode and 15 drafts, 10 for the window), so its pool is 56,076;
+    the source's series holds 176 (the GDN speculative bounds it carries): the 2.8% between them."""
+    k15 = need(LAYOUT, Flags("bfloat16", 57344, 0.93, kv_bytes=PINNED, method="dflash", drafts=15,
+                             async_scheduling=False))
+    assert (k15.block, k15.group_size, k15.groups) == (480, 16, 5)
+    blocks, pool = k15.pool(PINNED, 57344)
+    assert blocks == 177 and int(blocks / 176 * 57344) == 57669
+    assert (k15.blocks_per_request, pool) == (120 + 3 * 17 + 10, 56076)
+    # DFlash2 k7 at 65,536 under async scheduling: the window holds two batches in flight, 15 blocks, and a request
+    # costs 5.17 GiB in groups of 16 (in vLLM's groups of 5, 5.92 GiB: the patch's header)
+    k7 = need(LAYOUT, Flags("bfloat16", 65536, 0.93, kv_bytes=PINNED, method="dflash", drafts=7))
+    assert (k7.block, k7.group_size, k7.blocks_per_request) == (448, 16, 147 + 3 * 9 + 15)
+    assert round(k7.request_bytes / GiB, 2) == 5.17
 
 
 def test_the_flags_come_from_the_launchers_own_argv():

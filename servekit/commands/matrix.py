@@ -131,12 +131,13 @@ def cmd_fit(args) -> int:
     import json
 
     from servekit.errors import UserError
-    from servekit.records.fit import FULL, Layout, predict_all
+    from servekit.records.fit import DRAFTER_FULL, FULL, Layout, predict_all
     session = open_session(args)
     matrix = session.matrix
     target = session.check_target(args.target or matrix.default_target(gpu=True))
     try:
-        layout = Layout.from_config(json.loads(Path(args.config).read_text()) if args.config else FULL)
+        # the DFlash profiles' drafter: the served one's layout (servekit/image/standin.py)
+        layout = Layout.from_config(json.loads(Path(args.config).read_text()) if args.config else FULL, DRAFTER_FULL)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise UserError(f"fit: --config {args.config}: not a Qwen3.5-family config.json ({exc})") from None
     served = [name for name, p in matrix.profiles.items() if target in p.targets]

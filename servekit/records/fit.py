@@ -3,13 +3,14 @@ full-size reports measured, before 20 GB is downloaded.
 
 The KV arithmetic is vLLM 0.31.0's for this hybrid model (../shared/served-model.md section 3, which reproduces the
 source's published pools): the attention page per token and layer from the KV dtype, the GDN state per layer and
-sequence (the conv rows grow with the MTP drafts), the block size that makes one attention page hold a GDN state,
-layers grouped by the smaller kind's count (the MTP layer makes 17, with padding), a block id costing one page per
-layer of a group, and a request holding cdiv(MAX_LEN, block) attention blocks plus 1 + drafts (+1 with prefix
-caching) blocks per GDN group. What vLLM keeps for itself (weights, activation peak, memory outside torch, CUDA
-graphs) does not come out of one constant (served-model.md 3.10): it is taken per profile from its newest
-full-size report's budget, as requested less available, and a profile without one gets no pool, only what one
-request needs.
+sequence (the conv rows grow with the drafts), the block size that makes one attention page hold a GDN state, a
+request holding cdiv(MAX_LEN, block) attention blocks plus 1 + drafts (+1 with prefix caching) blocks per GDN group
+and, beside a DFlash drafter, its sliding-window layers' window less one and every token in flight; the kinds'
+layers grouped as the series' kv-group-by-request picks (the smaller kind's count for Qwen3.5 alone: the MTP layer
+makes 17, with padding), a block id costing one page per layer of a group. What vLLM keeps for itself (weights,
+activation peak, memory outside torch, CUDA graphs) does not come out of one constant (served-model.md 3.10): it is
+taken per profile from its newest full-size report's budget, as requested less available, and a profile without
+one gets no pool, only what one request needs.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from servekit.config.profiles import render_profiles
 from servekit.image.launcher import build_command
-from servekit.image.standin import FULL
+from servekit.image.standin import DRAFTER_FULL, FULL
 from servekit.records.report import report_files
 from servekit.smoke.logs import flag_values
 
@@ -33,8 +34,23 @@ KV_BYTES = {"auto": (2, 0), "bfloat16": (2, 0), "float16": (2, 0), "fp8": (1, 0)
 
 
 @dataclass(frozen=True)
+class Drafter:
+    """What the KV arithmetic needs of a DFlash drafter's config: its sliding-window attention layers."""
+    window_layers: int
+    window: int
+    kv_heads: int
+    head_dim: int
+
+    @classmethod
+    def from_config(cls, config: dict) -> Drafter:
+        window = (config.get("dflash_config") or {}).get("swa_window_size") or config["sliding_window"]
+        return cls(window_layers=config["num_hidden_layers"], window=window, kv_heads=config["num_key_value_heads"],
+                   head_dim=config["head_dim"])
+
+
+@dataclass(frozen=True)
 class Layout:
-    """What the KV arithmetic needs of a Qwen3.5-family text config."""
+    """What the KV arithmetic needs of a Qwen3.5-family text config (and of the DFlash drafter served beside it)."""
     attention_layers: int
     gdn_layers: int
     kv_heads: int
@@ -42,9 +58,10 @@ class Layout:
     conv_dim: int
     conv_rows: int  # the conv kernel less one
     ssm_elements: int
+    drafter: Drafter | None = None
 
     @classmethod
-    def from_config(cls, config: dict) -> Layout:
+    def from_config(cls, config: dict, drafter: dict | None = None) -> Layout:
         t = config.get("text_config", config)
         types = t.get("layer_types") or ["full_attention" if (i + 1) % t["full_attention_interval"] == 0
                                           else "linear_attention" for i in range(t["num_hidden_layers"])]
@@ -53,7 +70,8 @@ class Layout:
                    kv_heads=t["num_key_value_heads"], head_dim=t["head_dim"],
                    conv_dim=2 * key_dim + t["linear_num_value_heads"] * t["linear_value_head_dim"],
                    conv_rows=t["linear_conv_kernel_dim"] - 1,
-                   ssm_elements=t["linear_num_value_heads"] * t["linear_key_head_dim"] * t["linear_value_head_dim"])
+                   ssm_elements=t["linear_num_value_heads"] * t["linear_key_head_dim"] * t["linear_value_head_dim"],
+                   drafter=Drafter.from_config(drafter) if drafter else None)
 
 
 @dataclass(frozen=True)
@@ -68,6 +86,8 @@ class Flags:
     drafts: int = 0
     prefix_caching: bool = True
     ssm_bytes: int = 2  # --mamba-ssm-cache-dtype float16 (the launcher's); float32 takes 4
+    async_scheduling: bool = True  # two batches in flight: a sliding window holds both
+    batched_tokens: int = 2048  # --max-num-batched-tokens
 
     @classmethod
     def from_argv(cls, argv: list[str]) -> Flags:
@@ -80,7 +100,9 @@ class Flags:
                    method=spec.get("method"), drafts=int(spec.get("num_speculative_tokens", 0)),
                    # vLLM 0.31.0 caches prefixes unless told not to; the GDN groups then keep one block more
                    prefix_caching="no_enable_prefix_caching" not in values,
-                   ssm_bytes=4 if values.get("mamba_ssm_cache_dtype") == "float32" else 2)
+                   ssm_bytes=4 if values.get("mamba_ssm_cache_dtype") == "float32" else 2,
+                   async_scheduling="no_async_scheduling" not in values,
+                   batched_tokens=int(values.get("max_num_batched_tokens", 2048)))
 
 
 @dataclass(frozen=True)
@@ -107,22 +129,56 @@ class NotPredicted(Exception):
 
 
 def need(layout: Layout, flags: Flags) -> Need:
-    if flags.method not in (None, "mtp"):
-        raise NotPredicted(f"{flags.method} drafting: its drafter's sliding-window layers are grouped apart, which "
-                           "this arithmetic does not do yet")
+    if flags.method not in (None, "mtp", "dflash"):
+        raise NotPredicted(f"{flags.method} drafting: its layers' KV is not in this arithmetic")
     if flags.kv_dtype not in KV_BYTES:
         raise NotPredicted(f"KV dtype {flags.kv_dtype}: its page is not in this arithmetic")
     per_element, per_head = KV_BYTES[flags.kv_dtype]
-    attention_page = int(2 * layout.kv_heads * (layout.head_dim * per_element + per_head))  # one token, one layer
-    drafts = flags.drafts if flags.method == "mtp" else 0
+
+    def token_page(kv_heads: int, head_dim: int) -> int:  # one token, one layer
+        return int(2 * kv_heads * (head_dim * per_element + per_head))
+
+    attention_page = token_page(layout.kv_heads, layout.head_dim)
+    drafts = flags.drafts if flags.method else 0  # every drafter's verify step widens the GDN conv state
     gdn_page = (layout.conv_rows + drafts) * layout.conv_dim * 2 + layout.ssm_elements * flags.ssm_bytes
     block = flags.block or ALIGN * math.ceil(gdn_page / (ALIGN * attention_page))
-    attention = layout.attention_layers + (1 if flags.method == "mtp" else 0)  # the MTP head's one attention layer
-    group = min(attention, layout.gdn_layers)
-    attention_groups, gdn_groups = math.ceil(attention / group), math.ceil(layout.gdn_layers / group)
-    per_request = (attention_groups * math.ceil(flags.max_len / block)
-                   + gdn_groups * (1 + drafts + (1 if flags.prefix_caching else 0)))
-    return Need(block, group, attention_groups + gdn_groups, group * block * attention_page, per_request)
+    # (layers, blocks one request of max_len holds) per kind: vLLM's max_memory_usage_bytes over the page
+    kinds = [(layout.attention_layers + (1 if flags.method == "mtp" else 0),  # the MTP head's one attention layer
+              math.ceil(flags.max_len / block)),
+             (layout.gdn_layers, 1 + drafts + (1 if flags.prefix_caching else 0))]  # align mode keeps one more
+    if flags.method == "dflash":
+        kinds.append(_window_kind(layout, flags, block, token_page, attention_page))
+    group = _group_size(kinds)
+    per_request = sum(math.ceil(layers / group) * blocks for layers, blocks in kinds)
+    return Need(block, group, sum(math.ceil(layers / group) for layers, _ in kinds), group * block * attention_page,
+                per_request)
+
+
+def _window_kind(layout: Layout, flags: Flags, block: int, token_page, attention_page: int) -> tuple[int, int]:
+    """The DFlash drafter's sliding-window layers: the window less one and every token in flight (two batches under
+    async scheduling), in blocks, and one more for a window that starts mid-block."""
+    d = layout.drafter
+    if d is None:
+        raise NotPredicted("dflash drafting: no drafter config to size its window layers from")
+    if token_page(d.kv_heads, d.head_dim) != attention_page:
+        raise NotPredicted(f"dflash drafting with {flags.kv_dtype} KV: the drafter's page ("
+                           f"{token_page(d.kv_heads, d.head_dim)} B a token and layer) is not the target's "
+                           f"({attention_page} B), and how vLLM evens them is not in this arithmetic")
+    in_flight = (2 if flags.async_scheduling else 1) * flags.batched_tokens
+    return d.window_layers, math.ceil(min(d.window - 1 + in_flight, flags.max_len) / block) + 1
+
+
+def _group_size(kinds: list[tuple[int, int]]) -> int:
+    """The layers in a KV cache group, as the series' kv-group-by-request picks it: of vLLM's own choice (the
+    smallest kind's count) and each kind's count, the one that makes a request cost the fewest pages (a group pays a
+    page per slot, padding included, for every block its kind holds); vLLM's choice wins ties."""
+    released = min(layers for layers, _ in kinds)
+
+    def pages(size: int) -> int:
+        return sum(math.ceil(layers / size) * size * blocks for layers, blocks in kinds)
+
+    best = min(pages(size) for size in {released, *(layers for layers, _ in kinds)})
+    return released if pages(released) == best else min(s for s, _ in kinds if pages(s) == best)
 
 
 @dataclass(frozen=True)
@@ -232,7 +288,7 @@ def summary(matrix, root: Path, host: str) -> str:
     target = next((t for t, spec in matrix.targets.items() if spec.gpu), None)
     if target is None or matrix.hosts[host].card is None:
         return "no GPU target, or no card for this host kind in images.yaml"
-    predictions = predict_all(matrix, root, target, Layout.from_config(FULL), hosts=[host])
+    predictions = predict_all(matrix, root, target, Layout.from_config(FULL, DRAFTER_FULL), hosts=[host])
     said = {verdict: [p.profile for _, p in predictions if p.fits is fits]
             for verdict, fits in (("fit", True), ("do not fit", False), ("not predicted", None))}
     return (f"on {matrix.hosts[host].card} ({host}): " + "; ".join(f"{verdict}: {', '.join(names)}"
