@@ -6,7 +6,7 @@ import json
 
 import requests
 
-from . import CheckFailure, Context, check, ensure, reasoning_of, stream_events, text_of
+from .core import CheckFailure, Context, check, ensure, reasoning_of, stream_events, text_of
 
 KEYLESS = ("/health", "/ping", "/version")
 GUARDED = ("/v1/models", "/metrics", "/tokenize", "/server_info")

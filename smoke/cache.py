@@ -10,7 +10,7 @@ from typing import Any
 
 import requests
 
-from . import CheckFailure, Context, NotRun, check, ensure, text_of
+from .core import CheckFailure, Context, NotRun, check, ensure, text_of
 
 # The prefix cache's counters, and a CPU KV tier's bytes moved (vLLM's offloading connector): store is GPU to
 # CPU, load is CPU to GPU.

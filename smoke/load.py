@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
-from . import Context, check, ensure
+from .core import Context, check, ensure
 
 
 def chat_prompt(text: str) -> str:

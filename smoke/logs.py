@@ -9,7 +9,7 @@ import shlex
 
 from servekit.image.recipe import BOOLEAN_ENV
 
-from . import CheckFailure, Context, NotRun, check, ensure
+from .core import CheckFailure, Context, NotRun, check, ensure
 
 TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
 OOM = re.compile(r"out of memory|OutOfMemoryError|No available memory for the cache blocks", re.I)

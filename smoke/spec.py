@@ -4,7 +4,7 @@ each against its floor (the profile's, from the source's acceptance for the serv
 
 from __future__ import annotations
 
-from . import Context, NotRun, check, ensure
+from .core import Context, NotRun, check, ensure
 
 DRAFTS, ACCEPTED = "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_accepted_tokens_total"
 COUNTER = (DRAFTS, ACCEPTED)

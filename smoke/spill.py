@@ -5,7 +5,7 @@ met, and how far the traffic raised it. It runs after every other check, on the 
 
 from __future__ import annotations
 
-from . import CheckFailure, Context, NotRun, check
+from .core import CheckFailure, Context, NotRun, check
 
 MB = 1_000_000
 

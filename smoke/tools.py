@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from . import Context, check, ensure
+from .core import Context, check, ensure
 
 NO_PARAMS_TOOL = {"type": "function", "function": {"name": "get_time", "description": "Get the current time.",
                                                    "parameters": {"type": "object", "properties": {}}}}

@@ -80,11 +80,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def _graph() -> dict[str, set[str]]:
     modules = _modules()
-    # a package's __init__ that re-exports its modules is not an edge back from those modules to it
-    graph = {name: _imports(name, path, set(modules)) for name, path in modules.items()}
-    for name in graph:
-        graph[name] = {t for t in graph[name] if not (name.startswith(t + ".") and modules[t].name == "__init__.py")}
-    return graph
+    return {name: _imports(name, path, set(modules)) for name, path in modules.items()}
 
 
 def test_no_module_of_the_project_imports_one_that_imports_it_back():
