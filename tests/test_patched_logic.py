@@ -35,11 +35,20 @@ def test_the_emulated_card_patch_sizes_vllm_from_the_card_only_when_asked(facts)
 
 def test_marlin_int8_activations_keep_to_the_layers_the_include_expression_names(facts):
     """Batch's int8 activations (INT8_ACT=int8) with VLLM_MARLIN_INT8_INCLUDE_RE=mlp, as the source exports them: the
-    MLP takes int8, the attention and the int8 lm_head keep 16-bit activations (W8A8 is what Marlin refused)."""
-    unset, mlp = facts["marlin_include"]["unset"], facts["marlin_include"]["mlp"]
+    MLP takes int8, the attention and the int8 lm_head keep 16-bit activations (W8A8 is what Marlin refused). The
+    single launcher's rule matches the MTP head's MLP too, which keeps 16-bit activations all the same; and each rule
+    is a factor of the compile cache's key, so a boot under another rule never replays this one's graphs."""
+    marlin = facts["marlin_include"]
+    unset, mlp, single = marlin["unset"], marlin["mlp"], marlin["single"]
     assert set(unset.values()) == {"torch.int8"}  # as released: every layer
-    assert mlp == {"model.language_model.layers.0.mlp.gate_up_proj": "torch.int8",
-                   "model.language_model.layers.3.self_attn.qkv_proj": "None", "lm_head": "None"}
+    assert {layer for layer, dtype in mlp.items() if dtype == "torch.int8"} == {
+        "model.language_model.layers.0.mlp.gate_up_proj"}
+    assert {layer for layer, dtype in single.items() if dtype == "torch.int8"} == {
+        "model.language_model.layers.0.mlp.gate_up_proj", "model.language_model.layers.3.self_attn.qkv_proj",
+        "model.language_model.layers.0.linear_attn.in_proj_qkvz"}
+    assert single["mtp.layers.0.mlp.gate_up_proj"] == single["mtp.fc"] == single["lm_head"] == "None"
+    factors = marlin["compile_factor"]
+    assert factors["mlp"] != factors["single"] and None not in (factors["mlp"], factors["single"]), factors
 
 
 def test_a_cold_boot_measures_a_warm_forward_and_a_pinned_pool_sits_on_an_emptied_cache(facts):

@@ -60,16 +60,22 @@ def card_patch() -> dict:
 
 
 def marlin_include() -> dict:
-    """marlin-int8-include.patch: Marlin's int8 activations only for the layers VLLM_MARLIN_INT8_INCLUDE_RE names."""
+    """marlin-int8-include.patch: Marlin's int8 activations only for the layers VLLM_MARLIN_INT8_INCLUDE_RE names,
+    never the lm_head or an MTP head, and the rule among the compile cache's factors."""
+    from vllm import envs
     from vllm.model_executor.layers.quantization.utils import marlin_utils
     layers = ("model.language_model.layers.0.mlp.gate_up_proj", "model.language_model.layers.3.self_attn.qkv_proj",
-              "lm_head")
-    out = {}
+              "model.language_model.layers.0.linear_attn.in_proj_qkvz", "lm_head", "mtp.fc",
+              "mtp.layers.0.mlp.gate_up_proj")
+    out: dict = {}
     for name, env in (("unset", {"VLLM_MARLIN_INPUT_DTYPE": "int8"}),
-                      ("mlp", {"VLLM_MARLIN_INPUT_DTYPE": "int8", "VLLM_MARLIN_INT8_INCLUDE_RE": "mlp"})):
+                      ("mlp", {"VLLM_MARLIN_INPUT_DTYPE": "int8", "VLLM_MARLIN_INT8_INCLUDE_RE": "mlp"}),
+                      ("single", {"VLLM_MARLIN_INPUT_DTYPE": "int8",
+                                  "VLLM_MARLIN_INT8_INCLUDE_RE": "mlp|linear_attn|self_attn"})):
         os.environ.pop("VLLM_MARLIN_INT8_INCLUDE_RE", None)
         os.environ.update(env)
         out[name] = {layer: str(marlin_utils.get_marlin_input_dtype(layer)) for layer in layers}
+        out.setdefault("compile_factor", {})[name] = envs.compile_factors().get("VLLM_MARLIN_INT8_INCLUDE_RE")
     return out
 
 
