@@ -9,7 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from support import ROOT
+
+pytestmark = pytest.mark.slow  # each runs a pytest of its own, two workers and all: seconds that test-fast leaves out
 
 CONFTEST = f"""
 import sys
