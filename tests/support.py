@@ -23,6 +23,8 @@ import threading
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
+from servekit.layout import PROJECT_LABEL
+
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 SLOTS = 10  # runs of the suite at once on one machine
@@ -155,7 +157,7 @@ def checkout_state() -> dict:
                                      text=True).stdout,
         "files": listing("reports") + listing("releases") + listing("compose/secrets") + listing("logs"),
         "compose/.env": env.read_text() if env.is_file() else None,
-        "servers": subprocess.run(["docker", "ps", "-aq", "--filter", "label=com.docker.compose.project=servekit"],
+        "servers": subprocess.run(["docker", "ps", "-aq", "--filter", f"label={PROJECT_LABEL}=servekit"],
                                   capture_output=True, text=True).stdout.split() if shutil.which("docker") else [],
     }
 
@@ -168,7 +170,7 @@ def left_as_found() -> dict:
 
 def project_containers() -> list[str]:
     """The tests' Compose project's containers, running or not."""
-    return subprocess.run(["docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project={TEST_PROJECT}"],
+    return subprocess.run(["docker", "ps", "-aq", "--filter", f"label={PROJECT_LABEL}={TEST_PROJECT}"],
                           capture_output=True, text=True).stdout.split()
 
 

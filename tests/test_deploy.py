@@ -31,6 +31,7 @@ from support import (
 from servekit.config.load import load_matrix
 from servekit.engines.failures import classify
 from servekit.image.prepare import COMPLETE, is_complete, prepare
+from servekit.layout import IMAGE_UID, PROFILE_LABEL, PROJECT_LABEL
 from servekit.serve.watch import BootRecord, LogFollower, without_frames
 
 PROFILES = ["default", "batch", "alternative", "mtp", "mtp-long", "dflash2", "dflash2-k15", "huge"]
@@ -203,7 +204,7 @@ def test_every_combination_passes_compose_config(compose_env, overrides):
         service = _config(compose_env, ["compose.yaml", *overrides], profile)
         assert service["command"] == ["serve", profile]
         assert [p["host_ip"] for p in service["ports"]] == ["127.0.0.1"]
-        assert service["user"] == "10001:10001"
+        assert service["user"] == f"{IMAGE_UID}:{IMAGE_UID}"
         assert service["depends_on"]["prepare"]["condition"] == "service_completed_successfully"
         assert service["healthcheck"]["test"][-1].endswith("urlopen('http://127.0.0.1:8000/health', timeout=4)")
         leaked = {k: v for k, v in service["environment"].items() if k != "SERVEKIT_HOST"}
@@ -420,7 +421,7 @@ def test_up_brings_the_real_server_to_healthy_and_down_removes_it(cpu_built):
     models = requests.get(f"{result['url']}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=5)
     assert [m["id"] for m in models.json()["data"]] == ["servekit-demo"]
     user = subprocess.run(["docker", "exec", result["container"], "id", "-u"], capture_output=True, text=True)
-    assert user.stdout.strip() == "10001"
+    assert user.stdout.strip() == str(IMAGE_UID)
     ps = run_build_py("ps", "--json")
     assert ps.returncode == 0, ps.stderr
     row = next(r for r in json.loads(ps.stdout) if r["profile"] == "default")
@@ -481,7 +482,7 @@ def test_a_newcomer_serves_a_fresh_clone_with_plain_compose_and_vllm_api_key(cpu
         assert not (work / "secrets").exists()  # nothing was bound in place of a missing file
         down = compose("down", "default")
         assert down.returncode == 0, down.stderr[-2000:]
-        running = subprocess.run(["docker", "ps", "-q", "--filter", f"label=com.docker.compose.project={project}"],
+        running = subprocess.run(["docker", "ps", "-q", "--filter", f"label={PROJECT_LABEL}={project}"],
                                  capture_output=True, text=True).stdout.split()
         assert running == [], "`docker compose down default` left the project running"
     finally:
@@ -518,7 +519,7 @@ def test_the_readmes_quickstart_without_a_gpu_runs_as_written(cpu_image, tmp_pat
                               env=env, capture_output=True, text=True, timeout=1200)
         assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
         assert json.loads(done.stdout.strip().splitlines()[-1])["data"][0]["id"] == "servekit-demo"
-        left = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project={project}"],
+        left = subprocess.run(["docker", "ps", "-aq", "--filter", f"label={PROJECT_LABEL}={project}"],
                               capture_output=True, text=True).stdout.split()
         assert left == []
     finally:
@@ -551,8 +552,8 @@ def test_ctrl_c_or_sigterm_during_up_leaves_nothing_running(cpu_built, sig):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_reaches_it)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not subprocess.run(
-            ["docker", "ps", "-q", "--filter", f"label=com.docker.compose.project={TEST_PROJECT}",
-             "--filter", "label=com.docker.compose.service=default"],
+            ["docker", "ps", "-q", "--filter", f"label={PROJECT_LABEL}={TEST_PROJECT}",
+             "--filter", f"label={PROFILE_LABEL}=default"],
             capture_output=True, text=True).stdout.strip():
         time.sleep(0.5)
     proc.send_signal(sig)
@@ -609,7 +610,7 @@ def test_up_as_another_uid_on_fresh_volumes(cpu_built):
     finally:
         subprocess.run([sys.executable, str(ROOT / "build.py"), "down"], cwd=work_dir(), env=env, capture_output=True,
                        timeout=600)
-        volumes = subprocess.run(["docker", "volume", "ls", "-q", "--filter", f"label=com.docker.compose.project={project}"],
+        volumes = subprocess.run(["docker", "volume", "ls", "-q", "--filter", f"label={PROJECT_LABEL}={project}"],
                                  capture_output=True, text=True).stdout.split()
         if volumes:
             subprocess.run(["docker", "volume", "rm", *volumes], capture_output=True)
@@ -670,7 +671,7 @@ def test_up_shows_the_download_from_a_hub_before_the_boot_and_serves_what_arrive
             subprocess.run([sys.executable, str(ROOT / "build.py"), "down"], cwd=root, env=env, capture_output=True,
                            timeout=600)
             volumes = subprocess.run(["docker", "volume", "ls", "-q", "--filter",
-                                      f"label=com.docker.compose.project={project}"], capture_output=True,
+                                      f"label={PROJECT_LABEL}={project}"], capture_output=True,
                                      text=True).stdout.split()
             if volumes:
                 subprocess.run(["docker", "volume", "rm", *volumes], capture_output=True)

@@ -13,6 +13,7 @@ from support import ROOT, compose_dir, run_build_py
 
 from servekit.config.load import load_matrix
 from servekit.config.profiles import resolve_knobs
+from servekit.layout import IMAGE_UID
 from servekit.release import k8s
 
 MATRIX = load_matrix(ROOT / "images.yaml")
@@ -93,7 +94,7 @@ def test_manifests_match_the_compose_service(tmp_path):
         assert service["healthcheck"]["test"][-1].find(f"127.0.0.1:{k8s.PORT}/health") > 0
         assert service["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
         assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
-        assert service["user"] == "10001:10001" and container["securityContext"]["runAsUser"] == 10001
+        assert service["user"] == f"{IMAGE_UID}:{IMAGE_UID}" and container["securityContext"]["runAsUser"] == IMAGE_UID
 
 
 def test_render_command_writes_valid_files(tmp_path):

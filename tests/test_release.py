@@ -18,6 +18,7 @@ from support import ROOT, TEST_PROJECT, run_build_py, tracked_copy, work_dir
 from servekit.config.load import load_matrix
 from servekit.engines.docker import free_port
 from servekit.image.series import read_series
+from servekit.layout import IMAGE_UID
 from servekit.release.localregistry import start_registry
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.xdist_group("second-engine")]  # test_fleet's too
@@ -407,7 +408,7 @@ def test_compose_on_an_engine_that_never_built_the_image_pulls_the_release_serve
     secrets.mkdir(exist_ok=True)
     for name, text in (("api_key", "sk-pulled-0123456789abcdef0123456789"), ("hf_token", "")):
         (secrets / name).write_text(text)
-        os.chown(secrets / name, 10001, 10001)
+        os.chown(secrets / name, IMAGE_UID, IMAGE_UID)
         (secrets / name).chmod(0o600)
 
     def compose(*args: str) -> subprocess.CompletedProcess:

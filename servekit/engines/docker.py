@@ -227,7 +227,7 @@ class DockerEngine:
             client.compose.rm(stop=False)
             client.compose.up(services=["prepare"], detach=True, quiet=True)
             found = self.client.containers.list(all=True, filters={"label": [
-                f"{PROJECT_LABEL}={PROJECT}", "com.docker.compose.service=prepare"]})
+                f"{PROJECT_LABEL}={PROJECT}", f"{PROFILE_LABEL}=prepare"]})
             if not found:
                 raise BootFailed("compose started no prepare container", "", [])
             container, lines, pending = found[0], [], b""
