@@ -71,3 +71,13 @@ def test_the_dflash2_drafters_window_layers_no_longer_pad_the_full_attention_gro
     assert groups["dflash2_released"] == {"group_size": 5, "groups": 15, "pages_per_request": 3565}, groups
     assert groups["dflash2"] == {"group_size": 16, "groups": 5, "pages_per_request": 3104}, groups
     assert groups["mtp"] == groups["mtp_released"] == {"group_size": 17, "groups": 4, "pages_per_request": 17 * 152 + 3 * 17 * 9}
+
+
+def test_no_gdn_spec_decode_kernel_indexes_before_its_row_when_nothing_was_accepted(facts):
+    """gdn-spec-accepted-bounds.patch: each GDN spec-decode kernel's accepted-count index (`num_accepted - 1`) is
+    bounded below at 0, so a step that accepted nothing (structured output rejecting every draft) reads no state
+    slot before its request's row (upstream #50021). Read from the installed kernels' source: Triton's kernels do not
+    run in the cpu image."""
+    sites = facts["gdn_accepted_bounds"]
+    assert sites and all(sites.values()), sites  # each file has such an index
+    assert all(all(bounded) for bounded in sites.values()), sites

@@ -9,8 +9,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sys
 import types
+from pathlib import Path
 
 import torch
 
@@ -180,6 +182,22 @@ def kv_groups() -> dict:
     return out
 
 
+def gdn_accepted_bounds() -> dict:
+    """gdn-spec-accepted-bounds.patch: every place a GDN spec-decode kernel of the installed vLLM turns an accepted
+    count into an index (`num_accepted... - 1`), and whether it is bounded below (`tl.maximum(..., 0)`). The kernels
+    are Triton's, which the cpu image does not carry: their source is what can be read here."""
+    import vllm
+    root = Path(vllm.__file__).parent
+    sites = {}
+    for rel in ("third_party/flash_linear_attention/ops/fused_recurrent.py",
+                "third_party/flash_linear_attention/ops/fused_sigmoid_gating.py",
+                "model_executor/layers/mamba/ops/causal_conv1d.py"):
+        text = (root / rel).read_text()
+        loads = re.findall(r"([^\n]*\n?[^\n]*)tl\.load\(num_accepted_tokens(?:_ptr)? \+ \w+\)\.to\(tl\.int64\) - 1", text)
+        sites[rel] = [("tl.maximum(" in before) for before in loads]
+    return sites
+
+
 if __name__ == "__main__":
     print(json.dumps({"card_patch": card_patch(), "marlin_include": marlin_include(), "profile_order": profile_order(),
-                      "kv_groups": kv_groups()}))
+                      "kv_groups": kv_groups(), "gdn_accepted_bounds": gdn_accepted_bounds()}))
