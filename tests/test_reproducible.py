@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import subprocess
 import tarfile
 
@@ -14,6 +15,7 @@ import pytest
 from support import TEST_PROJECT
 
 from servekit.build import reproducible
+from servekit.errors import EnvironmentProblem
 
 EPOCH = reproducible.epoch_seconds("2026-12-01T00:00:00Z")
 
@@ -255,3 +257,13 @@ def test_the_memory_offers_only_layers_the_image_it_names_still_holds(tmp_path):
     assert reproducible._CanonicalMemory(memory_file, engine, "1:99").known() == {}
     memory_file.write_text("not json")
     assert reproducible._CanonicalMemory(memory_file, engine, "1:0").known() == {}
+
+
+def test_a_disk_without_room_for_the_canonical_archive_is_refused_before_the_pass(tmp_path):
+    """The canonical pass writes an archive of up to the image's size; a disk without room for it is said in one
+    line before the pass starts (a full disk had stopped a cuda build minutes into the pass, its archive half
+    written)."""
+    free = shutil.disk_usage(tmp_path).free
+    reproducible.check_room(tmp_path, free // 2)
+    with pytest.raises(EnvironmentProblem, match=r"needs up to .* GB free in .*docker builder prune"):
+        reproducible.check_room(tmp_path, free + 10**12)

@@ -20,6 +20,7 @@ import hashlib
 import io
 import json
 import posixpath
+import shutil
 import tarfile
 import tempfile
 import time
@@ -278,6 +279,7 @@ def make_canonical(engine, built: str, tag: str, epoch: int, labels: dict[str, s
     choice) by its manifest's, which it writes itself: there the loaded image is checked by its layers instead."""
     started = time.monotonic()
     client = engine.sdk(timeout=3600)
+    check_room(workdir, int(client.images.get(built).attrs.get("Size") or 0))
     memory = _CanonicalMemory(workdir / CANONICAL_MEMORY, engine, f"{CANONICAL_FORMAT}:{epoch}")
     known = memory.known()
     try:
@@ -297,6 +299,16 @@ def make_canonical(engine, built: str, tag: str, epoch: int, labels: dict[str, s
     if built != tag:
         client.images.remove(built, noprune=False)
     return Canonical(archive.image_id, time.monotonic() - started, len(archive.diff_ids), archive.reused)
+
+
+def check_room(workdir: Path, image_bytes: int) -> None:
+    """The canonical pass writes the image's archive to a temporary file in `workdir` (up to the image's size): refuse
+    before it starts where that does not fit, rather than minutes in with the disk full."""
+    free = shutil.disk_usage(workdir).free
+    if free < image_bytes:
+        raise EnvironmentProblem(f"the canonical pass needs up to {image_bytes / 1e9:.1f} GB free in {workdir} for "
+                                 f"the image's archive, and {free / 1e9:.1f} GB is: free some (old images: `docker "
+                                 "image prune`; the builder's cache: `docker builder prune`) and build again")
 
 
 def _canonical_load(client, built: str, tag: str, epoch: int, labels: dict[str, str], workdir: Path, say,
