@@ -115,7 +115,10 @@ def second():
     import second_engine
     engine = second_engine.for_slot(support.SLOT)
     engine.start()
+    watch = second_engine.SocketWatch(engine)  # a flake under load lost this socket under a live dockerd: who?
+    watch.start()
     yield engine.url
+    watch.stop()
     current = support.cpu_tag()
     names = support.docker("--host", engine.url, "images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split()
     stale = [n for n in names if n.split(":")[0] == current.split(":")[0] and n != current]

@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -107,6 +108,39 @@ class Dockerd:
     def remove_bridge(self) -> None:
         """The bridge start() made (a throwaway's, once its dockerd is stopped)."""
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+
+
+class SocketWatch:
+    """Looks every second whether the engine's socket file is still there; the first time it is not while the engine
+    answers to its pid file, writes what ran on the machine then into the engine's folder and says so on stderr.
+    (A loaded flake-finder round lost this socket under a running dockerd, and nothing logged who took it.)"""
+
+    def __init__(self, engine: Dockerd, period_s: float = 1.0):
+        self.engine, self.period_s = engine, period_s
+        self.socket = Path(engine.url.removeprefix("unix://"))
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="second-engine-socket-watch")
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._done.wait(self.period_s):
+            pidfile = self.engine.run / "dockerd.pid"
+            if self.socket.exists() or not pidfile.exists():
+                continue
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            listing = subprocess.run(["ps", "-eo", "pid,ppid,lstart,args"], capture_output=True, text=True).stdout
+            report = self.engine.data / f"socket-gone-{stamp}.txt"
+            report.write_text(f"{self.socket} gone at {stamp} with dockerd {pidfile.read_text().strip()} running\n"
+                              f"{listing}")
+            print(f"second engine: {self.socket} is gone under a running dockerd; what ran: {report}",
+                  file=sys.stderr)
+            return
 
 
 def for_slot(slot: int) -> Dockerd:

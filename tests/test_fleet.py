@@ -417,3 +417,27 @@ def test_an_update_packed_on_top_of_an_image_carries_only_its_new_layers_and_loa
     finally:
         subprocess.run(["docker", "image", "rm", "-f", tag], capture_output=True)
         _on_second(second, "image", "rm", "-f", tag)
+
+
+def test_the_socket_watch_names_what_ran_when_the_engines_socket_went_under_it(tmp_path):
+    """The second engine's socket watch (conftest's `second`): a socket file gone while the pid file says the engine
+    runs is written down with what ran then, once."""
+    import time
+    engine = second_engine.Dockerd(tmp_path / "data", tmp_path / "run", "sk-none", "10.0.0.1/24", "10.0.1.0/24")
+    engine.data.mkdir()
+    engine.run.mkdir()
+    (engine.run / "docker.sock").write_text("")
+    (engine.run / "dockerd.pid").write_text("12345")
+    watch = second_engine.SocketWatch(engine, period_s=0.05)
+    watch.start()
+    try:
+        time.sleep(0.2)
+        assert not list(engine.data.glob("socket-gone-*"))  # there: nothing to say
+        (engine.run / "docker.sock").unlink()
+        deadline = time.monotonic() + 5
+        while not list(engine.data.glob("socket-gone-*")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        watch.stop()
+    [report] = engine.data.glob("socket-gone-*")
+    assert "with dockerd 12345 running" in report.read_text() and "PID" in report.read_text()
