@@ -30,10 +30,12 @@ ROOT = Path(__file__).resolve().parent.parent
 class Dockerd:
     """A dockerd of our own: its socket, data root, bridge and address pool apart from the first engine's."""
 
-    def __init__(self, data: Path, run: Path, bridge: str, bridge_address: str, pool: str):
+    def __init__(self, data: Path, run: Path, bridge: str, bridge_address: str, pool: str, orphans_stop: bool = False):
         self.data, self.run, self.bridge, self.bridge_address, self.pool = data, run, bridge, bridge_address, pool
         self.url = f"unix://{run}/docker.sock"
         self.proc: subprocess.Popen | None = None  # the dockerd this object started, the only one it stops
+        # A throwaway's socket belongs to the run holding its slot: a dockerd found there is a killed run's orphan.
+        self.orphans_stop = orphans_stop
 
     def answers(self) -> bool:
         got = subprocess.run(["docker", "--host", self.url, "version", "--format", "{{.Server.Version}}"],
@@ -63,7 +65,10 @@ class Dockerd:
                 subprocess.run(["ip", "link", "del", link["ifname"]], capture_output=True, check=True)
 
     def start(self, wait_s: float = 60) -> bool:
-        """Start it unless it answers already (left to whoever started it); True when this call started it."""
+        """Start it unless it answers already (left to whoever started it, but for a throwaway's orphan, which is
+        stopped first); True when this call started it."""
+        if self.orphans_stop:
+            self._stop_orphan()
         if self.answers():
             return False
         self._ensure_bridge()
@@ -104,6 +109,22 @@ class Dockerd:
             self.proc.kill()
             self.proc.wait(30)
         self.proc = None
+
+    def _stop_orphan(self, grace_s: float = 120) -> None:
+        """The dockerd its pid file names, left running by a run that was killed before its teardown: SIGTERM, and
+        wait until it has exited (its pid file goes with it)."""
+        pidfile = self.run / "dockerd.pid"
+        try:
+            pid = int(pidfile.read_text().strip())
+            # only that dockerd (its command line names this run folder): a stale file's pid may be anyone's now
+            if str(self.run).encode() not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return
+            os.kill(pid, signal.SIGTERM)
+        except (OSError, ValueError):  # no pid file, or its dockerd is gone already
+            return
+        deadline = time.monotonic() + grace_s
+        while pidfile.exists() and time.monotonic() < deadline:
+            time.sleep(0.3)
 
     def remove_bridge(self) -> None:
         """The bridge start() made (a throwaway's, once its dockerd is stopped)."""
@@ -154,7 +175,7 @@ def throwaway(data: Path, slot: int) -> Dockerd:
     """A dockerd of one test's own (its data in `data`), for what must stop and start an engine: never the shared
     one, which other tests of the run may be using."""
     return Dockerd(data, Path(f"/run/servekit-throwaway-engine-{slot}"), f"sk-throwaway-{slot}",
-                   f"10.212.{100 + slot}.1/24", f"10.216.{16 * slot}.0/20")
+                   f"10.212.{100 + slot}.1/24", f"10.216.{16 * slot}.0/20", orphans_stop=True)
 
 
 if __name__ == "__main__":

@@ -157,6 +157,26 @@ def test_restarting_a_second_engine_leaves_the_first_engines_bridge_alone(tmp_pa
 
 @pytest.mark.slow
 @pytest.mark.engine
+def test_a_throwaway_engine_left_running_by_a_killed_run_is_stopped_before_the_next_starts(tmp_path):
+    """A run killed before its teardown leaves its throwaway dockerd running on the slot's socket; the next run of
+    the slot found its pid file and could not start one ('pid file found'). The next start stops that orphan first."""
+    orphan = second_engine.throwaway(tmp_path / "orphan", SLOT)
+    assert orphan.start() is True
+    left = orphan.proc
+    orphan.proc = None  # as a killed run leaves it: nobody to stop it
+    engine = second_engine.throwaway(tmp_path / "engine", SLOT)
+    try:
+        assert engine.start() is True
+        assert left is not None and left.poll() is not None  # the orphan is gone, and this one is ours
+    finally:
+        engine.stop()
+        if left is not None and left.poll() is None:
+            left.kill()
+        engine.remove_bridge()
+
+
+@pytest.mark.slow
+@pytest.mark.engine
 def test_a_restarted_second_engine_reclaims_the_bridges_its_forgotten_networks_left(tmp_path):
     """A network left on an engine outlives its dockerd as a bridge holding a subnet of the engine's pool; the next
     start drops the network store, so unless those bridges go too, the pool fills up run after run until Compose
