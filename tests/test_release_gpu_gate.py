@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from servekit.config.load import load_matrix
+from servekit.engines.card import mps_cap_bytes
 from servekit.errors import CheckFailed
-from servekit.records.models import ProfileGate, ReleaseRecord
-from servekit.release.publish import gate, summary_text
+from servekit.records.models import ProfileGate, ReleaseRecord, RunReport
+from servekit.release.publish import gate, size_proof_problem, summary_text
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGE_ID = "sha256:" + "ab" * 32
@@ -231,3 +232,18 @@ def test_a_stand_ins_report_is_judged_by_the_checks_images_yaml_gives_that_model
     path.write_text(json.dumps({**json.loads(path.read_text()), "stand_in": None}))
     with pytest.raises(CheckFailed, match="calls spec_decode not required"):
         gate(matrix, "cuda", IMAGE_ID, tmp_path)
+
+
+def test_a_run_on_the_wsl2_card_totals_to_its_mps_cap_and_that_is_its_cards_memory_to_the_gate(matrix):
+    """The emulated WSL2 4090 caps the server at what vLLM finds free there and the context the cap holds; its GPU
+    samples total to that cap, which the gate takes as the card's memory (the free figure alone it refuses)."""
+    spec = matrix.cards["rtx4090-wsl2"]
+    cap = mps_cap_bytes(spec.total_bytes, spec.free_bytes)
+    assert spec.free_bytes is not None and cap > spec.free_bytes
+    report = _full_size("default", peak=cap - 2**28)
+    report["card"].update(card="rtx4090-wsl2", total_bytes=spec.total_bytes, cuda_arch="8.9")
+    report["memory"]["gpus"][0]["total_bytes"] = cap
+    assert size_proof_problem(matrix, RunReport.model_validate(report)) is None
+    report["memory"]["gpus"][0]["total_bytes"] = spec.free_bytes
+    said = size_proof_problem(matrix, RunReport.model_validate(report))
+    assert said and f"not its card's {cap:,}" in said

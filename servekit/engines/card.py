@@ -36,6 +36,12 @@ START_S = 20  # the daemon answers in well under a second when the driver is the
 STOP_S = 30
 
 
+def mps_cap_bytes(total_bytes: int, free_bytes: int | None) -> int:
+    """The MPS allocation cap of a card: its memory, whose context the card's total holds too; where the card gives
+    what vLLM finds free, that and the context the cap holds. What the run's GPU samples total to."""
+    return free_bytes + CONTEXT_IN_CAP_BYTES if free_bytes else total_bytes
+
+
 @dataclass(frozen=True)
 class Forced:
     variable: str
@@ -58,9 +64,7 @@ class Emulation:
 
     @property
     def cap_bytes(self) -> int:
-        """The MPS allocation cap: the card's memory, whose context the card's total holds too; where the card
-        gives what a process finds free, that and the context the cap holds."""
-        return self.free_bytes + CONTEXT_IN_CAP_BYTES if self.free_bytes else self.total_bytes
+        return mps_cap_bytes(self.total_bytes, self.free_bytes)
 
     @property
     def pipe_dir(self) -> Path:

@@ -24,6 +24,7 @@ from servekit.build.plan import TargetPlan
 from servekit.build.reproducible import epoch_seconds
 from servekit.config.matrix import Matrix
 from servekit.config.profiles import render_profiles
+from servekit.engines.card import mps_cap_bytes
 from servekit.engines.docker import local
 from servekit.engines.process import SCHEME as PROCESS_SCHEME
 from servekit.errors import CheckFailed, EnvironmentProblem, UserError
@@ -193,8 +194,8 @@ def _proves(matrix: Matrix, report: RunReport, what: str) -> bool:
 
 def size_proof_problem(matrix: Matrix, report: RunReport) -> str | None:
     """Why a report does not show its profile fitting a 24 GB card, or None. An emulated card (--card) must be one of
-    images.yaml, with that card's bytes as the matrix has them, and its GPU entry that card's memory (what a process
-    finds there); a real card at most the largest of images.yaml's cards. Either way each GPU entry peaks above 0
+    images.yaml, with that card's bytes as the matrix has them, and its GPU entry that card's MPS cap (its memory, or
+    where the card gives what vLLM finds free, that and the server's context: engines.card.mps_cap_bytes); a real card at most the largest of images.yaml's cards. Either way each GPU entry peaks above 0
     and within its total."""
     card, gpus = report.card, report.memory.gpus
     spec = None
@@ -212,8 +213,8 @@ def size_proof_problem(matrix: Matrix, report: RunReport) -> str | None:
         total, peak = entry["total_bytes"], entry["peak_used_bytes"]
         if peak is None:
             return f"its GPU memory entry {i} has no peak (no sample came)"
-        if spec is not None and total != (spec.free_bytes or spec.total_bytes):
-            return f"its GPU memory entry {i} totals {str(total)[:40]} bytes, not its card's {spec.total_bytes:,}"
+        if spec is not None and total != (cap := mps_cap_bytes(spec.total_bytes, spec.free_bytes)):
+            return f"its GPU memory entry {i} totals {str(total)[:40]} bytes, not its card's {cap:,}"
         if spec is None and not 0 < total <= max(c.total_bytes for c in matrix.cards.values()):
             return f"its GPU {entry.get('name', i)!s:.40} has {str(total)[:40]} bytes: not a 24 GB card"
         if not 0 < peak <= total:
