@@ -133,12 +133,7 @@ def need(layout: Layout, flags: Flags) -> Need:
         raise NotPredicted(f"{flags.method} drafting: its layers' KV is not in this arithmetic")
     if flags.kv_dtype not in KV_BYTES:
         raise NotPredicted(f"KV dtype {flags.kv_dtype}: its page is not in this arithmetic")
-    per_element, per_head = KV_BYTES[flags.kv_dtype]
-
-    def token_page(kv_heads: int, head_dim: int) -> int:  # one token, one layer
-        return int(2 * kv_heads * (head_dim * per_element + per_head))
-
-    attention_page = token_page(layout.kv_heads, layout.head_dim)
+    attention_page = _token_page(flags.kv_dtype, layout.kv_heads, layout.head_dim)
     drafts = flags.drafts if flags.method else 0  # every drafter's verify step widens the GDN conv state
     gdn_page = (layout.conv_rows + drafts) * layout.conv_dim * 2 + layout.ssm_elements * flags.ssm_bytes
     block = flags.block or ALIGN * math.ceil(gdn_page / (ALIGN * attention_page))
@@ -147,23 +142,29 @@ def need(layout: Layout, flags: Flags) -> Need:
               math.ceil(flags.max_len / block)),
              (layout.gdn_layers, 1 + drafts + (1 if flags.prefix_caching else 0))]  # align mode keeps one more
     if flags.method == "dflash":
-        kinds.append(_window_kind(layout, flags, block, token_page, attention_page))
+        kinds.append(_window_kind(layout, flags, block, attention_page))
     group = _group_size(kinds)
     per_request = sum(math.ceil(layers / group) * blocks for layers, blocks in kinds)
     return Need(block, group, sum(math.ceil(layers / group) for layers, _ in kinds), group * block * attention_page,
                 per_request)
 
 
-def _window_kind(layout: Layout, flags: Flags, block: int, token_page, attention_page: int) -> tuple[int, int]:
+def _token_page(kv_dtype: str, kv_heads: int, head_dim: int) -> int:
+    """An attention layer's KV bytes for one token."""
+    per_element, per_head = KV_BYTES[kv_dtype]
+    return int(2 * kv_heads * (head_dim * per_element + per_head))
+
+
+def _window_kind(layout: Layout, flags: Flags, block: int, attention_page: int) -> tuple[int, int]:
     """The DFlash drafter's sliding-window layers: the window less one and every token in flight (two batches under
     async scheduling), in blocks, and one more for a window that starts mid-block."""
     d = layout.drafter
     if d is None:
         raise NotPredicted("dflash drafting: no drafter config to size its window layers from")
-    if token_page(d.kv_heads, d.head_dim) != attention_page:
-        raise NotPredicted(f"dflash drafting with {flags.kv_dtype} KV: the drafter's page ("
-                           f"{token_page(d.kv_heads, d.head_dim)} B a token and layer) is not the target's "
-                           f"({attention_page} B), and how vLLM evens them is not in this arithmetic")
+    if (page := _token_page(flags.kv_dtype, d.kv_heads, d.head_dim)) != attention_page:
+        raise NotPredicted(f"dflash drafting with {flags.kv_dtype} KV: the drafter's page ({page} B a token and "
+                           f"layer) is not the target's ({attention_page} B), and how vLLM evens them is not in this "
+                           "arithmetic")
     in_flight = (2 if flags.async_scheduling else 1) * flags.batched_tokens
     return d.window_layers, math.ceil(min(d.window - 1 + in_flight, flags.max_len) / block) + 1
 
