@@ -68,7 +68,7 @@ class Dockerd:
         """Start it unless it answers already (left to whoever started it, but for a throwaway's orphan, which is
         stopped first); True when this call started it."""
         if self.orphans_stop:
-            self._stop_orphan()
+            self.stop_by_pid_file()
         if self.answers():
             return False
         self._ensure_bridge()
@@ -110,9 +110,9 @@ class Dockerd:
             self.proc.wait(30)
         self.proc = None
 
-    def _stop_orphan(self, grace_s: float = 120) -> None:
-        """The dockerd its pid file names, left running by a run that was killed before its teardown: SIGTERM, and
-        wait until it has exited (its pid file goes with it)."""
+    def stop_by_pid_file(self, grace_s: float = 120) -> None:
+        """The dockerd its pid file names (one started by hand, or left running by a run killed before its
+        teardown): SIGTERM, and wait until it has exited (its pid file goes with it)."""
         pidfile = self.run / "dockerd.pid"
         try:
             pid = int(pidfile.read_text().strip())
@@ -184,8 +184,6 @@ if __name__ == "__main__":
         engine.start()
         print(engine.url)  # left running: `stop` below finds it by its pid file
     elif sys.argv[1:] == ["stop"]:
-        pidfile = engine.run / "dockerd.pid"
-        if pidfile.exists():
-            os.kill(int(pidfile.read_text().strip()), signal.SIGTERM)
+        engine.stop_by_pid_file()
     else:
         sys.exit("usage: python tests/second_engine.py start|stop")
