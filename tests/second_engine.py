@@ -109,6 +109,7 @@ class Dockerd:
             self.proc.kill()
             self.proc.wait(30)
         self.proc = None
+        self._unmount_leftovers()
 
     def stop_by_pid_file(self, grace_s: float = 120) -> None:
         """The dockerd its pid file names (one started by hand, or left running by a run killed before its
@@ -125,6 +126,18 @@ class Dockerd:
         deadline = time.monotonic() + grace_s
         while pidfile.exists() and time.monotonic() < deadline:
             time.sleep(0.3)
+        if not pidfile.exists():
+            self._unmount_leftovers()
+
+    def _unmount_leftovers(self) -> None:
+        """What a dockerd that did not shut down cleanly left mounted under its data root, deepest first: it binds
+        the root onto itself (and its containers' layers under it) and unmounts them only on a clean shutdown, and a
+        mount left there makes the folder impossible to remove (pytest's clean-up then warns into every later run
+        on the machine)."""
+        root = str(self.data / "data")
+        points = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+        for point in sorted((p for p in points if p == root or p.startswith(root + "/")), key=len, reverse=True):
+            subprocess.run(["umount", point], capture_output=True)
 
     def remove_bridge(self) -> None:
         """The bridge start() made (a throwaway's, once its dockerd is stopped)."""

@@ -177,6 +177,31 @@ def test_a_throwaway_engine_left_running_by_a_killed_run_is_stopped_before_the_n
 
 @pytest.mark.slow
 @pytest.mark.engine
+def test_an_engine_killed_mid_run_leaves_nothing_mounted_once_stopped(tmp_path):
+    """A dockerd binds its data root onto itself and lets go of it only on a clean shutdown; one killed left the
+    mount behind, and every later pytest on the machine warned that it could not remove the folder (which failed
+    the rerun rule's tests, which count their own summary's words)."""
+    engine = second_engine.throwaway(tmp_path / "engine", SLOT)
+    root = str(tmp_path / "engine" / "data")
+    try:
+        assert engine.start() is True
+        assert engine.proc is not None
+        assert root in _mount_points()  # what dockerd does: else this test proves nothing
+        engine.proc.kill()
+        engine.proc.wait(30)
+        engine.stop()
+        assert not [p for p in _mount_points() if p == root or p.startswith(root + "/")]
+    finally:
+        engine.stop()
+        engine.remove_bridge()
+
+
+def _mount_points() -> list[str]:
+    return [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+
+
+@pytest.mark.slow
+@pytest.mark.engine
 def test_a_restarted_second_engine_reclaims_the_bridges_its_forgotten_networks_left(tmp_path):
     """A network left on an engine outlives its dockerd as a bridge holding a subnet of the engine's pool; the next
     start drops the network store, so unless those bridges go too, the pool fills up run after run until Compose
