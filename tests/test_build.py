@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from support import ROOT, TEST_PROJECT, cpu_tag, docker, run_build_py, tracked_copy, work_dir
 
-from servekit.build.plan import plan_targets
+from servekit.build.plan import plan_for, plan_targets
+from servekit.exclusive import machine_wide
 from servekit.image.series import read_series
 from servekit.layout import WHEELHOUSE
 
@@ -221,12 +222,16 @@ def test_an_unreachable_index_is_named(tmp_path):
     assert "index http://127.0.0.1:9/simple" in result.stderr and "cannot be reached" in result.stderr
 
 
-def test_no_engine_is_one_clear_line():
+def test_no_engine_is_one_clear_line_even_while_another_build_of_the_tag_runs():
+    """The refusal comes at once: it waited behind the machine's build of the same tag (another worker's), and hit
+    its own deadline in a loaded CI run."""
     env = dict(os.environ, DOCKER_HOST="unix:///nonexistent/docker.sock")
-    result = subprocess.run([sys.executable, str(ROOT / "build.py"), "image", "--target", "cpu", "--force"], cwd=work_dir(),
-                            env=env, capture_output=True, text=True, timeout=120)
+    with machine_wide("build", cpu_tag(work_dir()), wait_s=5):  # another build of this tag, under way
+        result = subprocess.run([sys.executable, str(ROOT / "build.py"), "image", "--target", "cpu", "--force"],
+                                cwd=work_dir(), env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1
     assert "no Docker engine answers at unix:///nonexistent/docker.sock" in result.stderr
+    assert "waiting" not in result.stderr.lower(), result.stderr
 
 
 def test_dockerfile_lints_clean():
@@ -376,11 +381,11 @@ def test_index_credentials_reach_the_build_only_as_a_secret_file(tmp_path, monke
     import yaml
 
     from servekit.build.builder import _command
+    from servekit.config.session import Session
     from servekit.credentials import pip_config, with_auth
-    from servekit.session import Session
     monkeypatch.setenv("SERVEKIT_INDEX_AUTH_PYPI", f"servekit-test:{TOKEN}")
     session = Session.open(ROOT / "images.yaml")
-    plan = session.plan("cpu")
+    plan = plan_for(session, "cpu")
     secret = tmp_path / "pip.conf"
     secret.write_text(pip_config(with_auth(session.matrix.indexes["pypi"].url, "pypi"), []))
     assert TOKEN in secret.read_text()

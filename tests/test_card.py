@@ -106,12 +106,11 @@ def test_a_card_that_cannot_be_emulated_is_refused_in_one_line(mps_host, monkeyp
 
 
 def test_run_up_and_sweep_refuse_a_card_before_they_build_or_ask_for_a_gpu(monkeypatch):
-    from servekit.serve import commands, sweep
-    from servekit.session import Session
+    from servekit.config.session import Session
+    from servekit.serve import commands, ready, sweep
     session = Session.open(ROOT / "images.yaml")
     built: list[str] = []
-    monkeypatch.setattr(commands, "ensure_built", lambda *a, **k: built.append("run"))
-    monkeypatch.setattr(sweep, "ensure_built", lambda *a, **k: built.append("sweep"))
+    monkeypatch.setattr(ready, "ensure_built", lambda *a, **k: built.append("built"))
     refusals = ((lambda: commands.run(session, "cpu", card="rtx3090"), "target cpu has no GPU to emulate a card on"),
                 (lambda: commands.run(session, "cuda", card="rtx5090"), "expected one of rtx3090, rtx4090"),
                 (lambda: sweep.sweep(session, "default", ["GPU_UTIL=0.2"], target="cpu", card="rtx3090"),
@@ -239,7 +238,7 @@ def test_the_memory_summary_on_a_card_is_the_cards():
 
 def test_stand_in_refuses_a_target_whose_model_has_no_published_layout(tmp_path):
     from servekit.build.standin import write_stand_in
-    from servekit.session import Session
+    from servekit.config.session import Session
     with pytest.raises(UserError, match="target cpu's model has no source_folder"):
         write_stand_in(Session.open(ROOT / "images.yaml"), tmp_path / "m", True, 0, "small", target="cpu")
     assert not (tmp_path / "m").exists()
@@ -248,8 +247,8 @@ def test_stand_in_refuses_a_target_whose_model_has_no_published_layout(tmp_path)
 def test_smoke_with_a_card_refuses_a_server_that_runs_on_another_or_none(monkeypatch, tmp_path):
     from types import SimpleNamespace
 
+    from servekit.config.session import Session
     from servekit.serve import commands, deploy
-    from servekit.session import Session
     session = Session.open(ROOT / "images.yaml")
     key = tmp_path / "api_key"
     key.write_text("sk-" + "x" * 40 + "\n")

@@ -96,7 +96,7 @@ def test_the_cycle_finder_finds_a_cycle():
 # anything.
 LAYERS = ("servekit.image", "servekit.wsl2", "servekit.smoke", "servekit.config", "servekit.records",
           "servekit.engines", "servekit.build", "servekit.serve", "servekit.release", "servekit.machine")
-DOOR = ("servekit.cli", "servekit.commands", "servekit.session")
+DOOR = ("servekit.cli", "servekit.commands")
 MAX_FUNCTION_LINES = 80
 
 

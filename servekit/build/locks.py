@@ -23,6 +23,7 @@ from packaging.utils import canonicalize_name
 from servekit.atomic import write_text
 from servekit.build.index import IndexUnreachable, release_exists
 from servekit.config.matrix import Matrix
+from servekit.config.session import Session
 from servekit.config.settings import ENV_WHEELS
 from servekit.credentials import auth, with_auth
 from servekit.errors import EnvironmentProblem, UserError
@@ -319,7 +320,7 @@ def make_host_lock(matrix: Matrix, root: Path, say) -> Path:
     return root / HOST_LOCK
 
 
-def make_locks(session, targets: list[str] | None = None, host: bool = True, images: bool = True,
+def make_locks(session: Session, targets: list[str] | None = None, host: bool = True, images: bool = True,
                say=print) -> list[Path]:
     """`lock`: the named targets' locks (all when none is named) and the host's."""
     written = []

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 from servekit.build.builder import replace_tree, stage_components
+from servekit.build.plan import plan_for
+from servekit.config.session import Session
 from servekit.errors import UserError
 from servekit.image import CODE_DIR
 from servekit.image.components import MANIFEST
@@ -16,7 +18,7 @@ from servekit.image.series import check_applied, read_series, settled_files, sit
 from servekit.layout import staged_env
 
 
-def patch_environment(session, target: str, python: str, say=print) -> list[str]:
+def patch_environment(session: Session, target: str, python: str, say=print) -> list[str]:
     """Apply the patch series and the components to the vLLM of the environment whose interpreter is `python`,
     with the code and inputs the image build uses; what was applied. An environment already patched is left
     as it is; one patched in part is refused."""
@@ -24,7 +26,7 @@ def patch_environment(session, target: str, python: str, say=print) -> list[str]
     if not os.access(interpreter, os.X_OK):
         raise UserError(f"--python {python}: no interpreter there; make the environment as docs/install.md says")
     matrix = session.matrix
-    plan = session.plan(target)
+    plan = plan_for(session, target)
     staged = staged_env(session.root, target)
     settled = settled_files(staged / "components" / MANIFEST)  # from an earlier patch-env
     replace_tree(staged / "patches", session.root / matrix.series.dir)

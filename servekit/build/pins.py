@@ -20,6 +20,7 @@ from servekit.build.portcheck import FINDINGS, run_port, trailer_findings
 from servekit.config.derived import derive_files
 from servekit.config.load import load_matrix
 from servekit.config.matrix import Matrix
+from servekit.config.session import Session
 from servekit.errors import EnvironmentProblem, UserError
 from servekit.image.series import SeriesError, read_series
 
@@ -207,7 +208,7 @@ def apply_bump(bump: Bump, writes: dict[Path, str], root: Path) -> None:
         (root / src).rename(root / dst)
 
 
-def _port(session, to: str, plan: Bump, say) -> None:
+def _port(session: Session, to: str, plan: Bump, say) -> None:
     """The port checks against the new vLLM, as `port --to` runs them: their summaries said, their findings
     problems."""
     try:
@@ -219,7 +220,7 @@ def _port(session, to: str, plan: Bump, say) -> None:
     plan.findings.problems += [line for line in report.lines if line.split(": ", 1)[1].startswith(FINDINGS)]
 
 
-def bump(session, to: str, dry_run: bool = False, say=print) -> Bump:
+def bump(session: Session, to: str, dry_run: bool = False, say=print) -> Bump:
     """`bump --to`: every mechanical vLLM pin moved and every lock made again from the moved pins (unless dry_run),
     with what a person must review."""
     try:

@@ -19,6 +19,7 @@ from servekit.build.locks import LAYERS, lock_file
 from servekit.build.reproducible import CANONICAL_FORMAT
 from servekit.config.matrix import Matrix
 from servekit.config.profiles import render_profiles
+from servekit.config.session import Session
 from servekit.config.settings import BuildSettings
 from servekit.image.series import SeriesError, read_series
 from servekit.layout import IMAGE_CODE
@@ -160,3 +161,12 @@ def plan_targets(matrix: Matrix, root: Path, targets: list[str] | None = None, i
             inputs=[p.relative_to(root).as_posix() for p in inputs],
             build_info={**facts, "digest": digest, "tag": tag}, profiles=profiles))
     return plans
+
+
+def plans_for(session: Session, targets: list[str] | None = None, image_exists=None) -> list[TargetPlan]:
+    """Each target's plan under this machine's settings: the tag every command agrees on."""
+    return plan_targets(session.matrix, session.root, targets, image_exists, session.settings)
+
+
+def plan_for(session: Session, target: str) -> TargetPlan:
+    return plans_for(session, [target])[0]

@@ -30,6 +30,7 @@ from packaging.version import InvalidVersion, Version
 from servekit.atomic import write_text
 from servekit.build.findings import Findings
 from servekit.build.index import download_wheel
+from servekit.config.session import Session
 from servekit.errors import UserError
 from servekit.image.series import PATCH_ARGS, Patch, SeriesError, _patch, apply_series, read_series
 
@@ -434,7 +435,7 @@ def port(series_dir: Path, old_wheel: Path, new_wheel: Path, target: str, old: s
         return report
 
 
-def run_port(session, to: str, targets: list[str] | None = None, accept: dict[str, str] | None = None,
+def run_port(session: Session, to: str, targets: list[str] | None = None, accept: dict[str, str] | None = None,
              say=print) -> Report:
     """`port --to X`: the checks for each target (all when none is named) between the pinned vLLM and X, from the
     pristine wheels (downloaded once into .cache/pristine). `accept` is recorded in the series first."""

@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from servekit.build.builder import build_image
+from servekit.build.plan import plan_for
 from servekit.build.reproducible import compare
+from servekit.config.session import Session
 from servekit.engines.docker import local
 from servekit.output import as_output
 
@@ -35,10 +37,10 @@ class Reproduction:
                 "second_seconds": round(self.second_seconds, 1), "differences": self.differences}
 
 
-def reproduce(session, target: str, say=None) -> Reproduction:
+def reproduce(session: Session, target: str, say=None) -> Reproduction:
     """The target's image (built first if it is not here), then a rebuild from nothing, compared."""
     say = as_output(say)
-    plan = session.plan(target)
+    plan = plan_for(session, target)
     engine = local()
     first = build_image(session.matrix, plan, session.root, session.settings, say=say)
     first_id = engine.image(plan.tag).id

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from servekit.build import demomodel
 from servekit.build.builder import ensure_built
+from servekit.config.session import Session
 from servekit.engines.docker import local
 from servekit.errors import UserError
 
@@ -34,7 +35,7 @@ def regenerate(engine, image: str, dest: Path, say=print, steps: int = demomodel
         shutil.rmtree(work, ignore_errors=True)
 
 
-def regenerate_shipped(session, say=print, steps: int = demomodel.STEPS) -> Path:
+def regenerate_shipped(session: Session, say=print, steps: int = demomodel.STEPS) -> Path:
     """`demo-model`: train the generated model of the matrix again, in the image of the first target that serves
     it (built first if need be: its torch does the training), and replace the shipped folder."""
     matrix = session.matrix
@@ -43,6 +44,7 @@ def regenerate_shipped(session, say=print, steps: int = demomodel.STEPS) -> Path
     if not served:
         raise UserError("no target of images.yaml serves a generated model (models.<name>.source: generated)")
     target, model = served[0]
+    assert model.dir, "a generated model names its folder (images.yaml is refused at load otherwise)"
     plan = ensure_built(session, target, say)
     dest = session.root / model.dir
     say(f"demo-model: training in {plan.tag} for {steps} steps (about 3 per CPU second), then replacing {model.dir}/")

@@ -6,6 +6,9 @@ from __future__ import annotations
 from contextlib import contextmanager
 from pathlib import Path
 
+from servekit.build.plan import plan_for
+from servekit.config.session import Session
+from servekit.engines import choice
 from servekit.engines.docker import local
 from servekit.errors import UserError
 
@@ -13,7 +16,7 @@ CONTAINER_OUT = "/out"
 CONTAINER_TOKENIZER = "/tokenizer"
 
 
-def default_out(session, target: str | None = None) -> Path:
+def default_out(session: Session, target: str | None = None) -> Path:
     """Where the matrix's full-size stand-in of the target's model lives (models.<name>.dir's folder), so that
     MODEL_DIR naming it is recognised and judged as that stand-in (its not_required checks)."""
     matrix = session.matrix
@@ -34,13 +37,13 @@ def _out_folder(out: Path):
         raise UserError(f"stand-in: --out {str(out)[:80]}: {exc.strerror}; name a folder you can write") from None
 
 
-def write_stand_in(session, out: Path, drafter: bool, seed: int, scale: str, target: str | None = None,
+def write_stand_in(session: Session, out: Path, drafter: bool, seed: int, scale: str, target: str | None = None,
                    convert: bool = True, say=print) -> tuple[Path, Path | None]:
     """The model into out/<its source folder> (and its DFlash2 drafter beside it), through `target`'s image, then
     (`convert`) prepare's conversions on it, timed. (model folder, drafter folder)."""
     matrix = session.matrix
     engine = local()  # the image runs on this machine, where the folder is
-    target = session.target(target, engine)
+    target = choice.target(session, target, engine)
     served = matrix.models[matrix.targets[target].model]
     # the tokenizer of a trained stand-in of the same model (a real BPE with the chat's special tokens)
     tokenizer = matrix.stand_in_proving(matrix.targets[target].model, "function")
@@ -57,7 +60,7 @@ def write_stand_in(session, out: Path, drafter: bool, seed: int, scale: str, tar
             if folder and folder.exists() and any(folder.iterdir()):
                 raise UserError(f"stand-in: {folder} is not empty; remove it or name another --out")
     engine.check()
-    image = session.plan(target).tag
+    image = plan_for(session, target).tag
     if not engine.image_exists(image):
         raise UserError(f"stand-in: {image} is not here; run `python3 build.py image --target {target}` first")
     with _out_folder(out):  # made only once the image is there: a refused run leaves nothing behind

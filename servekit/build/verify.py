@@ -9,10 +9,11 @@ from servekit.build.locks import problems as lock_problems
 from servekit.build.pins import copin_problems, mirror_problems
 from servekit.build.portcheck import trailer_findings
 from servekit.config.derived import stale
+from servekit.config.session import Session
 from servekit.image.series import SeriesError, prove_on_pristine, read_series
 
 
-def verify(session, offline: bool = False, series: bool = True, say=print) -> Findings:
+def verify(session: Session, offline: bool = False, series: bool = True, say=print) -> Findings:
     matrix, root = session.matrix, session.root
     findings = Findings()
     findings.extend(mirror_problems(matrix, root))
@@ -37,7 +38,7 @@ def verify(session, offline: bool = False, series: bool = True, say=print) -> Fi
     return findings
 
 
-def prove_series(session, offline: bool, say=print) -> Findings:
+def prove_series(session: Session, offline: bool, say=print) -> Findings:
     """The series applied, per target, to a pristine tree of that target's pinned vLLM wheel."""
     matrix = session.matrix
     out = Findings()

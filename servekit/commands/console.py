@@ -15,7 +15,7 @@ from servekit.output import Output
 
 
 def open_session(args):
-    from servekit.session import Session
+    from servekit.config.session import Session
     return Session.open(args.matrix, args.base, args.without, args.wheels)
 
 

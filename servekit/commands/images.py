@@ -13,7 +13,7 @@ from servekit.commands.parsing import Commands
 
 def cmd_image(args) -> int:
     from servekit.build.builder import build_targets
-    from servekit.serve.deploy import ready_for_compose
+    from servekit.serve.ready import ready_for_compose
     session = open_session(args)
     results = build_targets(session, args.target, args.force or args.no_cache, say=channel("image: "),
                             no_cache=args.no_cache)
@@ -30,8 +30,9 @@ def cmd_image(args) -> int:
 
 def cmd_reproduce(args) -> int:
     from servekit.build.reproduce import reproduce
+    from servekit.engines import choice
     session = open_session(args)
-    result = reproduce(session, session.check_target(args.target or session.default_target()), say=channel("reproduce: "))
+    result = reproduce(session, choice.target(session, args.target), say=channel("reproduce: "))
     if args.json:
         emit_json(result.as_json())
     else:
@@ -63,8 +64,9 @@ def cmd_stand_in(args) -> int:
 
 def cmd_patch_env(args) -> int:
     from servekit.build.patchenv import patch_environment
+    from servekit.engines import choice
     session = open_session(args)
-    applied = patch_environment(session, session.target(args.target), args.python, say=channel())
+    applied = patch_environment(session, choice.target(session, args.target), args.python, say=channel())
     if args.json:
         emit_json({"applied": applied})
     return 0

@@ -14,12 +14,13 @@ from servekit.commands.parsing import Commands
 
 
 def cmd_plan(args) -> int:
+    from servekit.build.plan import plans_for
     from servekit.engines.docker import local
     session = open_session(args)
     for t in args.target or []:
         session.check_target(t)
     engine = local()
-    plans = session.plans(args.target, engine.image_exists if engine.answers() else None)
+    plans = plans_for(session, args.target, engine.image_exists if engine.answers() else None)
     if args.json:
         emit_json({"matrix": str(args.matrix), "vllm": session.matrix.vllm, "targets": [p.to_json() for p in plans]})
         return 0

@@ -41,10 +41,11 @@ def cmd_release(args) -> int:
 
 
 def cmd_pull(args) -> int:
+    from servekit.engines import choice
     from servekit.release.fetch import pull_release
-    from servekit.serve.deploy import ready_for_compose
+    from servekit.serve.ready import ready_for_compose
     session = open_session(args)
-    pulled = pull_release(session, session.check_target(args.target or session.default_target()), args.registry,
+    pulled = pull_release(session, choice.target(session, args.target), args.registry,
                           say=channel("pull: "), moving=args.moving)
     ready_for_compose(session, pulled.target, pulled.tag)  # for `docker compose up PROFILE` in compose/
     if args.json:

@@ -13,6 +13,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from servekit.build.plan import plan_for
+from servekit.config.session import Session
 from servekit.engines.docker import local
 from servekit.errors import CheckFailed, EnvironmentProblem
 from servekit.output import as_output
@@ -29,11 +31,11 @@ class Pulled:
     seconds: float
 
 
-def pull_release(session, target: str, given_registry: str | None = None, say=None, moving: bool = False) -> Pulled:
+def pull_release(session: Session, target: str, given_registry: str | None = None, say=None, moving: bool = False) -> Pulled:
     """This checkout's release of `target`, tagged as its build would be; with `moving`, the release's moving tag of
     the pinned vLLM instead (the newest release, another build than this checkout's), kept under its own name."""
     say = as_output(say)
-    plan = session.plan(target)
+    plan = plan_for(session, target)
     reference = released_reference(session.matrix, plan, given_registry, session.root)
     repository, _, exact = reference.rpartition(":")
     newest = release_tags(session.matrix, plan)[1]

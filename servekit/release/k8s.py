@@ -14,9 +14,11 @@ from pathlib import Path
 import yaml
 
 from servekit.atomic import write_text
-from servekit.build.plan import TargetPlan
+from servekit.build.plan import TargetPlan, plan_for
 from servekit.config.matrix import Matrix
 from servekit.config.profiles import resolve_knobs
+from servekit.config.session import Session
+from servekit.engines import choice
 from servekit.errors import CheckFailed, UserError
 from servekit.image.launcher import CONTAINER_PORT, HOST_KIND_ENV
 from servekit.layout import CACHE_MOUNT, IMAGE_UID, MODELS_MOUNT
@@ -142,15 +144,15 @@ def validate(docs: list[dict], version: str = "1.31") -> list[str]:
     return problems
 
 
-def render_profile(session, profile: str, out: Path, target: str | None = None, host: str = "native",
+def render_profile(session: Session, profile: str, out: Path, target: str | None = None, host: str = "native",
                    kube_version: str = "1.31") -> tuple[list[Path], str]:
     """`render k8s`: the manifests for one profile, validated before anything is written; (paths, how the image
     is referenced)."""
     matrix = session.matrix
-    target = session.profile_target(profile, target)
+    target = choice.profile_target(session, profile, target)
     if host not in matrix.hosts:
         raise UserError(f"--host {host}: expected one of {', '.join(matrix.hosts)}")
-    image, how = image_reference(matrix, session.plan(target), session.root)
+    image, how = image_reference(matrix, plan_for(session, target), session.root)
     docs = render(matrix, profile, target, host, image)
     problems = validate(docs, kube_version)
     if problems:

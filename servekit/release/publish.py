@@ -20,10 +20,11 @@ from packaging.version import Version
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from servekit.build.builder import component_digest
-from servekit.build.plan import TargetPlan
+from servekit.build.plan import TargetPlan, plans_for
 from servekit.build.reproducible import epoch_seconds
 from servekit.config.matrix import Matrix
 from servekit.config.profiles import render_profiles
+from servekit.config.session import Session
 from servekit.engines.card import mps_cap_bytes
 from servekit.engines.docker import local
 from servekit.engines.process import SCHEME as PROCESS_SCHEME
@@ -316,7 +317,7 @@ def component_digests(matrix: Matrix, root: Path, plan: TargetPlan) -> dict[str,
             for name, state in plan.components.items()}
 
 
-def verify_release(session, say=print) -> list[str]:
+def verify_release(session: Session, say=print) -> list[str]:
     """`release --verify`: read releases/v<vllm>.json back and ask the registry, through the engine, whether every
     tag still serves the digest it names; the problems (none: the registry serves what was released)."""
     path = manifest_path(session.root, session.matrix)
@@ -406,7 +407,7 @@ def release_targets(matrix: Matrix, root: Path, engine, registry_path: str, plan
     return releases
 
 
-def release(session, registry: str | None = None, targets: list[str] | None = None, dry_run: bool = False,
+def release(session: Session, registry: str | None = None, targets: list[str] | None = None, dry_run: bool = False,
             tag_git: bool = False, say=print) -> tuple[Path | None, list[ReleaseRecord]]:
     """Push each target's checked image (all targets, or those named); (the manifest written, the records)."""
     matrix, root = session.matrix, session.root
@@ -419,7 +420,7 @@ def release(session, registry: str | None = None, targets: list[str] | None = No
     engine = local()
     engine.check()
     names = [session.check_target(t) for t in (targets or list(matrix.targets))]
-    plans = {p.target: p for p in session.plans(names)}
+    plans = {p.target: p for p in plans_for(session, names)}
     releases = release_targets(matrix, root, engine, registry_path(matrix, registry, root), plans,
                                explicit=bool(targets), dry_run=dry_run, say=say)
     if dry_run:

@@ -7,8 +7,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from servekit import engines
-from servekit.build.builder import ensure_built
-from servekit.engines import transfer
+from servekit.config.session import Session
+from servekit.engines import choice, transfer
 from servekit.errors import UserError
 from servekit.image.boundary import Missing, Refused, read_secret
 from servekit.image.launcher import HOST_KIND_ENV
@@ -20,6 +20,7 @@ from servekit.serve import deploy
 from servekit.serve.boot import boot
 from servekit.serve.checks import checks_to_run, not_required_results, smoke
 from servekit.serve.pipeline import run_profiles
+from servekit.serve.ready import deployment, ready_to_serve
 from servekit.serve.watch import READY
 from servekit.smoke import Context
 
@@ -50,22 +51,17 @@ class Up:
         return asdict(self)
 
 
-def up_profile(session, profile: str, target: str | None = None, host: str | None = "auto", engine=None,
+def up_profile(session: Session, profile: str, target: str | None = None, host: str | None = "auto", engine=None,
                port: int | None = None, timeout_s: float | None = None, say=print,
                knobs: dict[str, str] | None = None, card: str | None = None) -> Up:
     """Start `profile` (with `knobs` over its own) and watch it to healthy; what it became (URL, key file, served
     name, the knobs it runs with, timings, memory). Raises BootFailed when it did not come up (it is taken down)."""
     engine = engine or engines.resolve(None)
-    engine.check()
-    target = session.profile_target(profile, target, engine)
-    session.check_knobs([profile], target, knobs)
-    session.check_card(card, target, engine)
-    session.require_gpu(target, engine, f"up: {profile}")
-    dep = session.deployment(target, engine, host, port, card=card)
+    ready = ready_to_serve(session, [engine], "up", [profile], target=target, host=host, port=port,
+                           knob_sets=[knobs] if knobs else None, card=card, build=False)
+    target, dep = ready.target, ready.deployments[0]
     arrived = transfer.ensure_image(engine, dep.image, say=lambda line: say(f"up: {line}"))
     deploy.check_bind(dep.bind, say)
-    key_file = deploy.ensure_secrets(dep)
-    deploy.write_env(dep)
     if unread := deploy.unread_settings(dep):
         say(f"up: note: {', '.join(unread)} in {dep.env_file.name} reach nothing: neither knobs nor settings that "
             "Compose or servekit read (compose/.env.example lists those); to hand one to the server, name it under "
@@ -83,7 +79,7 @@ def up_profile(session, profile: str, target: str | None = None, host: str | Non
     record, memory = booted.record, booted.memory()
     shared = memory["shared_usage"]
     return Up(profile=profile, target=target, host=dep.host, engine=engine.given, image=dep.image,
-              url=engines.address(engine, dep.bind, dep.port), api_key_file=str(key_file),
+              url=engines.address(engine, dep.bind, dep.port), api_key_file=str(ready.key_file),
               served_name=session.matrix.models[session.matrix.targets[target].model].served_name,
               knobs=deploy.knobs_of(server.state()),
               container=server.name, time_to_healthy_s=record.time_to_healthy_s,
@@ -92,17 +88,7 @@ def up_profile(session, profile: str, target: str | None = None, host: str | Non
               shared_usage={k: v for k, v in shared.items() if k != "series"} if shared else None)
 
 
-def profiles_of(session, target: str, wanted: list[str] | None) -> list[str]:
-    """The profiles asked for (each must run on `target`), else the target's first."""
-    matrix = session.matrix
-    mine = [p for p, spec in matrix.profiles.items() if target in spec.targets]
-    for name in wanted or []:
-        if name not in mine:
-            raise UserError(f"--profile {name}: not a profile of the {target} target (those are: {', '.join(mine)})")
-    return wanted or mine[:1]
-
-
-def run(session, target: str | None = None, profiles: list[str] | None = None, host: str | None = "auto",
+def run(session: Session, target: str | None = None, profiles: list[str] | None = None, host: str | None = "auto",
         engine=None, port: int | None = None, say=print, knobs: dict[str, str] | None = None,
         only: list[str] | None = None, boot_timeout_s: float | None = None,
         card: str | None = None) -> list[tuple[RunReport, Path]]:
@@ -110,27 +96,21 @@ def run(session, target: str | None = None, profiles: list[str] | None = None, h
     `knobs` are set for every boot (and recorded); `only` runs those checks instead of each profile's own;
     `boot_timeout_s` bounds each boot (a failed boot still gets its report)."""
     engine = engine or engines.resolve(None)
-    target = session.target(target, engine)
-    profiles = profiles_of(session, target, profiles)
-    checks_to_run(session.matrix, profiles[0], target, only)  # a misspelt --check ends here, before any boot
-    session.check_knobs(profiles, target, knobs)
-    session.check_card(card, target, engine)
-    engine.check()
-    session.require_gpu(target, engine, f"run: {', '.join(profiles)}")
-    plan = ensure_built(session, target, say=as_output(say).child("run: "), engine=engine)
-    dep = session.deployment(target, engine, host, port, tag=plan.tag, card=card)
+    ready = ready_to_serve(session, [engine], "run", profiles,
+                           target=target, host=host, port=port, knob_sets=[knobs] if knobs else None, card=card,
+                           checks=only, say=as_output(say).child("run: "))
+    plan, dep = ready.plan, ready.deployments[0]
+    assert plan is not None, "run builds"
     if dep.card:
         say(f"run: {dep.card.said()}")
-    key_file = deploy.ensure_secrets(dep)
-    deploy.write_env(dep)
-    return run_profiles(session.matrix, dep, profiles, key_file, say=say, knobs=knobs, only=only,
+    return run_profiles(session.matrix, dep, ready.profiles, ready.key_file, say=say, knobs=knobs, only=only,
                         boot_timeout_s=boot_timeout_s,
-                        release=released(session.root, session.matrix, target, plan.digest),
+                        release=released(session.root, session.matrix, ready.target, plan.digest),
                         write=lambda report, series: write_report(session.root / "reports" / report.run_id,
                                                                   report, series))
 
 
-def smoke_running(session, profile: str, target: str | None = None, engine=None, url: str | None = None,
+def smoke_running(session: Session, profile: str, target: str | None = None, engine=None, url: str | None = None,
                   api_key_file: Path | None = None, on_result=None, only: list[str] | None = None,
                   timeout_s: float | None = None, card: str | None = None) -> tuple[str, list]:
     """The profile's checks (or `only` those) against a server already running: its container on `engine`, or
@@ -143,11 +123,11 @@ def smoke_running(session, profile: str, target: str | None = None, engine=None,
         raise UserError("--card and --url: the card is read from the server's container; name it by --engine")
     engine = engine or engines.resolve(None)
     matrix = session.matrix
-    target = session.target(target, engine)
+    target = choice.target(session, target, engine)
     if profile not in matrix.profiles:
         raise UserError(f"profile {profile!r}: expected one of {', '.join(matrix.profiles)}")
     checks_to_run(matrix, profile, target, only)  # a misspelt --check ends here, before any request
-    dep = session.deployment(target, engine, "native")
+    dep = deployment(session, target, engine, "native")
     key_path = api_key_file or dep.api_key_file
     try:
         api_key = read_secret(key_path)

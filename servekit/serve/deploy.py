@@ -24,7 +24,8 @@ from dotenv import dotenv_values
 
 from servekit.atomic import write_text
 from servekit.config.derived import USER_SETTINGS
-from servekit.engines import Engine, Server, ServerState, local, resolve
+from servekit.config.session import Session
+from servekit.engines import Engine, Server, ServerState, resolve
 from servekit.engines.card import COMPOSE_FILE as CARD_COMPOSE
 from servekit.engines.card import MpsDaemon, mps_dir
 from servekit.engines.docker import PROJECT, address, docker_errors, local_url
@@ -308,14 +309,6 @@ def published(root: Path, bind: str, port: int, asked_port: int | None) -> tuple
     return bind, asked_port or port
 
 
-def ready_for_compose(session, target: str, tag: str) -> None:
-    """compose/.env and the secrets for the image `tag` of `target`: all a plain `docker compose up PROFILE` in
-    compose/ needs (what `image` leaves behind)."""
-    dep = session.deployment(target, local(), tag=tag)
-    ensure_secrets(dep)
-    write_env(dep)
-
-
 def check_bind(bind: str, say) -> None:
     try:
         loopback = ipaddress.ip_address(bind).is_loopback
@@ -406,7 +399,7 @@ def logs(profile: str, engine: Engine | None = None, follow: bool = False, tail:
             yield pending.decode("utf-8", "replace")
 
 
-def down_profiles(session, engine: Engine | None = None, profile: str | None = None) -> list[str]:
+def down_profiles(session: Session, engine: Engine | None = None, profile: str | None = None) -> list[str]:
     """Stop and remove `profile`'s containers (every profile's when None) on `engine`; the profiles still there."""
     matrix = session.matrix
     if profile is not None and profile not in matrix.profiles:

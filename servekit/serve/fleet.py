@@ -16,16 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from servekit.atomic import write_text
-from servekit.build.builder import ensure_built
+from servekit.config.session import Session
 from servekit.engines.docker import Engine
 from servekit.output import as_output
 from servekit.records.models import FleetEngine, FleetSummary, RunReport, Table, save
 from servekit.records.releases import released
 from servekit.records.report import markdown_table, write_report
 from servekit.serve import deploy
-from servekit.serve.checks import checks_to_run
-from servekit.serve.commands import profiles_of
 from servekit.serve.pipeline import run_profiles
+from servekit.serve.ready import ready_to_serve
 
 STOP_WAIT_S = 60  # after Ctrl-C, how long the engines' threads get to take their boots down
 
@@ -124,25 +123,20 @@ def write_summary(out: Path, runs: list[EngineRun]) -> tuple[FleetSummary, Path]
     return doc, out / "summary.md"
 
 
-def run(session, engines: list[Engine], target: str | None = None, profiles: list[str] | None = None,
+def run(session: Session, engines: list[Engine], target: str | None = None, profiles: list[str] | None = None,
         host: str | None = "auto", port: int | None = None, say=print,
         only: list[str] | None = None) -> tuple[FleetSummary, Path, list[EngineRun]]:
     """`run --engines`: build here once, then the profiles on every engine at once (`only` those checks, where
     given); (summary, its file, runs)."""
 
-    target = session.target(target, engines[0])
-    profiles = profiles_of(session, target, profiles)
-    checks_to_run(session.matrix, profiles[0], target, only)  # a misspelt --check ends here, before any boot
-    plan = ensure_built(session, target, say=as_output(say).child("run: "))
-    first = port or session.matrix.serve.port  # each engine its own port: engines on one machine share its loopback
-    deps = [session.deployment(target, e, host, first + i, tag=plan.tag) for i, e in enumerate(engines)]
-    for dep in deps:  # here, not in the threads: the key file is one for all, and each env file is written once
-        key_file = deploy.ensure_secrets(dep)
-        deploy.write_env(dep)
+    ready = ready_to_serve(session, engines, "run", profiles, target=target, host=host, port=port, checks=only,
+                           engines_checked=False, say=as_output(say).child("run: "))
+    target, profiles, plan, deps = ready.target, ready.profiles, ready.plan, ready.deployments
+    assert plan is not None, "run --engines builds"
     out = session.root / "reports" / f"{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}-fleet-{target}"
     say(f"run: {', '.join(profiles)} on {len(engines)} engines in parallel: "
         f"{', '.join(f'{d.engine.given} ({d.host}, port {d.port})' for d in deps)}")
-    runs = run_fleet(session.matrix, deps, profiles, key_file, out, say=say,
+    runs = run_fleet(session.matrix, deps, profiles, ready.key_file, out, say=say,
                      release=released(session.root, session.matrix, target, plan.digest), only=only)
     doc, summary_md = write_summary(out, runs)
     return doc, summary_md, runs

@@ -34,6 +34,8 @@ from pydantic import Field, ValidationError, field_validator
 from servekit import engines
 from servekit.atomic import write_text
 from servekit.config.matrix import Strict
+from servekit.config.session import Session
+from servekit.engines import choice
 from servekit.errors import UserError
 from servekit.image import boundary
 from servekit.records.models import RunReport
@@ -126,15 +128,15 @@ def _model_folders(run: PlannedRun, root: Path):
                 os.environ[name] = value
 
 
-def check_runs(session, plan: Plan, plan_path: Path, target: str, engine) -> None:
+def check_runs(session: Session, plan: Plan, plan_path: Path, target: str, engine) -> None:
     """Every run's profile, checks, knobs and card judged before the first boot, as `run` judges its flags: a typo
     in the last run must not cost the boots before it. One line naming the run."""
     for i, run in enumerate(plan.runs):
         try:
-            commands.profiles_of(session, target, [run.profile])
+            session.profiles_of(target, [run.profile])
             checks_to_run(session.matrix, run.profile, target, run.checks)
             session.check_knobs([run.profile], target, run.knobs)
-            session.check_card(run.card, target, engine)
+            choice.check_card(session, run.card, target, engine)
             if run.host != "auto" and run.host not in session.matrix.hosts:
                 raise UserError(f"host {run.host!r}: expected auto or one of {', '.join(session.matrix.hosts)}")
         except UserError as exc:
@@ -144,13 +146,13 @@ def check_runs(session, plan: Plan, plan_path: Path, target: str, engine) -> Non
             raise UserError(f"{plan_path}: runs.{i} ({run.name}): {said}") from None
 
 
-def run_plan(session, plan_path: Path, target: str | None, engine=None, until_s: float | None = None,
+def run_plan(session: Session, plan_path: Path, target: str | None, engine=None, until_s: float | None = None,
              say=print) -> tuple[list[tuple[PlannedRun, RunReport | None]], list[str]]:
     """Run what the plan has not done yet: (each run with its report, or None where not run), (the names left, where
     `until_s` stopped it before them)."""
     plan = load_plan(plan_path)
     engine = engine or engines.resolve(None)
-    target = session.target(target, engine)
+    target = choice.target(session, target, engine)
     check_runs(session, plan, plan_path, target, engine)
     record = record_path(session.root, plan_path)
     done = _done(record)

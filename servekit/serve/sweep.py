@@ -12,16 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from servekit.atomic import write_text
-from servekit.build.builder import ensure_built
 from servekit.config.knobargs import parse_knobs
 from servekit.config.profiles import render_profiles
+from servekit.config.session import Session
 from servekit.engines import resolve
 from servekit.errors import UserError
 from servekit.image.launcher import build_command
 from servekit.records.models import RunReport, SweepCell, SweepReport, Table, save
 from servekit.records.report import markdown_table, quiet_matplotlib
-from servekit.serve import deploy
 from servekit.serve.pipeline import run_profile
+from servekit.serve.ready import ready_to_serve
 
 GiB = 2**30
 
@@ -251,7 +251,7 @@ def sweep_document(matrix, dep, profile: str, image: str, knobs: list[tuple[str,
     return doc, render_markdown(title, header, rows, advice, notes)
 
 
-def sweep(session, profile: str, knob_specs: list[str], boots: int = 2, target: str | None = None,
+def sweep(session: Session, profile: str, knob_specs: list[str], boots: int = 2, target: str | None = None,
           host: str | None = "auto", checks: list[str] | None = None, say=print,
           engine=None, card: str | None = None) -> tuple[Path, SweepReport, str]:
     """Every combination of knob values, `boots` boots each, on `engine` (this machine's Docker engine when None);
@@ -259,21 +259,16 @@ def sweep(session, profile: str, knob_specs: list[str], boots: int = 2, target: 
 
     matrix = session.matrix
     engine = engine or resolve(None)
-    target = session.profile_target(profile, target, engine)
     knobs = parse_knobs(knob_specs)
-    for cell in combinations(knobs):
-        session.check_knobs([profile], target, cell)
     for name in checks or []:
         if name not in matrix.checks:
             raise UserError(f"--checks {name}: expected one of {', '.join(matrix.checks)}")
-    session.check_card(card, target, engine)
-    session.require_gpu(target, engine, f"sweep: {profile}")
-    plan = ensure_built(session, target, say, engine=engine)
-    dep = session.deployment(target, engine, host, tag=plan.tag, card=card)
+    ready = ready_to_serve(session, [engine], "sweep", [profile], target=target, host=host,
+                           knob_sets=list(combinations(knobs)), card=card, say=say)
+    target, plan, dep, key_file = ready.target, ready.plan, ready.deployments[0], ready.key_file
+    assert plan is not None, "a sweep builds"
     if checks and dep.host == "wsl2" and "spill" not in checks:  # on WSL2 every cell is judged for spill
         checks = [*checks, "spill"]
-    key_file = deploy.ensure_secrets(dep)
-    deploy.write_env(dep)
     cells, interrupted = run_sweep(matrix, dep, profile, key_file, knobs, boots, checks, say=say)
     doc, markdown = sweep_document(matrix, dep, profile, plan.tag, knobs, boots, cells, interrupted)
     out = session.root / "reports" / f"{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}-sweep-{profile}-{target}"
