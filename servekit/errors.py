@@ -37,7 +37,7 @@ class EnvironmentProblem(ServekitError):
 class BootFailed(EnvironmentProblem):
     """A server did not come up: why (`reason`), the log line that said so and the log's last lines."""
 
-    def __init__(self, reason: str, line: str, last_lines: list[str]):
+    def __init__(self, reason: str, line: str, last_lines: list[str]) -> None:
         super().__init__(f"{reason}: {line}" if line else reason)
         self.reason, self.line, self.last_lines = reason, line, last_lines
         self.boot: Any = None  # serve.boot.Boot, where the failure came from a boot: its memory samples up to it

@@ -117,7 +117,7 @@ class NvmlSampler:
     """Samples every GPU's memory every `interval_s` in a thread; phases mark the boot's stages."""
 
     def __init__(self, interval_s: float = 0.05, process_interval_s: float = 1.0,
-                 card: tuple[str, int] | None = None):
+                 card: tuple[str, int] | None = None) -> None:
         self.nvml = nvml_init()  # raises NvmlUnavailable, with the reason, when there is no GPU
         self.interval_s, self.process_interval_s = interval_s, process_interval_s
         self.handles = [self.nvml.nvmlDeviceGetHandleByIndex(i) for i in range(self.nvml.nvmlDeviceGetCount())]

@@ -7,6 +7,9 @@ import sys
 import time
 from collections.abc import Callable
 
+# What a function takes to speak through: print, a test's list.append, an Output (its call is a line at info level).
+Say = Callable[[str], None]
+
 
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
@@ -18,7 +21,7 @@ class Output:
 
     def __init__(self, write: Callable[[str], None] = _stderr, prefix: str = "",
                  live: Callable[[str], None] | None = None, step: Callable[[str], None] | None = None,
-                 every_s: float = 20.0):
+                 every_s: float = 20.0) -> None:
         self._write, self.prefix, self._live, self._step, self.every_s = write, prefix, live, step, every_s
         self._shown: tuple[str, float] = ("", 0.0)  # the last progress stage printed, and when
 
@@ -53,7 +56,7 @@ class Output:
         return Output(self._write, self.prefix + prefix, self._live, self._step, self.every_s)
 
 
-def as_output(say: Output | Callable[[str], None] | None) -> Output:
+def as_output(say: Say | None) -> Output:
     """`say` as an Output: a plain function (a test's list.append, print) writes every level's line."""
     if isinstance(say, Output):
         return say

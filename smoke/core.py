@@ -164,7 +164,7 @@ def reasoning_of(message: dict) -> str:
 class CheckFailure(Exception):
     """Raised inside a check: the check failed for the reason given."""
 
-    def __init__(self, reason: str, **figures):
+    def __init__(self, reason: str, **figures) -> None:
         super().__init__(reason)
         self.figures = figures
 

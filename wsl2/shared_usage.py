@@ -158,7 +158,7 @@ def summarize(series: dict[str, AdapterSeries], adapter: str, why: str, phases: 
 class SharedUsageSampler:
     """Runs powershell.exe's Get-Counter in the background and keeps every adapter's series."""
 
-    def __init__(self, interval_s: int = 1, powershell: str | None = None):
+    def __init__(self, interval_s: int = 1, powershell: str | None = None) -> None:
         self.powershell = powershell or find_powershell()
         self.interval_s = interval_s
         self.series: dict[str, AdapterSeries] = {}

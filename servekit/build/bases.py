@@ -25,6 +25,7 @@ from servekit.engines.bootstrap import apt_install, can_install
 from servekit.engines.docker import local
 from servekit.errors import EnvironmentProblem
 from servekit.exclusive import machine_wide
+from servekit.output import Say
 from servekit.trust import ca_bundle
 
 LABEL = "io.servekit.base.definition"
@@ -64,7 +65,7 @@ def made_base_current(base: Base) -> bool:
     return image is not None and (image.labels or {}).get(LABEL) == definition_digest(base)
 
 
-def ensure_made_base(name: str, base: Base, cache_dir: Path, say=print) -> bool:
+def ensure_made_base(name: str, base: Base, cache_dir: Path, say: Say = print) -> bool:
     """Make `base` unless an image of this very definition is there; True when it was made now."""
     if made_base_current(base):
         return False
@@ -74,7 +75,7 @@ def ensure_made_base(name: str, base: Base, cache_dir: Path, say=print) -> bool:
         return _make_now(name, base, cache_dir, say)
 
 
-def _make_now(name: str, base: Base, cache_dir: Path, say) -> bool:
+def _make_now(name: str, base: Base, cache_dir: Path, say: Say) -> bool:
     if not shutil.which("debootstrap"):
         if not can_install():
             raise EnvironmentProblem(f"base {name} ({base.image}) is made with debootstrap, which needs root on "
@@ -86,7 +87,7 @@ def _make_now(name: str, base: Base, cache_dir: Path, say) -> bool:
     return True
 
 
-def _make(name: str, base: Base, cache_dir: Path, say) -> None:
+def _make(name: str, base: Base, cache_dir: Path, say: Say) -> None:
     boot = base.debootstrap
     assert boot is not None, "only a base with debootstrap is made here"
     say(f"making base {name} ({base.image}) with debootstrap {boot.suite}"
@@ -114,7 +115,7 @@ def _make(name: str, base: Base, cache_dir: Path, say) -> None:
             raise EnvironmentProblem(f"docker import {base.image} failed: {imported.stderr.strip()[-300:]}")
 
 
-def _lay_cuda_toolkit(name: str, wheels: dict[str, str], rootfs: Path, cache: Path, say) -> None:
+def _lay_cuda_toolkit(name: str, wheels: dict[str, str], rootfs: Path, cache: Path, say: Say) -> None:
     cache.mkdir(parents=True, exist_ok=True)
     wanted = [f"{dist}=={version}" for dist, version in sorted(wheels.items())]
     say(f"downloading {', '.join(wanted)}")

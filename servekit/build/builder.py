@@ -34,14 +34,14 @@ from servekit.build.reproducible import epoch_seconds, make_canonical
 from servekit.config.matrix import Matrix, substitute
 from servekit.config.session import Session
 from servekit.config.settings import ENV_BASE, ENV_WHEELS, ENV_WITHOUT, BuildSettings
-from servekit.engines import choice
+from servekit.engines import Engine, choice
 from servekit.engines.docker import docker_cli, local
 from servekit.errors import EnvironmentProblem, UserError
 from servekit.exclusive import machine_wide, one_buildkit_solve
 from servekit.image import components as components_mod
 from servekit.image import series as series_mod
 from servekit.layout import STAGE_DIR, WHEELHOUSE
-from servekit.output import as_output
+from servekit.output import Say, as_output
 from servekit.trust import ca_bundle, requests_verify
 
 DOCKERFILE = "docker/Dockerfile"
@@ -95,7 +95,7 @@ def offered_wheels(plan: TargetPlan, settings: BuildSettings) -> dict[str, Path]
     return found
 
 
-def _ensure_base(matrix: Matrix, plan: TargetPlan, root: Path, say) -> None:
+def _ensure_base(matrix: Matrix, plan: TargetPlan, root: Path, say: Say) -> None:
     base = matrix.bases[plan.base_name]
     if base.debootstrap:
         ensure_made_base(plan.base_name, base, root / ".cache" / "bases", say=say)
@@ -146,7 +146,7 @@ def preflight(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSetti
     return sorted(extra), wheels
 
 
-def lock_and_base(matrix: Matrix, plan: TargetPlan, root: Path, say) -> str:
+def lock_and_base(matrix: Matrix, plan: TargetPlan, root: Path, say: Say) -> str:
     """The lock the image installs (less the pins this build leaves out), its base made if need be, and the series
     proven on the pristine wheel where `verify` cached one: the rest of the early refusals, under the build's turn."""
     lock = for_build(matrix, root, plan.target, plan.python, set(plan.omitted))  # the pins are there: is the lock?
@@ -401,7 +401,7 @@ def _build(matrix: Matrix, plan: TargetPlan, root: Path, workdir: Path, extra_in
     return BuildResult(plan.target, plan.tag, True, time.monotonic() - started, log_path)
 
 
-def ensure_built(session: Session, target: str, say=None, engine=None) -> TargetPlan:
+def ensure_built(session: Session, target: str, say: Say | None = None, engine: Engine | None = None) -> TargetPlan:
     """The target's plan under this machine's settings, its image built first unless it exists (run, sweep,
     demo-model start here); `say` hears which image. A process engine serves from its environment: no image."""
     plan = plan_for(session, target)
@@ -413,7 +413,7 @@ def ensure_built(session: Session, target: str, say=None, engine=None) -> Target
     return plan
 
 
-def build_targets(session: Session, targets: list[str] | None = None, force: bool = False, say=print,
+def build_targets(session: Session, targets: list[str] | None = None, force: bool = False, say: Say = print,
                   no_cache: bool = False) -> list[BuildResult]:
     """`image`: each target's image (the engine's default target when none is named), content-addressed."""
     matrix = session.matrix

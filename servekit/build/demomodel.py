@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from servekit.output import Say
+
 SEED = 20261129
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<think>", "</think>"]
 REPLY = "Hello from the servekit demo model."
@@ -116,7 +118,7 @@ def build_tokenizer(out: Path, texts: list[str]):
 STEPS = 900  # the shipped model's training (final loss about 0.06); a few dozen already halve the loss
 
 
-def train(model, tokenizer, chats, steps: int, say) -> tuple[float, float]:
+def train(model, tokenizer, chats, steps: int, say: Say) -> tuple[float, float]:
     import torch  # the demo model is made inside the image (its lock installs torch), not by the host tool
 
     torch.manual_seed(SEED)
@@ -156,7 +158,7 @@ def train(model, tokenizer, chats, steps: int, say) -> tuple[float, float]:
     return first_loss, loss_value
 
 
-def make(out: Path, steps: int = STEPS, say=print, gated: bool = True) -> None:
+def make(out: Path, steps: int = STEPS, say: Say = print, gated: bool = True) -> None:
     """Train into `out`; unless `gated` is off, exit naming what the model fails of what the checks ask (a short
     training's model, which the tests load and ask, fails some by design)."""
     import torch  # the demo model is made inside the image (its lock installs torch), not by the host tool

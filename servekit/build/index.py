@@ -79,7 +79,7 @@ class Metadata:
 class _RangeFile(io.RawIOBase):
     """A read-only, seekable file over HTTP range requests: enough for zipfile."""
 
-    def __init__(self, session: requests.Session, url: str):
+    def __init__(self, session: requests.Session, url: str) -> None:
         self.session, self.url, self.pos = session, url, 0
         head = session.head(url, allow_redirects=True, timeout=TIMEOUT, verify=requests_verify())
         head.raise_for_status()

@@ -27,6 +27,7 @@ from servekit.config.session import Session
 from servekit.config.settings import ENV_WHEELS
 from servekit.credentials import auth, with_auth
 from servekit.errors import EnvironmentProblem, UserError
+from servekit.output import Say
 from servekit.trust import ca_bundle
 
 LOCK_DIR = "docker/locks"
@@ -282,7 +283,7 @@ def _header(lines: list[str], inputs: str, left_out: dict[str, str]) -> str:
     return "\n".join(head) + "\n"
 
 
-def make_image_lock(matrix: Matrix, root: Path, target: str, python: str, wheel_dirs: list[Path], say) -> Path:
+def make_image_lock(matrix: Matrix, root: Path, target: str, python: str, wheel_dirs: list[Path], say: Say) -> Path:
     plan = plan_lock(matrix, target, python, wheel_dirs)
     args = ["--python-version", python, "--python-platform", PLATFORM]
     args += [x for d in plan.find_links for x in ("--find-links", str(d))]
@@ -304,7 +305,7 @@ def make_image_lock(matrix: Matrix, root: Path, target: str, python: str, wheel_
     return path
 
 
-def make_host_lock(matrix: Matrix, root: Path, say) -> Path:
+def make_host_lock(matrix: Matrix, root: Path, say: Say) -> Path:
     """requirements.lock from requirements.in, for every Python from HOST_PYTHON up and every platform."""
     pins = [line.split("#")[0].strip() for line in (root / HOST_PINS).read_text().splitlines()]
     started = time.monotonic()
@@ -321,7 +322,7 @@ def make_host_lock(matrix: Matrix, root: Path, say) -> Path:
 
 
 def make_locks(session: Session, targets: list[str] | None = None, host: bool = True, images: bool = True,
-               say=print) -> list[Path]:
+               say: Say = print) -> list[Path]:
     """`lock`: the named targets' locks (all when none is named) and the host's."""
     written = []
     if images:

@@ -16,9 +16,10 @@ from servekit.image import CODE_DIR
 from servekit.image.components import MANIFEST
 from servekit.image.series import check_applied, read_series, settled_files, site_vllm_dir
 from servekit.layout import staged_env
+from servekit.output import Say
 
 
-def patch_environment(session: Session, target: str, python: str, say=print) -> list[str]:
+def patch_environment(session: Session, target: str, python: str, say: Say = print) -> list[str]:
     """Apply the patch series and the components to the vLLM of the environment whose interpreter is `python`,
     with the code and inputs the image build uses; what was applied. An environment already patched is left
     as it is; one patched in part is refused."""

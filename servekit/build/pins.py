@@ -23,6 +23,7 @@ from servekit.config.matrix import Matrix
 from servekit.config.session import Session
 from servekit.errors import EnvironmentProblem, UserError
 from servekit.image.series import SeriesError, read_series
+from servekit.output import Say
 
 VERSIONED_NAME = re.compile(r"-(\d+\.\d+\.\d+(?:rc\d+|\.post\d+)?)\.patch$")
 PIN_TEXT = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[0-9][A-Za-z0-9.+!]*[A-Za-z0-9])")
@@ -208,7 +209,7 @@ def apply_bump(bump: Bump, writes: dict[Path, str], root: Path) -> None:
         (root / src).rename(root / dst)
 
 
-def _port(session: Session, to: str, plan: Bump, say) -> None:
+def _port(session: Session, to: str, plan: Bump, say: Say) -> None:
     """The port checks against the new vLLM, as `port --to` runs them: their summaries said, their findings
     problems."""
     try:
@@ -220,7 +221,7 @@ def _port(session: Session, to: str, plan: Bump, say) -> None:
     plan.findings.problems += [line for line in report.lines if line.split(": ", 1)[1].startswith(FINDINGS)]
 
 
-def bump(session: Session, to: str, dry_run: bool = False, say=print) -> Bump:
+def bump(session: Session, to: str, dry_run: bool = False, say: Say = print) -> Bump:
     """`bump --to`: every mechanical vLLM pin moved and every lock made again from the moved pins (unless dry_run),
     with what a person must review."""
     try:

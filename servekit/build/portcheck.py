@@ -33,6 +33,7 @@ from servekit.build.index import download_wheel
 from servekit.config.session import Session
 from servekit.errors import UserError
 from servekit.image.series import PATCH_ARGS, Patch, SeriesError, _patch, apply_series, read_series
+from servekit.output import Say
 
 IDENTIFIER = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]{3,}\b")
 DEFINES = (re.compile(r"^\s*(?:async\s+)?def\s+(\w+)"), re.compile(r"^\s*class\s+(\w+)"),
@@ -210,7 +211,7 @@ class Resolver:
     """Definitions of a tree of vllm/, each module parsed once, with the series' modules laid over: their own
     definitions (functions and classes whose definition line the series adds) and their imports."""
 
-    def __init__(self, root: Path, series: dict[str, Module] | None = None, own: set[int] | None = None):
+    def __init__(self, root: Path, series: dict[str, Module] | None = None, own: set[int] | None = None) -> None:
         self.root, self.series, self.own = root, series or {}, own or set()
         self.cache: dict[str, Module | None] = {}
 
@@ -436,7 +437,7 @@ def port(series_dir: Path, old_wheel: Path, new_wheel: Path, target: str, old: s
 
 
 def run_port(session: Session, to: str, targets: list[str] | None = None, accept: dict[str, str] | None = None,
-             say=print) -> Report:
+             say: Say = print) -> Report:
     """`port --to X`: the checks for each target (all when none is named) between the pinned vLLM and X, from the
     pristine wheels (downloaded once into .cache/pristine). `accept` is recorded in the series first."""
     matrix = session.matrix

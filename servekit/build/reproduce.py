@@ -14,7 +14,7 @@ from servekit.build.plan import plan_for
 from servekit.build.reproducible import compare
 from servekit.config.session import Session
 from servekit.engines.docker import local
-from servekit.output import as_output
+from servekit.output import Say, as_output
 
 
 @dataclass
@@ -37,7 +37,7 @@ class Reproduction:
                 "second_seconds": round(self.second_seconds, 1), "differences": self.differences}
 
 
-def reproduce(session: Session, target: str, say=None) -> Reproduction:
+def reproduce(session: Session, target: str, say: Say | None = None) -> Reproduction:
     """The target's image (built first if it is not here), then a rebuild from nothing, compared."""
     say = as_output(say)
     plan = plan_for(session, target)

@@ -30,8 +30,10 @@ from pathlib import Path
 from typing import IO
 
 from servekit.atomic import write_text
+from servekit.engines.docker import DockerEngine
 from servekit.engines.transfer import ChunkStream
 from servekit.errors import EnvironmentProblem
+from servekit.output import Say
 
 CHUNK = 4 << 20
 # Which canonical form an image is in: part of every image's digest, so a change of the form is a new tag.
@@ -55,7 +57,7 @@ def epoch_iso(seconds: int) -> str:
 class _Hashing:
     """A write-only file that hashes and counts what passes through it on its way to `out`."""
 
-    def __init__(self, out: IO[bytes]):
+    def __init__(self, out: IO[bytes]) -> None:
         self.out, self.sha, self.size = out, hashlib.sha256(), 0
 
     def write(self, data: bytes) -> int:
@@ -153,7 +155,7 @@ class Archive:
 class _Prefixed(io.RawIOBase):
     """A readable file: `head` (bytes already read from `rest`), then the rest of `rest`."""
 
-    def __init__(self, head: bytes, rest: IO[bytes]):
+    def __init__(self, head: bytes, rest: IO[bytes]) -> None:
         self._head, self._rest = head, rest
 
     def readable(self) -> bool:
@@ -209,7 +211,7 @@ def _read_saved(saved: Iterator[bytes], on_layer: Callable[[str, IO[bytes]], Non
 
 
 def canonical_archive(saved: Iterator[bytes], tag: str, epoch: int, labels: dict[str, str], out: IO[bytes],
-                      say=print, known: dict[str, str] | None = None) -> Archive:
+                      say: Say = print, known: dict[str, str] | None = None) -> Archive:
     """`saved` (the chunks of `docker save` of one image) written to `out` as a `docker load` archive of the
     canonical image, tagged `tag`. One pass, each layer re-written as it streams by, except a layer `known` names
     by its saved path (a classic save's `<id>/layer.tar`, whose id the engine derives from the layer and every layer
@@ -271,8 +273,8 @@ def files_image_archive(files: dict[str, bytes], tag: str, epoch: int, labels: d
     return f"sha256:{image_id}"
 
 
-def make_canonical(engine, built: str, tag: str, epoch: int, labels: dict[str, str], workdir: Path,
-                   say=print) -> Canonical:
+def make_canonical(engine: DockerEngine, built: str, tag: str, epoch: int, labels: dict[str, str], workdir: Path,
+                   say: Say = print) -> Canonical:
     """The image `built` re-made canonical on `engine` under `tag`; `built`'s own tag is removed.
 
     The classic image store names an image by its config's digest; the containerd store (Docker Desktop's
@@ -311,7 +313,7 @@ def check_room(workdir: Path, image_bytes: int) -> None:
                                  "image prune`; the builder's cache: `docker builder prune`) and build again")
 
 
-def _canonical_load(client, built: str, tag: str, epoch: int, labels: dict[str, str], workdir: Path, say,
+def _canonical_load(client, built: str, tag: str, epoch: int, labels: dict[str, str], workdir: Path, say: Say,
                     known: dict[str, str]) -> Archive:
     with tempfile.TemporaryFile(dir=workdir, prefix="canonical-") as file:
         archive = canonical_archive(client.api.get_image(built, chunk_size=CHUNK), tag, epoch, labels, file, say,
@@ -331,7 +333,7 @@ class _CanonicalMemory:
     (the format and the epoch), and in which canonical image the engine holds it: a layer is reused only while that
     image is there, so that its chain is the engine's."""
 
-    def __init__(self, path: Path, engine, form: str):
+    def __init__(self, path: Path, engine: DockerEngine, form: str) -> None:
         self.path, self.form = path, form
         try:
             images = json.loads(path.read_text())["images"]
@@ -394,7 +396,7 @@ def _entries(layer: IO[bytes]) -> dict[str, tuple]:
     return out
 
 
-def _saved_layers(engine, ref: str, wanted: set[int]) -> tuple[dict, dict[int, dict[str, tuple]]]:
+def _saved_layers(engine: DockerEngine, ref: str, wanted: set[int]) -> tuple[dict, dict[int, dict[str, tuple]]]:
     """An image's config, and the entries of its layers numbered in `wanted` (0 = the base)."""
     by_path: dict[str, dict[str, tuple]] = {}
 
@@ -406,7 +408,7 @@ def _saved_layers(engine, ref: str, wanted: set[int]) -> tuple[dict, dict[int, d
     return config, {i: by_path[p] for i, p in enumerate(paths) if i in wanted and p in by_path}
 
 
-def compare(engine, ref_a: str, ref_b: str, first: int = 5) -> Difference:
+def compare(engine: DockerEngine, ref_a: str, ref_b: str, first: int = 5) -> Difference:
     """What differs between images `ref_a` and `ref_b` on `engine` (empty when they are the same image)."""
     a, b = engine.image(ref_a), engine.image(ref_b)
     if a is None or b is None:

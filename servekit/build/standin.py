@@ -11,6 +11,7 @@ from servekit.config.session import Session
 from servekit.engines import choice
 from servekit.engines.docker import local
 from servekit.errors import UserError
+from servekit.output import Say
 
 CONTAINER_OUT = "/out"
 CONTAINER_TOKENIZER = "/tokenizer"
@@ -38,7 +39,7 @@ def _out_folder(out: Path):
 
 
 def write_stand_in(session: Session, out: Path, drafter: bool, seed: int, scale: str, target: str | None = None,
-                   convert: bool = True, say=print) -> tuple[Path, Path | None]:
+                   convert: bool = True, say: Say = print) -> tuple[Path, Path | None]:
     """The model into out/<its source folder> (and its DFlash2 drafter beside it), through `target`'s image, then
     (`convert`) prepare's conversions on it, timed. (model folder, drafter folder)."""
     matrix = session.matrix

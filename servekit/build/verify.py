@@ -11,9 +11,10 @@ from servekit.build.portcheck import trailer_findings
 from servekit.config.derived import stale
 from servekit.config.session import Session
 from servekit.image.series import SeriesError, prove_on_pristine, read_series
+from servekit.output import Say
 
 
-def verify(session: Session, offline: bool = False, series: bool = True, say=print) -> Findings:
+def verify(session: Session, offline: bool = False, series: bool = True, say: Say = print) -> Findings:
     matrix, root = session.matrix, session.root
     findings = Findings()
     findings.extend(mirror_problems(matrix, root))
@@ -38,7 +39,7 @@ def verify(session: Session, offline: bool = False, series: bool = True, say=pri
     return findings
 
 
-def prove_series(session: Session, offline: bool, say=print) -> Findings:
+def prove_series(session: Session, offline: bool, say: Say = print) -> Findings:
     """The series applied, per target, to a pristine tree of that target's pinned vLLM wheel."""
     matrix = session.matrix
     out = Findings()

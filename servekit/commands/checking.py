@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from servekit.errors import UserError
 # answer in a tenth of a second, without loading the engine's SDK, pydantic or Rich (a second and more).
 
 
-def cmd_run(args) -> int:
+def cmd_run(args: argparse.Namespace) -> int:
     session = open_session(args)
     if args.engines and (args.knob or args.timeout or args.card):
         raise UserError("--knob, --timeout and --card apply to one engine's run; leave out --engines")
@@ -54,7 +55,7 @@ def cmd_run(args) -> int:
     return 0 if passed else 1
 
 
-def cmd_smoke(args) -> int:
+def cmd_smoke(args: argparse.Namespace) -> int:
     from servekit.serve.checks import console_line
     from servekit.serve.commands import smoke_running
     from servekit.smoke import all_passed
@@ -67,7 +68,7 @@ def cmd_smoke(args) -> int:
     return 0 if all_passed(r.status for r in results) else 1
 
 
-def cmd_sweep(args) -> int:
+def cmd_sweep(args: argparse.Namespace) -> int:
     from servekit.serve.sweep import sweep
     session = open_session(args)
     out, doc, markdown = sweep(session, args.profile, args.knob, args.boots, args.target, args.host,
@@ -80,7 +81,7 @@ def cmd_sweep(args) -> int:
     return 130 if doc.interrupted else 0
 
 
-def cmd_run_plan(args) -> int:
+def cmd_run_plan(args: argparse.Namespace) -> int:
     from servekit.serve.runplan import TABLE_HEADER, record_path, run_plan, table_rows
     session = open_session(args)
     plan = Path(args.plan)
@@ -101,7 +102,7 @@ def cmd_run_plan(args) -> int:
     return 0 if all(r is not None and r.passed for _, r in results) else 1
 
 
-def cmd_compare(args) -> int:
+def cmd_compare(args: argparse.Namespace) -> int:
     from servekit.records.report import compare, load_report
     reports = [load_report(Path(path)) for path in (args.report_a, args.report_b)]
     rows = compare(reports[0], reports[1], threshold=args.threshold)

@@ -3,39 +3,49 @@ tables and the findings of a check."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import sys
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from servekit.output import Output
+
+if TYPE_CHECKING:  # for the types alone: at run time each is imported by the command that uses it
+    from rich.console import Console
+
+    from servekit.build.findings import Findings
+    from servekit.config.session import Session
+    from servekit.engines import Engine
 
 # The session, the engine and Rich are imported when a command uses them: `--help` and a refused argument answer
 # without loading the engine's SDK, pydantic or Rich.
 
 
-def open_session(args):
+def open_session(args: argparse.Namespace) -> Session:
     from servekit.config.session import Session
     return Session.open(args.matrix, args.base, args.without, args.wheels)
 
 
-def engine_of(args):
+def engine_of(args: argparse.Namespace) -> Engine:
     from servekit.engines import resolve
     return resolve(args.engine)
 
 
-def channel(prefix: str = "", live=None):
+def channel(prefix: str = "", live: Callable[[str], None] | None = None) -> Output:
     """The command's output channel: lines on stderr, a build's steps through the step printer, progress to `live`
     (a terminal's status line) where given."""
     return Output(prefix=prefix, live=live, step=step_printer())
 
 
-def emit_json(obj) -> None:
+def emit_json(obj: Any) -> None:
     json.dump(obj, sys.stdout, indent=2, sort_keys=False)
     sys.stdout.write("\n")
 
 
-def console():
+def console() -> Console:
     from rich.console import Console
     return Console(highlight=False)
 
@@ -59,7 +69,7 @@ def print_wide(title: str, header: list[str], rows: list[list], markdown: str) -
         print(markdown, end="")
 
 
-def step_printer(every_s: float = 5.0):
+def step_printer(every_s: float = 5.0) -> Callable[[str], None]:
     """Each BuildKit step header, the series' own lines and each step's time when done; inside a long step its
     latest output line (with BuildKit's elapsed seconds) every `every_s`. The full output goes to the log."""
     step = re.compile(r"^#\d+ \[[^\]]+\] ")
@@ -75,7 +85,7 @@ def step_printer(every_s: float = 5.0):
     return show
 
 
-def print_findings(args, findings, what: str) -> int:
+def print_findings(args: argparse.Namespace, findings: Findings, what: str) -> int:
     if args.json:
         emit_json({"ok": not findings.problems, "problems": findings.problems, "notes": findings.notes})
     else:

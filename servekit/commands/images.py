@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 from servekit import arguments
 from servekit.build.demomodel import STEPS
 from servekit.commands.console import channel, emit_json, open_session
@@ -11,7 +13,7 @@ from servekit.commands.parsing import Commands
 # answer in a tenth of a second, without loading the engine's SDK, pydantic or Rich (a second and more).
 
 
-def cmd_image(args) -> int:
+def cmd_image(args: argparse.Namespace) -> int:
     from servekit.build.builder import build_targets
     from servekit.serve.ready import ready_for_compose
     session = open_session(args)
@@ -28,7 +30,7 @@ def cmd_image(args) -> int:
     return 0
 
 
-def cmd_reproduce(args) -> int:
+def cmd_reproduce(args: argparse.Namespace) -> int:
     from servekit.build.reproduce import reproduce
     from servekit.engines import choice
     session = open_session(args)
@@ -44,14 +46,14 @@ def cmd_reproduce(args) -> int:
     return 0 if result.same else 1
 
 
-def cmd_demo_model(args) -> int:
+def cmd_demo_model(args: argparse.Namespace) -> int:
     from servekit.build.retrain import regenerate_shipped
     dest = regenerate_shipped(open_session(args), say=channel(), steps=args.steps)
     print(f"demo-model: {dest} replaced; `make demo` and `make test` use it")
     return 0
 
 
-def cmd_stand_in(args) -> int:
+def cmd_stand_in(args: argparse.Namespace) -> int:
     from servekit.build.standin import default_out, write_stand_in
     session = open_session(args)
     out = args.out or default_out(session, args.target)
@@ -62,7 +64,7 @@ def cmd_stand_in(args) -> int:
     return 0
 
 
-def cmd_patch_env(args) -> int:
+def cmd_patch_env(args: argparse.Namespace) -> int:
     from servekit.build.patchenv import patch_environment
     from servekit.engines import choice
     session = open_session(args)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from servekit.commands.console import channel, console, emit_json
@@ -11,7 +12,7 @@ from servekit.commands.parsing import Commands
 # answer in a tenth of a second, without loading the engine's SDK, pydantic or Rich (a second and more).
 
 
-def cmd_doctor(args) -> int:
+def cmd_doctor(args: argparse.Namespace) -> int:
     from servekit.machine.doctor import doctor
     findings = doctor(args.matrix)
     if args.json:
@@ -26,7 +27,7 @@ def cmd_doctor(args) -> int:
     return 1 if any(f.status == "fail" for f in findings) else 0
 
 
-def cmd_engine(args) -> int:
+def cmd_engine(args: argparse.Namespace) -> int:
     from servekit.engines.bootstrap import ensure_engine, ensure_test_tools
     say = channel("engine: ")
     ensure_engine(Path(args.matrix).resolve().parent / ".cache" / "engine", say=say, packages=args.packages)
@@ -36,7 +37,7 @@ def cmd_engine(args) -> int:
     return 0
 
 
-def cmd_completion(args) -> int:
+def cmd_completion(args: argparse.Namespace) -> int:
     import shtab
     parser = args.parser  # the whole command line's, set by cli.main
     parser.prog = "servekit"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from servekit.commands.parsing import Commands
 # answer in a tenth of a second, without loading the engine's SDK, pydantic or Rich (a second and more).
 
 
-def cmd_plan(args) -> int:
+def cmd_plan(args: argparse.Namespace) -> int:
     from servekit.build.plan import plans_for
     from servekit.engines.docker import local
     session = open_session(args)
@@ -41,13 +42,13 @@ def cmd_plan(args) -> int:
     return 0
 
 
-def cmd_verify(args) -> int:
+def cmd_verify(args: argparse.Namespace) -> int:
     from servekit.build.verify import verify
     return print_findings(args, verify(open_session(args), args.offline, series=not args.no_series, say=channel("verify: ")),
                      "verify")
 
 
-def cmd_lock(args) -> int:
+def cmd_lock(args: argparse.Namespace) -> int:
     from servekit.build.locks import make_locks
     session = open_session(args)
     targets = [session.check_target(t) for t in args.target or []]
@@ -59,7 +60,7 @@ def cmd_lock(args) -> int:
     return 0
 
 
-def cmd_bump(args) -> int:
+def cmd_bump(args: argparse.Namespace) -> int:
     from servekit.build.pins import bump
     b = bump(open_session(args), args.to, args.dry_run, say=channel())
     if args.json:
@@ -85,7 +86,7 @@ def cmd_bump(args) -> int:
     return 1 if b.findings.problems else 0
 
 
-def cmd_port(args) -> int:
+def cmd_port(args: argparse.Namespace) -> int:
     from servekit.build.portcheck import run_port
     session = open_session(args)
     report = run_port(session, args.to, [session.check_target(t) for t in args.target or []] or None,
@@ -98,7 +99,7 @@ def cmd_port(args) -> int:
     return 1 if report.failures else 0
 
 
-def cmd_series(args) -> int:
+def cmd_series(args: argparse.Namespace) -> int:
     from servekit.build.seriesexport import export
     session = open_session(args)
     out = Path(args.out) if args.out else session.root / session.matrix.series.dir
@@ -112,13 +113,13 @@ def cmd_series(args) -> int:
     return 0
 
 
-def cmd_schema(args) -> int:
+def cmd_schema(args: argparse.Namespace) -> int:
     from servekit.config.matrix import render_json_schema
     sys.stdout.write(render_json_schema())
     return 0
 
 
-def cmd_derive(args) -> int:
+def cmd_derive(args: argparse.Namespace) -> int:
     from servekit.config.derived import derive_files
     session = open_session(args)
     count, changed = derive_files(session.matrix, session.root, args.check)
@@ -128,7 +129,7 @@ def cmd_derive(args) -> int:
     return 1 if args.check and changed else 0
 
 
-def cmd_fit(args) -> int:
+def cmd_fit(args: argparse.Namespace) -> int:
     import json
 
     from servekit.errors import UserError

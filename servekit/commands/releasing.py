@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from servekit.commands.parsing import Commands
 REGISTRY_HELP = "default: SERVEKIT_REGISTRY (the shell, else compose/.env), else release.registry in images.yaml"
 
 
-def cmd_release(args) -> int:
+def cmd_release(args: argparse.Namespace) -> int:
     from servekit.release.publish import release, summary_text, verify_release
     session = open_session(args)
     if args.verify:
@@ -40,7 +41,7 @@ def cmd_release(args) -> int:
     return 0
 
 
-def cmd_pull(args) -> int:
+def cmd_pull(args: argparse.Namespace) -> int:
     from servekit.engines import choice
     from servekit.release.fetch import pull_release
     from servekit.serve.ready import ready_for_compose
@@ -57,7 +58,7 @@ def cmd_pull(args) -> int:
     return 0
 
 
-def cmd_render(args) -> int:
+def cmd_render(args: argparse.Namespace) -> int:
     from servekit.release.k8s import render_profile
     paths, how = render_profile(open_session(args), args.profile, Path(args.out), args.target,
                                 "native" if args.host == "auto" else args.host, args.kube_version)

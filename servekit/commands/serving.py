@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
 import sys
@@ -14,7 +15,7 @@ from servekit.commands.parsing import Commands
 # answer in a tenth of a second, without loading the engine's SDK, pydantic or Rich (a second and more).
 
 
-def cmd_up(args) -> int:
+def cmd_up(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.text import Text
 
@@ -66,14 +67,14 @@ def usage_snippets(url: str, key_file: str, model: str) -> str:
         "EOF"])
 
 
-def cmd_down(args) -> int:
+def cmd_down(args: argparse.Namespace) -> int:
     from servekit.serve.deploy import down_profiles
     left = down_profiles(open_session(args), engine_of(args), args.profile)
     print(f"down: {'nothing left running' if not left else 'still present: ' + ', '.join(left)}")
     return 0 if not left else 1
 
 
-def cmd_ps(args) -> int:
+def cmd_ps(args: argparse.Namespace) -> int:
     from servekit.serve.deploy import status
     session = open_session(args)
     rows = status(engine_of(args), session.matrix.serve.bind)
@@ -90,7 +91,7 @@ def cmd_ps(args) -> int:
     return 0
 
 
-def cmd_logs(args) -> int:
+def cmd_logs(args: argparse.Namespace) -> int:
     from servekit.serve.deploy import logs
     try:
         for line in logs(args.profile, engine_of(args), follow=args.follow, tail=args.tail):
@@ -100,7 +101,7 @@ def cmd_logs(args) -> int:
     return 0
 
 
-def cmd_monitor(args) -> int:
+def cmd_monitor(args: argparse.Namespace) -> int:
     from servekit.machine.monitor import monitor
     result = monitor(args.seconds, args.interval, args.adapter, args.matrix, say=channel())
     if args.json:

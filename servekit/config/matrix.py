@@ -460,7 +460,7 @@ class _References:
     """Every reference from one section of the matrix to another, checked section by section; `problems` holds
     (location, message) per problem."""
 
-    def __init__(self, m: Matrix, root: Path):
+    def __init__(self, m: Matrix, root: Path) -> None:
         self.m, self.root = m, root
         self.problems: list[tuple[tuple, str]] = []
 

@@ -18,7 +18,7 @@ Location = tuple  # a path of keys and indexes, as pydantic reports it
 
 
 class LoadedYaml:
-    def __init__(self, path: Path, data: Any, lines: dict[Location, int]):
+    def __init__(self, path: Path, data: Any, lines: dict[Location, int]) -> None:
         self.path = path
         self.data = data
         self.lines = lines

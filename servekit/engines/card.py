@@ -18,9 +18,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from servekit.config.matrix import Matrix
 from servekit.engines.gpuaccess import driver_dir
 from servekit.errors import EnvironmentProblem, UserError
 from servekit.gpu import NvmlUnavailable, list_gpus
+from servekit.output import Say
 from servekit.waiting import until
 
 MPS_CONTROL = "nvidia-cuda-mps-control"
@@ -118,14 +120,14 @@ def mps_dir() -> Path:
     return Path(os.environ.get(MPS_DIR_ENV) or Path(tempfile.gettempdir()) / f"servekit-mps-{os.getuid()}")
 
 
-def card_spec(matrix, card: str):
+def card_spec(matrix: Matrix, card: str):
     """images.yaml's card `card`, or a one-line refusal naming those there are."""
     if card not in matrix.cards:
         raise UserError(f"--card {card}: expected one of {', '.join(matrix.cards)} (images.yaml cards)")
     return matrix.cards[card]
 
 
-def plan(matrix, card: str, gpu) -> Emulation:
+def plan(matrix: Matrix, card: str, gpu) -> Emulation:
     """The emulation of `card` on `gpu` (servekit.gpu.GpuInfo with its compute capability), or a one-line refusal."""
     spec = card_spec(matrix, card)
     if spec.total_bytes > gpu.total_bytes:
@@ -142,7 +144,7 @@ def plan(matrix, card: str, gpu) -> Emulation:
 class MpsDaemon:
     """servekit's MPS control daemon, by its pipe folder: started when none answers there, asked to quit after."""
 
-    def __init__(self, folder: Path, program: Path | None = None):
+    def __init__(self, folder: Path, program: Path | None = None) -> None:
         self.folder, self.program = folder, program or mps_control()
 
     @property
@@ -189,7 +191,7 @@ class MpsDaemon:
         for path in (self.folder / "pipe", self.folder / "log"):
             path.chmod(0o1777)
 
-    def start(self, say=print) -> bool:
+    def start(self, say: Say = print) -> bool:
         """Start the daemon unless one answers at this folder; True when this call started it."""
         if self.answers():
             return False
@@ -205,7 +207,7 @@ class MpsDaemon:
         say("card: MPS control daemon started")
         return True
 
-    def stop(self, say=print) -> None:
+    def stop(self, say: Say = print) -> None:
         if not self.answers():
             return
         say(f"card: asking the MPS control daemon to quit (up to {STOP_S} s)")
@@ -215,7 +217,7 @@ class MpsDaemon:
         say("card: MPS control daemon stopped")
 
 
-def doctor_line(matrix) -> tuple[bool, str]:
+def doctor_line(matrix: Matrix) -> tuple[bool, str]:
     """Whether this host can emulate the cards of images.yaml, and why."""
     try:
         gpus = list_gpus()

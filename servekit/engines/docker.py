@@ -29,6 +29,7 @@ from servekit.engines.protocol import Engine, ServerState
 from servekit.errors import BootFailed, EnvironmentProblem, UserError
 from servekit.image.launcher import CONTAINER_PORT
 from servekit.layout import PROFILE_LABEL, PROJECT_LABEL
+from servekit.output import Say
 from servekit.waiting import until
 from servekit.wsl2.detect import is_wsl2
 
@@ -45,7 +46,7 @@ class EngineError(EnvironmentProblem):
     """A Docker engine or Compose refused or failed; the message says what was being done and what it said,
     `output` keeps the client's last lines (Compose's own output) for a report."""
 
-    def __init__(self, message: str, reason: str, output: list[str] | None = None):
+    def __init__(self, message: str, reason: str, output: list[str] | None = None) -> None:
         super().__init__(message)
         self.reason = reason  # what the engine or Compose said, alone
         self.output = output or []
@@ -262,7 +263,7 @@ class DockerEngine:
             else:
                 client.compose.down(remove_orphans=True, quiet=True)
 
-    def run_once(self, image: str, command: list[str], mounts: dict[Path, str], say=print) -> None:
+    def run_once(self, image: str, command: list[str], mounts: dict[Path, str], say: Say = print) -> None:
         """Run `command` in a throwaway container of `image` as this machine's user, the host paths of `mounts`
         bound at their container paths, its output shown line by line; raise EngineError unless it exits 0."""
         with docker_errors(f"engine {self.given}: run {image}"):
@@ -294,7 +295,7 @@ class DockerEngine:
 class DockerServer:
     """A profile's container, as our Server: what the watcher, `ps`, `logs` and the checks read of it."""
 
-    def __init__(self, engine: DockerEngine, container):
+    def __init__(self, engine: DockerEngine, container) -> None:
         self.engine, self.container = engine, container
         self.name = container.name
         self.profile = (container.labels or {}).get(PROFILE_LABEL) or ""

@@ -185,7 +185,7 @@ class ProcessServer:
 
     image_id = None  # it runs an environment, not an image
 
-    def __init__(self, engine: ProcessEngine, record: dict, popen: subprocess.Popen | None = None):
+    def __init__(self, engine: ProcessEngine, record: dict, popen: subprocess.Popen | None = None) -> None:
         self.engine, self.record, self.popen = engine, record, popen
         self.name = f"{PROJECT}-{record['profile']}"
         self.profile: str = record["profile"]

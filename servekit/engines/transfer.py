@@ -13,12 +13,13 @@ from servekit.engines.docker import DockerEngine
 from servekit.engines.docker import local as local_engine
 from servekit.engines.protocol import Engine
 from servekit.errors import EnvironmentProblem, UserError
+from servekit.output import Say
 from servekit.records.models import ReleaseRecord
 
 CHUNK = 4 << 20
 
 
-def _counted(chunks, total: int, say, every_s: float = 5.0):
+def _counted(chunks, total: int, say: Say, every_s: float = 5.0):
     sent, last = 0, time.monotonic()
     for chunk in chunks:
         sent += len(chunk)
@@ -28,7 +29,7 @@ def _counted(chunks, total: int, say, every_s: float = 5.0):
         yield chunk
 
 
-def _pull(remote, release: ReleaseRecord, tag: str, say) -> bool:
+def _pull(remote, release: ReleaseRecord, tag: str, say: Say) -> bool:
     """Pull the release by digest and give it the local tag; False (and why) when that does not work."""
     import docker  # the SDK takes a third of a second to import: only what talks to an engine pays for it
     ref = f"{release.repository}@{release.registry_digest}"
@@ -45,7 +46,7 @@ def _pull(remote, release: ReleaseRecord, tag: str, say) -> bool:
     return True
 
 
-def ensure_image(engine: Engine, tag: str, release: ReleaseRecord | None = None, say=print) -> str:
+def ensure_image(engine: Engine, tag: str, release: ReleaseRecord | None = None, say: Say = print) -> str:
     """Make `tag` on `engine` the very image `tag` is here; say how, in a few words, for the report.
 
     `release` is this build's record in releases/v<vllm>.json, when it was released: the engine then
@@ -90,7 +91,7 @@ def shared_prefix(layers: list[str], host_layers: list[str]) -> list[str]:
     return shared
 
 
-def save_on_top_of(tag: str, host_layers: list[str], out, say=print) -> dict[str, int]:
+def save_on_top_of(tag: str, host_layers: list[str], out, say: Say = print) -> dict[str, int]:
     """`docker save TAG` into the binary stream `out`, less the layers the host has: those TAG shares with
     `host_layers` (an image of the host's, its DiffIDs lowest first). What it writes loads on top of that image
     as TAG, the same image ID: Docker 20.10's `docker load` (the kit's engine) reads a layer's tar only where its
@@ -132,7 +133,7 @@ class ChunkStream(io.RawIOBase):
     cost 3.7 s a 200 MiB in a bare read; the canonical pass of the cpu image took 109 s with it and 97 s without, the
     same image ID (both beside a test run, 2026-12-06)."""
 
-    def __init__(self, chunks):
+    def __init__(self, chunks) -> None:
         self.chunks, self.pending = iter(chunks), memoryview(b"")
 
     def readable(self) -> bool:

@@ -169,7 +169,7 @@ class Progress:
     """How far a download is, said every `every_s`: bytes under the folder (partial files included) of the
     repository's total, the rate since the last line, and how many of its files are whole."""
 
-    def __init__(self, repo: str, dest: Path, say, every_s: float):
+    def __init__(self, repo: str, dest: Path, say, every_s: float) -> None:
         self.repo, self.dest, self.say, self.every_s = repo, dest, say, every_s
         self.sizes: dict[str, int] = {}
         self.started = time.monotonic()

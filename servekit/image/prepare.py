@@ -34,7 +34,7 @@ LOCK_WAIT_S_DEFAULT, LOCK_WAIT_S_MOST = 600.0, 86400.0  # PREPARE_LOCK_WAIT: how
 class PrepareError(Exception):
     """The model cannot be prepared; the message says what and how to go on."""
 
-    def __init__(self, message: str, abandoned: bool = False):
+    def __init__(self, message: str, abandoned: bool = False) -> None:
         super().__init__(message)
         self.abandoned = abandoned  # a transfer left running: the process must not wait for its threads
 

@@ -66,7 +66,7 @@ class Weights:
     """Seeded random tensors as numpy arrays: BF16 as uint16 bit patterns of magnitude 2^-7..2^-5 with a random sign
     (random bits, no float pass: gigabytes in seconds), int4 packed as random int32, fp16 scales near 1e-3."""
 
-    def __init__(self, seed: int, part: int):
+    def __init__(self, seed: int, part: int) -> None:
         import numpy as np
         self.rng = np.random.default_rng([seed, part])
 
@@ -258,7 +258,7 @@ def _zeros(shape: tuple, dtype) -> Array:
 class Shapes(Weights):
     """Weights' shapes and dtypes without their bytes: the shards' sizes, known before anything is generated."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         pass
 
     def bf16(self, *shape: int) -> Array:

@@ -12,12 +12,13 @@ from pathlib import Path
 import yaml
 
 from servekit.gpu import NvmlSampler, NvmlUnavailable
+from servekit.output import Say
 from servekit.wsl2.detect import is_wsl2
 from servekit.wsl2.shared_usage import SharedUsageSampler, SharedUsageUnavailable
 
 
 def monitor(seconds: float | None, interval_s: float = 0.05, adapter: str | None = None,
-            matrix_path: str | Path = "images.yaml", say=print) -> dict:
+            matrix_path: str | Path = "images.yaml", say: Say = print) -> dict:
     """Sample until `seconds` have passed (None: until Ctrl-C); {gpu, gpus, shared_usage} summaries."""
     gpu_sampler = shared_sampler = None
     try:

@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from servekit.config.matrix import Matrix
 from servekit.config.profiles import render_profiles
 from servekit.image.launcher import build_command
 from servekit.image.standin import DRAFTER_FULL, FULL
@@ -264,7 +265,7 @@ def predict(profile: str, host: str, argv: list[str], layout: Layout, card_gib: 
                       source_pool)
 
 
-def predict_all(matrix, root: Path, target: str, layout: Layout, profiles: list[str] | None = None,
+def predict_all(matrix: Matrix, root: Path, target: str, layout: Layout, profiles: list[str] | None = None,
                 hosts: list[str] | None = None, card: str | None = None) -> list[tuple[str, Prediction]]:
     """(card, prediction) for each host (each on its own card unless `card` names one) and profile of `target`,
     calibrated by the full-size reports in docs/gpu and reports/."""
@@ -284,7 +285,7 @@ def predict_all(matrix, root: Path, target: str, layout: Layout, profiles: list[
     return out
 
 
-def summary(matrix, root: Path, host: str) -> str:
+def summary(matrix: Matrix, root: Path, host: str) -> str:
     """One line for `doctor`: which of the GPU target's profiles fit this host kind's card."""
     target = next((t for t, spec in matrix.targets.items() if spec.gpu), None)
     if target is None or matrix.hosts[host].card is None:

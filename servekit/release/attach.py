@@ -19,6 +19,7 @@ import tempfile
 from servekit.build.reproducible import files_image_archive
 from servekit.build.sbom import MEDIA_TYPE, SBOM_PATH
 from servekit.errors import EnvironmentProblem
+from servekit.output import Say
 from servekit.records.models import ReleaseRecord, SbomRecord
 from servekit.release import registry
 
@@ -43,7 +44,7 @@ def read_file(client, image: str, path: str) -> bytes:
         container.remove(force=True)
 
 
-def attach_sbom(client, image, repository: str, registry_digest: str, epoch: int, push, say) -> SbomRecord:
+def attach_sbom(client, image, repository: str, registry_digest: str, epoch: int, push, say: Say) -> SbomRecord:
     """Push the SBOM `image` carries beside it; `push(client, image, repository, tag, say)` is the release's own
     push (retried, read back)."""
     import docker  # the SDK takes a third of a second to import: only what talks to an engine pays for it

@@ -17,7 +17,7 @@ from servekit.build.plan import plan_for
 from servekit.config.session import Session
 from servekit.engines.docker import local
 from servekit.errors import CheckFailed, EnvironmentProblem
-from servekit.output import as_output
+from servekit.output import Say, as_output
 from servekit.release import registry
 from servekit.release.publish import release_tags, released_reference
 
@@ -31,7 +31,7 @@ class Pulled:
     seconds: float
 
 
-def pull_release(session: Session, target: str, given_registry: str | None = None, say=None, moving: bool = False) -> Pulled:
+def pull_release(session: Session, target: str, given_registry: str | None = None, say: Say | None = None, moving: bool = False) -> Pulled:
     """This checkout's release of `target`, tagged as its build would be; with `moving`, the release's moving tag of
     the pinned vLLM instead (the newest release, another build than this checkout's), kept under its own name."""
     say = as_output(say)

@@ -26,12 +26,13 @@ from servekit.config.matrix import Matrix
 from servekit.config.profiles import render_profiles
 from servekit.config.session import Session
 from servekit.engines.card import mps_cap_bytes
-from servekit.engines.docker import local
+from servekit.engines.docker import DockerEngine, local
 from servekit.engines.process import SCHEME as PROCESS_SCHEME
 from servekit.errors import CheckFailed, EnvironmentProblem, UserError
 from servekit.image.boundary import REGISTRY, number_setting
 from servekit.image.launcher import build_command, served_parts
 from servekit.image.prepare import identity
+from servekit.output import Say
 from servekit.records.models import OtherKind, ProfileGate, ReleaseManifest, ReleaseRecord, RunReport, load
 from servekit.records.releases import manifest_path, write_manifest
 from servekit.records.report import load_report, report_files
@@ -228,7 +229,7 @@ def _attempts() -> int:
     return int(number_setting(os.environ, "SERVEKIT_PUSH_ATTEMPTS", 5, 1, 100, whole=True))
 
 
-def push(client, image, repository: str, tag: str, say) -> str:
+def push(client, image, repository: str, tag: str, say: Say) -> str:
     """Tag and push one tag, retried with backoff on transient errors (never on refused credentials); the
     registry's digest read back through the engine."""
     image.tag(repository, tag)
@@ -247,7 +248,7 @@ def push(client, image, repository: str, tag: str, say) -> str:
     return attempt()
 
 
-def _show(say, text: str, live: bool) -> None:
+def _show(say: Say, text: str, live: bool) -> None:
     """A progress line: rewritten in place on a terminal while live, else said as a line of its own."""
     if live and sys.stderr.isatty():
         print(f"\r  {text}\033[K", end="", file=sys.stderr, flush=True)
@@ -317,7 +318,7 @@ def component_digests(matrix: Matrix, root: Path, plan: TargetPlan) -> dict[str,
             for name, state in plan.components.items()}
 
 
-def verify_release(session: Session, say=print) -> list[str]:
+def verify_release(session: Session, say: Say = print) -> list[str]:
     """`release --verify`: read releases/v<vllm>.json back and ask the registry, through the engine, whether every
     tag still serves the digest it names; the problems (none: the registry serves what was released)."""
     path = manifest_path(session.root, session.matrix)
@@ -352,8 +353,8 @@ def summary_text(matrix: Matrix, releases: list[ReleaseRecord]) -> str:
     return "\n".join(lines)
 
 
-def release_targets(matrix: Matrix, root: Path, engine, registry_path: str, plans: dict[str, TargetPlan],
-                    explicit: bool, dry_run: bool, say) -> list[ReleaseRecord]:
+def release_targets(matrix: Matrix, root: Path, engine: DockerEngine, registry_path: str, plans: dict[str, TargetPlan],
+                    explicit: bool, dry_run: bool, say: Say) -> list[ReleaseRecord]:
     """Gate, check the moving tags, push and read back, per target; the records for the manifest.
 
     Everything that can refuse is checked for a target before any of its tags is pushed: the reports first (they are
@@ -408,7 +409,7 @@ def release_targets(matrix: Matrix, root: Path, engine, registry_path: str, plan
 
 
 def release(session: Session, registry: str | None = None, targets: list[str] | None = None, dry_run: bool = False,
-            tag_git: bool = False, say=print) -> tuple[Path | None, list[ReleaseRecord]]:
+            tag_git: bool = False, say: Say = print) -> tuple[Path | None, list[ReleaseRecord]]:
     """Push each target's checked image (all targets, or those named); (the manifest written, the records)."""
     matrix, root = session.matrix, session.root
     _attempts()  # a bad setting is refused before anything is looked at, not between two pushes

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 import requests
@@ -123,7 +124,7 @@ class PushProgress:
 
     DONE = ("Pushed", "Layer already exists", "Mounted from", "Pull complete", "Already exists")
 
-    def __init__(self, label: str, say, terminal: bool, every_s: float = 5.0, verb: str = "push"):
+    def __init__(self, label: str, say: Callable[[str, bool], None], terminal: bool, every_s: float = 5.0, verb: str = "push") -> None:
         self.label, self.say, self.terminal, self.every_s, self.verb = label, say, terminal, every_s, verb
         self.clock = time.monotonic
         self.started = self.last = self.clock()
@@ -165,7 +166,7 @@ class LayerBars(PushProgress):
     """On a terminal: a bar for each layer (bytes of its size, rate, what the engine says of it) drawn by rich, as
     `docker pull` draws them; line() still sums them up for the log."""
 
-    def __init__(self, label: str, verb: str = "pull", console=None):
+    def __init__(self, label: str, verb: str = "pull", console=None) -> None:
         from rich.console import Console  # rich only where a terminal draws the bars
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn  # the same
         super().__init__(label, lambda text, live: None, terminal=True, verb=verb)

@@ -14,7 +14,7 @@ from servekit.engines import Server
 from servekit.engines.docker import EngineError
 from servekit.errors import BootFailed
 from servekit.gpu import NvmlSampler, NvmlUnavailable
-from servekit.output import as_output
+from servekit.output import Say, as_output
 from servekit.serve import deploy
 from servekit.serve.watch import BootRecord, milestone, watch_boot
 from servekit.wsl2.shared_usage import SharedUsageSampler, SharedUsageUnavailable
@@ -24,7 +24,7 @@ class ContainerMemory(threading.Thread):
     """The server's memory use about once a second (docker stats, or its process group's): the curve when there is
     no GPU."""
 
-    def __init__(self, server: Server, started: float):
+    def __init__(self, server: Server, started: float) -> None:
         super().__init__(daemon=True, name="container-memory")
         self.server, self.started = server, started
         self.t: list[float] = []
@@ -45,7 +45,7 @@ class ContainerMemory(threading.Thread):
 class BootInterrupted(KeyboardInterrupt):
     """Ctrl-C or SIGTERM (a `timeout`) while a profile booted, with how far it got: a run's report says it."""
 
-    def __init__(self, elapsed_s: float, last_lines: list[str]):
+    def __init__(self, elapsed_s: float, last_lines: list[str]) -> None:
         super().__init__(f"interrupted {elapsed_s:.0f} s into the boot")
         self.last_lines = last_lines
 
@@ -149,7 +149,7 @@ class Boot:
                 "notes": self.notes + said}
 
 
-def boot(dep: deploy.Deployment, profile: str, timeout_s: float, say=None, knobs: dict | None = None,
+def boot(dep: deploy.Deployment, profile: str, timeout_s: float, say: Say | None = None, knobs: dict | None = None,
          stop: threading.Event | None = None) -> Boot:
     """Start the samplers, then the profile, and watch it to healthy; on any failure take it down.
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import time
 
+from servekit.config.matrix import Matrix
 from servekit.errors import UserError
 from servekit.smoke import AFTER_TRAFFIC, RUN_DEADLINE_S, Result, run_check
 
 
-def checks_to_run(matrix, profile: str, target: str, only: list[str] | None = None,
+def checks_to_run(matrix: Matrix, profile: str, target: str, only: list[str] | None = None,
                   host: str | None = None, stand_in: str | None = None) -> dict[str, dict]:
     """The profile's checks on `host` with their parameters (a `stand_in` model's where one is served), or only those
     named (each with the profile's parameters where it has the check, else the check's own); those that judge the
@@ -26,7 +27,7 @@ def checks_to_run(matrix, profile: str, target: str, only: list[str] | None = No
                        if item[0] in AFTER_TRAFFIC else 0))
 
 
-def not_required_results(matrix, profile: str, target: str, only: list[str] | None = None,
+def not_required_results(matrix: Matrix, profile: str, target: str, only: list[str] | None = None,
                          stand_in: str | None = None) -> list:
     """A result for each check of the profile the target (or the stand-in served) does not require (images.yaml says
     why), unless named."""

@@ -8,11 +8,11 @@ from pathlib import Path
 
 from servekit import engines
 from servekit.config.session import Session
-from servekit.engines import choice, transfer
+from servekit.engines import Engine, choice, transfer
 from servekit.errors import UserError
 from servekit.image.boundary import Missing, Refused, read_secret
 from servekit.image.launcher import HOST_KIND_ENV
-from servekit.output import as_output
+from servekit.output import Say, as_output
 from servekit.records.models import RunReport
 from servekit.records.releases import released
 from servekit.records.report import write_report
@@ -51,8 +51,8 @@ class Up:
         return asdict(self)
 
 
-def up_profile(session: Session, profile: str, target: str | None = None, host: str | None = "auto", engine=None,
-               port: int | None = None, timeout_s: float | None = None, say=print,
+def up_profile(session: Session, profile: str, target: str | None = None, host: str | None = "auto", engine: Engine | None = None,
+               port: int | None = None, timeout_s: float | None = None, say: Say = print,
                knobs: dict[str, str] | None = None, card: str | None = None) -> Up:
     """Start `profile` (with `knobs` over its own) and watch it to healthy; what it became (URL, key file, served
     name, the knobs it runs with, timings, memory). Raises BootFailed when it did not come up (it is taken down)."""
@@ -89,7 +89,7 @@ def up_profile(session: Session, profile: str, target: str | None = None, host: 
 
 
 def run(session: Session, target: str | None = None, profiles: list[str] | None = None, host: str | None = "auto",
-        engine=None, port: int | None = None, say=print, knobs: dict[str, str] | None = None,
+        engine: Engine | None = None, port: int | None = None, say: Say = print, knobs: dict[str, str] | None = None,
         only: list[str] | None = None, boot_timeout_s: float | None = None,
         card: str | None = None) -> list[tuple[RunReport, Path]]:
     """image, up, smoke, down and a report for each profile on one engine: (report, its folder) per profile.
@@ -110,7 +110,7 @@ def run(session: Session, target: str | None = None, profiles: list[str] | None 
                                                                   report, series))
 
 
-def smoke_running(session: Session, profile: str, target: str | None = None, engine=None, url: str | None = None,
+def smoke_running(session: Session, profile: str, target: str | None = None, engine: Engine | None = None, url: str | None = None,
                   api_key_file: Path | None = None, on_result=None, only: list[str] | None = None,
                   timeout_s: float | None = None, card: str | None = None) -> tuple[str, list]:
     """The profile's checks (or `only` those) against a server already running: its container on `engine`, or

@@ -35,7 +35,7 @@ from servekit.image.boundary import Missing, Refused, control_character, header_
 from servekit.image.knobs import KNOBS, masked
 from servekit.image.launcher import MIN_KEY_CHARS
 from servekit.layout import IMAGE_UID
-from servekit.output import as_output
+from servekit.output import Say, as_output
 
 MAX_ID = 2**31 - 1  # the largest id Docker and Kubernetes take
 MODEL_DIR_COMPOSE = "compose.model-dir.yaml"  # mounts MODEL_DIR read-only; prepare then fetches nothing
@@ -309,7 +309,7 @@ def published(root: Path, bind: str, port: int, asked_port: int | None) -> tuple
     return bind, asked_port or port
 
 
-def check_bind(bind: str, say) -> None:
+def check_bind(bind: str, say: Say) -> None:
     try:
         loopback = ipaddress.ip_address(bind).is_loopback
     except ValueError:

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from servekit.atomic import write_text
+from servekit.config.matrix import Matrix
 from servekit.config.session import Session
 from servekit.engines.docker import Engine
-from servekit.output import as_output
+from servekit.output import Say, as_output
 from servekit.records.models import FleetEngine, FleetSummary, RunReport, Table, save
 from servekit.records.releases import released
 from servekit.records.report import markdown_table, write_report
@@ -44,7 +45,7 @@ class EngineRun:
         return self.error is None and bool(self.reports) and all(r.passed for r, _ in self.reports)
 
 
-def _run_one(run: EngineRun, matrix, profiles: list[str], key_file: Path, out: Path, release, say, stop,
+def _run_one(run: EngineRun, matrix: Matrix, profiles: list[str], key_file: Path, out: Path, release, say: Say, stop,
              only: list[str] | None = None) -> None:
     label = run.engine.label
     tell = as_output(say).child(f"[{label}] ")
@@ -58,8 +59,8 @@ def _run_one(run: EngineRun, matrix, profiles: list[str], key_file: Path, out: P
         tell(f"failed: {run.error}")
 
 
-def run_fleet(matrix, deps: list, profiles: list[str], key_file: Path, out: Path, release=None,
-              say=print, only: list[str] | None = None) -> list[EngineRun]:
+def run_fleet(matrix: Matrix, deps: list, profiles: list[str], key_file: Path, out: Path, release=None,
+              say: Say = print, only: list[str] | None = None) -> list[EngineRun]:
     """Run `profiles` on every deployment's engine in parallel (`only` those checks, where given); Ctrl-C takes
     every engine's profile down."""
     runs = [EngineRun(dep) for dep in deps]
@@ -124,7 +125,7 @@ def write_summary(out: Path, runs: list[EngineRun]) -> tuple[FleetSummary, Path]
 
 
 def run(session: Session, engines: list[Engine], target: str | None = None, profiles: list[str] | None = None,
-        host: str | None = "auto", port: int | None = None, say=print,
+        host: str | None = "auto", port: int | None = None, say: Say = print,
         only: list[str] | None = None) -> tuple[FleetSummary, Path, list[EngineRun]]:
     """`run --engines`: build here once, then the profiles on every engine at once (`only` those checks, where
     given); (summary, its file, runs)."""

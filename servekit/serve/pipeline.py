@@ -8,9 +8,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from servekit import engines
+from servekit.config.matrix import Matrix
 from servekit.engines import transfer
 from servekit.errors import BootFailed
 from servekit.image.boundary import read_secret
+from servekit.output import Say
 from servekit.records.budget import compile_cache, read_budget
 from servekit.records.models import BootFigures, ImageUsed, Memory, ReleaseRecord, RunReport
 from servekit.serve import deploy
@@ -22,13 +24,13 @@ from servekit.smoke import Context, Result, all_passed
 class RunInterrupted(KeyboardInterrupt):
     """Ctrl-C or SIGTERM during a run, carrying the report of what it got to (written before the run stops)."""
 
-    def __init__(self, report: RunReport, series: dict):
+    def __init__(self, report: RunReport, series: dict) -> None:
         super().__init__(report.run_id)
         self.report, self.series = report, series
         self.written: list[Path] = []  # the run's report folders, this one's last (set by run_profiles)
 
 
-def _new_report(matrix, dep: deploy.Deployment, profile: str) -> RunReport:
+def _new_report(matrix: Matrix, dep: deploy.Deployment, profile: str) -> RunReport:
     """The report of a run about to start: what runs where, the image's ID and what the reader must know of it."""
     created = dt.datetime.now(dt.UTC)
     report = RunReport(run_id=f"{created:%Y%m%d-%H%M%S}-{profile}-{dep.target}",
@@ -67,7 +69,7 @@ def _record_memory(report: RunReport, b) -> dict:
     return series
 
 
-def run_profile(matrix, dep: deploy.Deployment, profile: str, key_file, say=print, knobs: dict | None = None,
+def run_profile(matrix: Matrix, dep: deploy.Deployment, profile: str, key_file, say: Say = print, knobs: dict | None = None,
                 only: list[str] | None = None, stop: threading.Event | None = None,
                 boot_timeout_s: float | None = None) -> tuple[RunReport, dict]:
     """Boot, smoke, down: (the report, the series for its plot). Never raises for a failed boot or check; raises
@@ -152,7 +154,7 @@ def _with_notes(exc: BaseException) -> str:
     return "; ".join([str(exc), *getattr(exc, "__notes__", [])])
 
 
-def run_profiles(matrix, dep: deploy.Deployment, profiles: list[str], key_file, write, say=print,
+def run_profiles(matrix: Matrix, dep: deploy.Deployment, profiles: list[str], key_file, write, say: Say = print,
                  release: ReleaseRecord | None = None, stop: threading.Event | None = None,
                  knobs: dict | None = None, only: list[str] | None = None,
                  boot_timeout_s: float | None = None) -> list[tuple[RunReport, Path]]:

@@ -12,6 +12,7 @@ from servekit.build.builder import ensure_built
 from servekit.build.plan import TargetPlan, installed_pins, plan_for
 from servekit.config.session import Session
 from servekit.engines import Engine, choice, local
+from servekit.output import Say
 from servekit.serve.checks import checks_to_run
 from servekit.serve.deploy import Deployment, ensure_secrets, published, write_env
 
@@ -55,7 +56,7 @@ def ready_to_serve(session: Session, engines: list[Engine], command: str, profil
                    target: str | None = None, host: str | None = "auto", port: int | None = None,
                    knob_sets: list[dict[str, str]] | None = None, card: str | None = None,
                    checks: list[str] | None = None, build: bool = True, engines_checked: bool = True,
-                   say=print) -> Ready:
+                   say: Say = print) -> Ready:
     """The target (the one asked for, else the first engine's default) and its profiles (those asked for, else its
     first), every check of the user's input, each engine's own check and GPU (unless `engines_checked` is False:
     `run --engines` records an engine that fails them as that engine's run, and the others go on), the image built

@@ -35,9 +35,10 @@ from servekit import engines
 from servekit.atomic import write_text
 from servekit.config.matrix import Strict
 from servekit.config.session import Session
-from servekit.engines import choice
+from servekit.engines import Engine, choice
 from servekit.errors import UserError
 from servekit.image import boundary
+from servekit.output import Say
 from servekit.records.models import RunReport
 from servekit.records.report import in_gib, load_report
 from servekit.serve import commands
@@ -128,7 +129,7 @@ def _model_folders(run: PlannedRun, root: Path):
                 os.environ[name] = value
 
 
-def check_runs(session: Session, plan: Plan, plan_path: Path, target: str, engine) -> None:
+def check_runs(session: Session, plan: Plan, plan_path: Path, target: str, engine: Engine) -> None:
     """Every run's profile, checks, knobs and card judged before the first boot, as `run` judges its flags: a typo
     in the last run must not cost the boots before it. One line naming the run."""
     for i, run in enumerate(plan.runs):
@@ -146,8 +147,8 @@ def check_runs(session: Session, plan: Plan, plan_path: Path, target: str, engin
             raise UserError(f"{plan_path}: runs.{i} ({run.name}): {said}") from None
 
 
-def run_plan(session: Session, plan_path: Path, target: str | None, engine=None, until_s: float | None = None,
-             say=print) -> tuple[list[tuple[PlannedRun, RunReport | None]], list[str]]:
+def run_plan(session: Session, plan_path: Path, target: str | None, engine: Engine | None = None, until_s: float | None = None,
+             say: Say = print) -> tuple[list[tuple[PlannedRun, RunReport | None]], list[str]]:
     """Run what the plan has not done yet: (each run with its report, or None where not run), (the names left, where
     `until_s` stopped it before them)."""
     plan = load_plan(plan_path)

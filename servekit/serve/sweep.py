@@ -13,11 +13,13 @@ from typing import Any
 
 from servekit.atomic import write_text
 from servekit.config.knobargs import parse_knobs
+from servekit.config.matrix import Matrix
 from servekit.config.profiles import render_profiles
 from servekit.config.session import Session
-from servekit.engines import resolve
+from servekit.engines import Engine, resolve
 from servekit.errors import UserError
 from servekit.image.launcher import build_command
+from servekit.output import Say
 from servekit.records.models import RunReport, SweepCell, SweepReport, Table, save
 from servekit.records.report import markdown_table, quiet_matplotlib
 from servekit.serve.pipeline import run_profile
@@ -212,8 +214,8 @@ def write(out: Path, doc: SweepReport, markdown: str, cells: list[Cell], knob: s
     plot(out / "sweep.png", cells, knob)
 
 
-def run_sweep(matrix, dep, profile: str, key_file: Path, knobs: list[tuple[str, list[str]]], boots: int,
-              only: list[str] | None, say) -> tuple[list[Cell], bool]:
+def run_sweep(matrix: Matrix, dep, profile: str, key_file: Path, knobs: list[tuple[str, list[str]]], boots: int,
+              only: list[str] | None, say: Say) -> tuple[list[Cell], bool]:
     """Boot every combination `boots` times; (the cells that have boots, whether Ctrl-C stopped it).
 
     A cell whose boot fails is recorded and the sweep goes on; Ctrl-C stops after run_profile has
@@ -230,7 +232,7 @@ def run_sweep(matrix, dep, profile: str, key_file: Path, knobs: list[tuple[str, 
     return cells, False
 
 
-def sweep_document(matrix, dep, profile: str, image: str, knobs: list[tuple[str, list[str]]], boots: int,
+def sweep_document(matrix: Matrix, dep, profile: str, image: str, knobs: list[tuple[str, list[str]]], boots: int,
                    cells: list[Cell], interrupted: bool) -> tuple[SweepReport, str]:
     """The sweep's report.json content and its Markdown."""
     names = [k for k, _ in knobs]
@@ -252,8 +254,8 @@ def sweep_document(matrix, dep, profile: str, image: str, knobs: list[tuple[str,
 
 
 def sweep(session: Session, profile: str, knob_specs: list[str], boots: int = 2, target: str | None = None,
-          host: str | None = "auto", checks: list[str] | None = None, say=print,
-          engine=None, card: str | None = None) -> tuple[Path, SweepReport, str]:
+          host: str | None = "auto", checks: list[str] | None = None, say: Say = print,
+          engine: Engine | None = None, card: str | None = None) -> tuple[Path, SweepReport, str]:
     """Every combination of knob values, `boots` boots each, on `engine` (this machine's Docker engine when None);
     a failed cell is recorded and the sweep goes on. (the report's folder, its document, its Markdown)."""
 

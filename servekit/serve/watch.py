@@ -72,7 +72,7 @@ def _timestamp(text: str) -> float | None:
 class LogFollower(threading.Thread):
     """Follows the container's log stream; records readiness, the KV pool and the first failure."""
 
-    def __init__(self, server: Server | None, record: BootRecord):
+    def __init__(self, server: Server | None, record: BootRecord) -> None:
         super().__init__(daemon=True)
         self.server, self.record = server, record
         self._failure: tuple[str, str] | None = None
