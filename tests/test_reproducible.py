@@ -10,7 +10,6 @@ import os
 import shutil
 import subprocess
 import tarfile
-from typing import Any
 
 import pytest
 from support import TEST_PROJECT
@@ -249,7 +248,7 @@ def test_the_memory_offers_only_layers_the_image_it_names_still_holds(tmp_path):
     offers nothing, and the pass then rewrites the layer."""
     from types import SimpleNamespace
     held = {"sha256:img1": SimpleNamespace(attrs={"RootFS": {"Layers": ["sha256:aaa", "sha256:bbb"]}})}
-    engine: Any = SimpleNamespace(image=lambda ref: held.get(ref))  # the one call the memory makes of an engine
+    engine = SimpleNamespace(image=lambda ref: held.get(ref))
     memory_file = tmp_path / reproducible.CANONICAL_MEMORY
     memory_file.write_text(json.dumps({"images": {
         "sha256:img1": {"form": "1:0", "layers": {"x/layer.tar": "aaa", "y/layer.tar": "ccc"}},

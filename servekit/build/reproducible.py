@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import IO
 
 from servekit.atomic import write_text
-from servekit.engines.docker import DockerEngine
 from servekit.engines.transfer import ChunkStream
 from servekit.errors import EnvironmentProblem
 from servekit.output import Say
@@ -273,7 +272,7 @@ def files_image_archive(files: dict[str, bytes], tag: str, epoch: int, labels: d
     return f"sha256:{image_id}"
 
 
-def make_canonical(engine: DockerEngine, built: str, tag: str, epoch: int, labels: dict[str, str], workdir: Path,
+def make_canonical(engine, built: str, tag: str, epoch: int, labels: dict[str, str], workdir: Path,
                    say: Say = print) -> Canonical:
     """The image `built` re-made canonical on `engine` under `tag`; `built`'s own tag is removed.
 
@@ -333,7 +332,7 @@ class _CanonicalMemory:
     (the format and the epoch), and in which canonical image the engine holds it: a layer is reused only while that
     image is there, so that its chain is the engine's."""
 
-    def __init__(self, path: Path, engine: DockerEngine, form: str) -> None:
+    def __init__(self, path: Path, engine, form: str) -> None:
         self.path, self.form = path, form
         try:
             images = json.loads(path.read_text())["images"]
@@ -396,7 +395,7 @@ def _entries(layer: IO[bytes]) -> dict[str, tuple]:
     return out
 
 
-def _saved_layers(engine: DockerEngine, ref: str, wanted: set[int]) -> tuple[dict, dict[int, dict[str, tuple]]]:
+def _saved_layers(engine, ref: str, wanted: set[int]) -> tuple[dict, dict[int, dict[str, tuple]]]:
     """An image's config, and the entries of its layers numbered in `wanted` (0 = the base)."""
     by_path: dict[str, dict[str, tuple]] = {}
 
@@ -408,7 +407,7 @@ def _saved_layers(engine: DockerEngine, ref: str, wanted: set[int]) -> tuple[dic
     return config, {i: by_path[p] for i, p in enumerate(paths) if i in wanted and p in by_path}
 
 
-def compare(engine: DockerEngine, ref_a: str, ref_b: str, first: int = 5) -> Difference:
+def compare(engine, ref_a: str, ref_b: str, first: int = 5) -> Difference:
     """What differs between images `ref_a` and `ref_b` on `engine` (empty when they are the same image)."""
     a, b = engine.image(ref_a), engine.image(ref_b)
     if a is None or b is None:

@@ -21,7 +21,6 @@ from cyclonedx.output.json import JsonV1Dot6
 from packageurl import PackageURL
 from packaging.utils import canonicalize_name
 
-from servekit.engines.docker import DockerEngine
 from servekit.errors import EnvironmentProblem
 
 SBOM_PATH = "/opt/servekit/sbom.cdx.json"
@@ -46,7 +45,7 @@ def locked_distributions(lock_text: str) -> dict[str, tuple[str, list[str]]]:
     return out
 
 
-def debian_packages(engine: DockerEngine, image: str) -> list[tuple[str, str, str]]:
+def debian_packages(engine, image: str) -> list[tuple[str, str, str]]:
     """(package, version, architecture) of every Debian package installed in `image`, as dpkg records them."""
     try:
         said = engine.sdk(timeout=300).containers.run(image, ["-W", f"-f={_DPKG_FORMAT}"], entrypoint="dpkg-query",

@@ -17,6 +17,7 @@ import re
 import shutil
 import socket
 import subprocess
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
@@ -25,7 +26,7 @@ from urllib.parse import urlparse
 
 from servekit.engines.failures import prepare_failure
 from servekit.engines.gpuaccess import GpuAccess, decide
-from servekit.engines.protocol import Engine, ServerState
+from servekit.engines.protocol import Deploying, Engine, ServerState
 from servekit.errors import BootFailed, EnvironmentProblem, UserError
 from servekit.image.launcher import CONTAINER_PORT
 from servekit.layout import PROFILE_LABEL, PROJECT_LABEL
@@ -209,7 +210,7 @@ class DockerEngine:
     # --- serving a profile: the process engine (process.py) is the other implementation of these ------------
     serves_images = True  # builds, sends and runs images; Compose starts its profiles
 
-    def compose_for(self, dep, profiles: list[str] | None = None, knobs: dict[str, str] | None = None):
+    def compose_for(self, dep: Deploying, profiles: list[str] | None = None, knobs: dict[str, str] | None = None):
         """Compose for deployment `dep` on this engine; `knobs` go into that one process's environment, where they
         win over the shell's (so parallel boots with different knobs do not share them)."""
         # BIND and PORT (the source's spellings, which compose.yaml reads first) as this deployment resolved them
@@ -219,7 +220,7 @@ class DockerEngine:
                             compose_project_directory=dep.compose_dir, compose_env_files=[dep.env_file],
                             compose_profiles=profiles or [], client_call=call)
 
-    def prepare(self, dep, profile: str, knobs: dict[str, str] | None = None, on_line=None) -> list[str]:
+    def prepare(self, dep: Deploying, profile: str, knobs: dict[str, str] | None = None, on_line: Callable[[str], None] | None = None) -> list[str]:
         """Compose's prepare service for the profile, run to its end with its log followed; its lines."""
         client = self.compose_for(dep, [profile], {**(knobs or {}), "SERVEKIT_PROFILE": profile})
         # A stopped container left by a run that was killed keeps its old mounts (a secret file that is gone),
@@ -246,7 +247,7 @@ class DockerEngine:
             raise prepare_failure(lines, code)
         return lines
 
-    def up(self, dep, profile: str, knobs: dict[str, str] | None = None):
+    def up(self, dep: Deploying, profile: str, knobs: dict[str, str] | None = None):
         """Start the profile through Compose, its prepare service done (prepare() above); None (the caller finds
         the container)."""
         client = self.compose_for(dep, [profile], {**(knobs or {}), "SERVEKIT_PROFILE": profile})
@@ -254,7 +255,7 @@ class DockerEngine:
             client.compose.up(services=[profile], detach=True, quiet=True, dependencies=False)
         return None
 
-    def down(self, dep, profile: str | None = None) -> None:
+    def down(self, dep: Deploying, profile: str | None = None) -> None:
         """Stop and remove the profile's container (every one of the project's when None); volumes stay."""
         client = self.compose_for(dep, ["*"])
         with docker_errors(f"down {profile or ''} on engine {self.given}".replace("  ", " ")):

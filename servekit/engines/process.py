@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from servekit.atomic import write_text
 from servekit.config.profiles import render_profiles
 from servekit.engines.docker import PROJECT, EngineError
 from servekit.engines.failures import prepare_failure
-from servekit.engines.protocol import ServerState
+from servekit.engines.protocol import Deploying, ServerState
 from servekit.errors import EnvironmentProblem, UserError
 from servekit.gpu import NvmlUnavailable, list_gpus
 from servekit.image import CODE_DIR
@@ -95,13 +96,13 @@ class ProcessEngine:
     hostname = "127.0.0.1"
     scheme = SCHEME
 
-    def prepare(self, dep, profile: str, knobs: dict[str, str] | None = None, on_line=None) -> list[str]:
-        return prepare(dep, profile, knobs, on_line)
+    def prepare(self, dep: Deploying, profile: str, knobs: dict[str, str] | None = None, on_line: Callable[[str], None] | None = None) -> list[str]:
+        return prepare(self, dep, profile, knobs, on_line)
 
-    def up(self, dep, profile: str, knobs: dict[str, str] | None = None) -> ProcessServer:
-        return up(dep, profile, knobs)
+    def up(self, dep: Deploying, profile: str, knobs: dict[str, str] | None = None) -> ProcessServer:
+        return up(self, dep, profile, knobs)
 
-    def down(self, dep, profile: str | None = None) -> None:
+    def down(self, dep: Deploying, profile: str | None = None) -> None:
         down(self, profile)
 
     def gpu_by_devices(self) -> bool:
@@ -256,7 +257,7 @@ class ProcessServer:
 
 # --- starting and stopping ---------------------------------------------------------------------
 
-def _profiles(dep, state: Path) -> dict:
+def _profiles(dep: Deploying, state: Path) -> dict:
     """profiles.json as the image has it, with the model's folders under this engine's and the generated model
     read from the repository (where the image has it baked)."""
     matrix = dep.matrix
@@ -266,12 +267,12 @@ def _profiles(dep, state: Path) -> dict:
     model["path"] = str(state / "models" / spec.model)
     for name, drafter in model["drafters"].items():
         drafter["path"] = str(state / "models" / f"{spec.model}-{name}")
-    if model["baked"]:
-        model["baked"] = str(dep.root / matrix.models[spec.model].dir)
+    if model["baked"]:  # a generated model: its folder is in the repository (the matrix names one, checked at load)
+        model["baked"] = str(dep.root / (matrix.models[spec.model].dir or ""))
     return rendered
 
 
-def check_environment(engine: ProcessEngine, dep) -> None:
+def check_environment(engine: ProcessEngine, dep: Deploying) -> None:
     """Refuse an environment that is not the target's: a pinned package at another version (pins left out with
     --without excepted), or a patch of the series not applied to its vLLM (docs/install.md says how to make one)."""
     have = engine.versions()
@@ -288,38 +289,40 @@ def check_environment(engine: ProcessEngine, dep) -> None:
                         f"--python {engine.python} --target {dep.target}`")
 
 
-def _environment(dep, profiles_file: Path, knobs: dict[str, str]) -> dict[str, str]:
+def _environment(engine: ProcessEngine, dep: Deploying, profiles_file: Path,
+                 knobs: dict[str, str]) -> dict[str, str]:
     env = {**os.environ, "SERVEKIT_PROFILES": str(profiles_file), "SERVEKIT_HOST": dep.host,
            "API_KEY_FILE": str(dep.api_key_file), "HF_TOKEN_FILE": str(dep.api_key_file.parent / "hf_token"),
            "HOST": dep.bind, "PORT": str(dep.port), "PYTHONUNBUFFERED": "1",
-           "PATH": f"{dep.engine.prefix / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", **knobs}
+           "PATH": f"{engine.prefix / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", **knobs}
     env.pop("PYTHONPATH", None)  # the launcher imports its siblings; the environment's own packages come first
     return env
 
 
-def _launched(dep, profile: str, knobs: dict[str, str] | None) -> tuple[list[str], dict[str, str], Path]:
+def _launched(engine: ProcessEngine, dep: Deploying, profile: str,
+              knobs: dict[str, str] | None) -> tuple[list[str], dict[str, str], Path]:
     """The launcher's command, its environment and the profile's log, its profiles file written."""
-    engine: ProcessEngine = dep.engine
     check_environment(engine, dep)  # which checks that the environment is there first
     state = engine.state
     state.mkdir(parents=True, exist_ok=True)
     profiles_file = state / "profiles" / f"{dep.target}.json"  # beside the records (*.json), not among them
     write_text(profiles_file, json.dumps(_profiles(dep, state), indent=2) + "\n")
     launcher = [str(engine.python), str(CODE_DIR / "launcher.py")]
-    return launcher, _environment(dep, profiles_file, knobs or {}), state / f"{profile}.log"
+    return launcher, _environment(engine, dep, profiles_file, knobs or {}), state / f"{profile}.log"
 
 
-def prepare(dep, profile: str, knobs: dict[str, str] | None = None, on_line=None) -> list[str]:
+def prepare(engine: ProcessEngine, dep: Deploying, profile: str, knobs: dict[str, str] | None = None,
+            on_line: Callable[[str], None] | None = None) -> list[str]:
     """The model (and the drafter the profile serves with, no other) into place, each line of the launcher's prepare
     to `on_line` and the profile's log as it comes; its lines. A running server's folders are in place already."""
-    existing = next(iter(dep.engine.servers(profile)), None)
+    existing = next(iter(engine.servers(profile)), None)
     if existing and existing.running:
         return []  # its log is the running server's
-    launcher, env, log_path = _launched(dep, profile, knobs)
+    launcher, env, log_path = _launched(engine, dep, profile, knobs)
     lines: list[str] = []
     with open(log_path, "w") as log, subprocess.Popen(
             [*launcher, "prepare", profile], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, cwd=dep.engine.state, text=True, errors="replace") as proc:
+            stderr=subprocess.STDOUT, cwd=engine.state, text=True, errors="replace") as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
             log.write(line)
@@ -332,13 +335,12 @@ def prepare(dep, profile: str, knobs: dict[str, str] | None = None, on_line=None
     return lines
 
 
-def up(dep, profile: str, knobs: dict[str, str] | None = None) -> ProcessServer:
+def up(engine: ProcessEngine, dep: Deploying, profile: str, knobs: dict[str, str] | None = None) -> ProcessServer:
     """Start the prepared profile's server (prepare() above) in its own process group; its record written."""
-    existing = next(iter(dep.engine.servers(profile)), None)
+    existing = next(iter(engine.servers(profile)), None)
     if existing and existing.running:
         return existing  # as `docker compose up` leaves a running service alone
-    launcher, env, log_path = _launched(dep, profile, knobs)
-    engine: ProcessEngine = dep.engine
+    launcher, env, log_path = _launched(engine, dep, profile, knobs)
     state = engine.state
     with open(log_path, "ab") as log:
         popen = subprocess.Popen([*launcher, "serve", profile], env={**env, "HF_HUB_OFFLINE": "1"},

@@ -11,9 +11,44 @@ mounted, and its Compose files written; one that does not serves a Python enviro
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol, runtime_checkable
+
+from servekit.config.matrix import Matrix
+
+
+class Deploying(Protocol):
+    """What an engine reads of a deployment (serve/deploy.py's Deployment, made above the engines): what it serves,
+    where, and the files that say how."""
+
+    @property
+    def root(self) -> Path: ...
+    @property
+    def target(self) -> str: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def image(self) -> str: ...
+    @property
+    def bind(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def engine(self) -> Engine: ...
+    @property
+    def matrix(self) -> Matrix: ...
+    @property
+    def pins(self) -> dict[str, str]: ...
+    @property
+    def api_key_file(self) -> Path: ...
+    @property
+    def env_file(self) -> Path: ...
+    @property
+    def compose_dir(self) -> Path: ...
+    @property
+    def compose_files(self) -> list[Path]: ...
 
 
 @dataclass(frozen=True)
@@ -116,14 +151,15 @@ class Engine(Protocol):
         """What a deployment names as its image, and the pins the engine's own stack must hold (an image carries its
         own: none)."""
 
-    def prepare(self, dep, profile: str, knobs: dict[str, str] | None = None, on_line=None) -> list[str]:
+    def prepare(self, dep: Deploying, profile: str, knobs: dict[str, str] | None = None,
+                on_line: Callable[[str], None] | None = None) -> list[str]:
         """Run the profile's prepare step (the model and its drafter into place) to its end, each line of its output to
         `on_line` as it comes; its lines. BootFailed, with its reason, when it fails."""
 
-    def up(self, dep, profile: str, knobs: dict[str, str] | None = None) -> Server | None:
+    def up(self, dep: Deploying, profile: str, knobs: dict[str, str] | None = None) -> Server | None:
         """Start the prepared profile; its server, or None when the caller finds it (`servers`)."""
 
-    def down(self, dep, profile: str | None = None) -> None:
+    def down(self, dep: Deploying, profile: str | None = None) -> None:
         """Stop and remove the profile's server (every one of the project's when None)."""
 
     def servers(self, profile: str | None = None) -> Sequence[Server]:

@@ -10,7 +10,7 @@ from servekit.build.bases import made_base_current
 from servekit.config.load import load_matrix
 from servekit.config.matrix import Matrix
 from servekit.engines.card import doctor_line
-from servekit.engines.docker import DockerEngine, docker_cli, gpu_access_of, local
+from servekit.engines.docker import docker_cli, gpu_access_of, local
 from servekit.engines.gpuaccess import (
     ACCESS_ENV,
     CONTAINER_DRIVER_DIR,
@@ -72,14 +72,14 @@ def engine_disk(info: dict) -> Finding:
         return Finding("disk", "ok", f"the engine keeps images at {root or '?'}, not on this machine: not checked")
 
 
-def images_to_try(engine: DockerEngine, matrix: Matrix) -> list[str]:
+def images_to_try(engine, matrix: Matrix) -> list[str]:
     """The matrix's images built (or loaded) here, then its bases: a GPU host given only the product image (the
     H200 visits, by `docker load`) holds no base."""
     built = [tag for image in engine.client.images.list(name=matrix.image.name) for tag in image.tags]
     return built + [base.image for base in matrix.bases.values()]
 
 
-def gpu_container(engine: DockerEngine, images: list[str], access: GpuAccess) -> Finding:
+def gpu_container(engine, images: list[str], access: GpuAccess) -> Finding:
     """Run a container with the GPU once, as `up` will (by the toolkit or by the devices route), from the first of
     `images` the engine has: the driver answers, or say why not."""
     image = next((name for name in images if engine.image_exists(name)), None)

@@ -26,7 +26,7 @@ from servekit.config.matrix import Matrix
 from servekit.config.profiles import render_profiles
 from servekit.config.session import Session
 from servekit.engines.card import mps_cap_bytes
-from servekit.engines.docker import DockerEngine, local
+from servekit.engines.docker import local
 from servekit.engines.process import SCHEME as PROCESS_SCHEME
 from servekit.errors import CheckFailed, EnvironmentProblem, UserError
 from servekit.image.boundary import REGISTRY, number_setting
@@ -353,7 +353,7 @@ def summary_text(matrix: Matrix, releases: list[ReleaseRecord]) -> str:
     return "\n".join(lines)
 
 
-def release_targets(matrix: Matrix, root: Path, engine: DockerEngine, registry_path: str, plans: dict[str, TargetPlan],
+def release_targets(matrix: Matrix, root: Path, engine, registry_path: str, plans: dict[str, TargetPlan],
                     explicit: bool, dry_run: bool, say: Say) -> list[ReleaseRecord]:
     """Gate, check the moving tags, push and read back, per target; the records for the manifest.
 
