@@ -205,7 +205,7 @@ class Card(Strict):
         return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
     @model_validator(mode="after")
-    def _free_within_total(self):
+    def _free_within_total(self) -> Card:
         if self.free_gib is not None and self.free_gib > self.memory_gib:
             raise ValueError(f"free_gib {self.free_gib} is more than the card's memory_gib {self.memory_gib}")
         return self

@@ -165,7 +165,7 @@ def base_findings(matrix: Matrix) -> list[Finding]:
     return out
 
 
-def doctor(matrix_path) -> list[Finding]:
+def doctor(matrix_path: str | Path) -> list[Finding]:
     """Every finding: the engine and the machine, then (when the engine answers) the bases of the matrix, the target
     commands default to and, where the engine can give a container a GPU, one GPU container."""
     findings = diagnose()

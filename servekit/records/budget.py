@@ -9,6 +9,7 @@ profile's non-KV memory less its activation peak and the weights, which is how v
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 # (figure, what it is) in the order a boot computes them: the report's table rows.
 FIELDS = (
@@ -59,7 +60,7 @@ _LINES: tuple[tuple[re.Pattern, tuple[str, ...]], ...] = tuple((re.compile(patte
 _WHOLE = {"block_size", "kv_pool_tokens", "max_len_fits"}
 
 
-def read_budget(lines) -> dict[str, float | int]:
+def read_budget(lines: Iterable[str]) -> dict[str, float | int]:
     """The budget's figures that `lines` (a boot's log) hold, by FIELDS' names; a figure logged twice (a restart
     inside the boot) is its last."""
     found: dict[str, float | int] = {}
@@ -83,7 +84,7 @@ _LOADED = re.compile(r"Directly load (the compiled graph\(s\) for compile range 
 _COMPILED = re.compile(r"Compiling a graph for compile range .* takes ([\d.]+) s")
 
 
-def compile_cache(lines) -> str | None:
+def compile_cache(lines: Iterable[str]) -> str | None:
     """Whether the boot found torch.compile's graphs in the cache volume (warm) or compiled them now (cold), by vLLM's
     own lines: the profiled activation peak, and so the KV pool, differ between the two (a cold compile's scratch is
     charged to the budget). None where the log says neither (a target that does not compile, a boot that ended

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal, NotRequired
+from typing import Annotated, Any, Literal, NotRequired, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator, with_config
 from typing_extensions import TypedDict  # pydantic validates typing's TypedDict only from Python 3.12
@@ -177,7 +177,7 @@ class RunReport(Document):
 
     @field_validator("checks", mode="before")
     @classmethod
-    def _skipped_is_not_run(cls, value):  # reports written before the three outcomes said "skipped" for "not run"
+    def _skipped_is_not_run(cls, value: Any) -> Any:  # reports written before the three outcomes said "skipped" for "not run"
         return [{**c, "status": "not_run"} if isinstance(c, dict) and c.get("status") == "skipped" else c
                 for c in value] if isinstance(value, list) else value
 
@@ -277,7 +277,7 @@ class ReleaseRecord(Record):
 
     @field_validator("series", mode="before")
     @classmethod
-    def _names_only(cls, value):  # a manifest written before the series carried hashes listed names only
+    def _names_only(cls, value: Any) -> Any:  # a manifest written before the series carried hashes listed names only
         return {name: "" for name in value} if isinstance(value, list) and all(isinstance(n, str) for n in value) \
             else value
 
@@ -289,7 +289,7 @@ class ReleaseManifest(Document):
     updated: str | None = None
 
     @model_validator(mode="after")
-    def _each_under_its_own_name(self):
+    def _each_under_its_own_name(self) -> ReleaseManifest:
         if wrong := [name for name, record in self.targets.items() if record.target != name]:
             raise ValueError(f"targets.{wrong[0]} holds the release of {self.targets[wrong[0]].target}")
         return self
@@ -319,7 +319,10 @@ class OtherKind(UserError):
     """A servekit file of another kind than the one asked for (a sweep's report among the runs'): not broken."""
 
 
-def load(path: Path, model: type[Document]):
+D = TypeVar("D", bound=Document)
+
+
+def load(path: Path, model: type[D]) -> D:
     """The file at `path` as `model`, or a UserError in one line saying what it is instead."""
     wanted = model.model_fields["kind"].default
     try:

@@ -6,6 +6,7 @@ import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from servekit.atomic import write_text
 from servekit.records.budget import FIELDS
@@ -43,7 +44,7 @@ def load_report(path: Path) -> RunReport:
     return load(path / "report.json" if path.is_dir() else path, RunReport)
 
 
-def in_gib(value) -> str:
+def in_gib(value: float | None) -> str:
     """A figure in bytes as GiB for a table's cell; empty where it was not measured."""
     return "" if value is None else f"{value / GiB:.2f} GiB"
 
@@ -69,7 +70,7 @@ def _prepared(figures: dict[str, float]) -> str:
     return f"{figures.get('total_s', 0):.1f} s: " + ", ".join(done)
 
 
-def _listed(value) -> list:
+def _listed(value: Any) -> list:
     return value if isinstance(value, list) else []
 
 
@@ -148,7 +149,7 @@ def budget_lines(budget: dict, source: dict | None) -> list[str]:
     return rows + [""]
 
 
-def _budget_figure(name: str, value) -> str:
+def _budget_figure(name: str, value: float | None) -> str:
     if value is None:
         return ""
     if not isinstance(value, (int, float)) or isinstance(value, bool):  # a source figure images.yaml gave as text
@@ -160,7 +161,7 @@ def _budget_figure(name: str, value) -> str:
     return f"{value:g}" + ("x" if name == "max_concurrency" else "")
 
 
-def _mb(value) -> str:
+def _mb(value: float | None) -> str:
     return "" if value is None else f"{value / 1e6:,.0f} MB"
 
 

@@ -185,7 +185,7 @@ def boot(dep: deploy.Deployment, profile: str, timeout_s: float, say: Say | None
         b.container_memory = ContainerMemory(b.server, b.record.started)
         b.container_memory.start()
 
-        def progress(elapsed, rec):
+        def progress(elapsed: float, rec: BootRecord) -> None:
             if stop and stop.is_set():
                 raise Stopped(f"stopped while {profile} was booting")
             if any(WEIGHTS_LOADED.search(line) for line in list(rec.lines)[-50:]):

@@ -4,10 +4,11 @@ them in order within the run's deadline, and a verdict's line for the console.""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from servekit.config.matrix import Matrix
 from servekit.errors import UserError
-from servekit.smoke import AFTER_TRAFFIC, RUN_DEADLINE_S, Result, run_check
+from servekit.smoke import AFTER_TRAFFIC, RUN_DEADLINE_S, Context, Result, run_check
 
 
 def checks_to_run(matrix: Matrix, profile: str, target: str, only: list[str] | None = None,
@@ -35,13 +36,14 @@ def not_required_results(matrix: Matrix, profile: str, target: str, only: list[s
             if not only or name not in only]
 
 
-def console_line(result) -> str:
+def console_line(result: Result) -> str:
     """A check's verdict in one line, its whole first line of reason (report.md holds all of it)."""
     reason = result.reason.splitlines()[0] if result.reason else ""
     return f"{result.status.replace('_', ' '):12} {result.name} ({result.seconds} s) {reason}".rstrip()
 
 
-def smoke(ctx, checks: dict[str, dict], on_result=None, deadline_s: float | None = None) -> list:
+def smoke(ctx: Context, checks: dict[str, dict], on_result: Callable[[Result], None] | None = None,
+          deadline_s: float | None = None) -> list[Result]:
     """Run each check in order within the run's deadline, `on_result` hearing each verdict as it comes; a check that
     raises something unexpected fails, and the rest still run."""
     results = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -22,7 +23,7 @@ from servekit.serve.checks import checks_to_run, not_required_results, smoke
 from servekit.serve.pipeline import run_profiles
 from servekit.serve.ready import deployment, ready_to_serve
 from servekit.serve.watch import READY
-from servekit.smoke import Context
+from servekit.smoke import Context, Result
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,8 @@ def run(session: Session, target: str | None = None, profiles: list[str] | None 
 
 
 def smoke_running(session: Session, profile: str, target: str | None = None, engine: Engine | None = None, url: str | None = None,
-                  api_key_file: Path | None = None, on_result=None, only: list[str] | None = None,
+                  api_key_file: Path | None = None,
+                  on_result: Callable[[Result], None] | None = None, only: list[str] | None = None,
                   timeout_s: float | None = None, card: str | None = None) -> tuple[str, list]:
     """The profile's checks (or `only` those) against a server already running: its container on `engine`, or
     `url`; `timeout_s` bounds each check (every request of it, and each wait between bytes)."""

@@ -16,6 +16,7 @@ import ipaddress
 import os
 import re
 import secrets
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -319,12 +320,13 @@ def check_bind(bind: str, say: Say) -> None:
                             "that guards it")
 
 
-def prepare(dep: Deployment, profile: str, knobs: dict[str, str] | None = None, on_line=None) -> list[str]:
+def prepare(dep: Deployment, profile: str, knobs: dict[str, str] | None = None,
+            on_line: Callable[[str], None] | None = None) -> list[str]:
     """The profile's prepare step on its engine, to its end (its lines to `on_line`); its lines."""
     return dep.engine.prepare(dep, profile, knobs, on_line)
 
 
-def up(dep: Deployment, profile: str, knobs: dict[str, str] | None = None):
+def up(dep: Deployment, profile: str, knobs: dict[str, str] | None = None) -> Server | None:
     """Start the profile on its engine (Compose, or a process); the server when the engine hands it back. An
     emulated card's MPS daemon is started first."""
     if dep.card:
@@ -381,7 +383,7 @@ def status(engine: Engine | None = None, bind: str = "127.0.0.1") -> list[dict]:
     return sorted(rows, key=lambda r: r["profile"] or "")
 
 
-def logs(profile: str, engine: Engine | None = None, follow: bool = False, tail: int = 200):
+def logs(profile: str, engine: Engine | None = None, follow: bool = False, tail: int = 200) -> Iterator[str]:
     """`logs`: the profile's log lines (the last `tail`), and with `follow` each new one until it stops."""
     engine = engine or resolve(None)
     engine.check()

@@ -20,7 +20,7 @@ from servekit.config.matrix import Matrix
 from servekit.config.session import Session
 from servekit.engines.docker import Engine
 from servekit.output import Say, as_output
-from servekit.records.models import FleetEngine, FleetSummary, RunReport, Table, save
+from servekit.records.models import FleetEngine, FleetSummary, ReleaseRecord, RunReport, Table, save
 from servekit.records.releases import released
 from servekit.records.report import markdown_table, write_report
 from servekit.serve import deploy
@@ -45,7 +45,8 @@ class EngineRun:
         return self.error is None and bool(self.reports) and all(r.passed for r, _ in self.reports)
 
 
-def _run_one(run: EngineRun, matrix: Matrix, profiles: list[str], key_file: Path, out: Path, release, say: Say, stop,
+def _run_one(run: EngineRun, matrix: Matrix, profiles: list[str], key_file: Path, out: Path, release: ReleaseRecord | None,
+             say: Say, stop: threading.Event,
              only: list[str] | None = None) -> None:
     label = run.engine.label
     tell = as_output(say).child(f"[{label}] ")
@@ -59,7 +60,8 @@ def _run_one(run: EngineRun, matrix: Matrix, profiles: list[str], key_file: Path
         tell(f"failed: {run.error}")
 
 
-def run_fleet(matrix: Matrix, deps: list, profiles: list[str], key_file: Path, out: Path, release=None,
+def run_fleet(matrix: Matrix, deps: list[deploy.Deployment], profiles: list[str], key_file: Path, out: Path,
+              release: ReleaseRecord | None = None,
               say: Say = print, only: list[str] | None = None) -> list[EngineRun]:
     """Run `profiles` on every deployment's engine in parallel (`only` those checks, where given); Ctrl-C takes
     every engine's profile down."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from servekit.output import Say
 from servekit.records.budget import compile_cache, read_budget
 from servekit.records.models import BootFigures, ImageUsed, Memory, ReleaseRecord, RunReport
 from servekit.serve import deploy
-from servekit.serve.boot import BootInterrupted, Stopped, boot
+from servekit.serve.boot import Boot, BootInterrupted, Stopped, boot
 from servekit.serve.checks import checks_to_run, console_line, not_required_results, smoke
 from servekit.smoke import Context, Result, all_passed
 
@@ -53,7 +54,7 @@ def _new_report(matrix: Matrix, dep: deploy.Deployment, profile: str) -> RunRepo
     return report
 
 
-def _record_memory(report: RunReport, b) -> dict:
+def _record_memory(report: RunReport, b: Boot | None) -> dict:
     """The boot's figures and memory into the report; the series for its plot."""
     memory = b.memory() if b else {"gpus": [], "shared_usage": None, "phases": [], "notes": [], "container": None}
     if b:
@@ -69,7 +70,7 @@ def _record_memory(report: RunReport, b) -> dict:
     return series
 
 
-def run_profile(matrix: Matrix, dep: deploy.Deployment, profile: str, key_file, say: Say = print, knobs: dict | None = None,
+def run_profile(matrix: Matrix, dep: deploy.Deployment, profile: str, key_file: Path, say: Say = print, knobs: dict | None = None,
                 only: list[str] | None = None, stop: threading.Event | None = None,
                 boot_timeout_s: float | None = None) -> tuple[RunReport, dict]:
     """Boot, smoke, down: (the report, the series for its plot). Never raises for a failed boot or check; raises
@@ -154,7 +155,8 @@ def _with_notes(exc: BaseException) -> str:
     return "; ".join([str(exc), *getattr(exc, "__notes__", [])])
 
 
-def run_profiles(matrix: Matrix, dep: deploy.Deployment, profiles: list[str], key_file, write, say: Say = print,
+def run_profiles(matrix: Matrix, dep: deploy.Deployment, profiles: list[str], key_file: Path,
+                 write: Callable[[RunReport, dict], Path], say: Say = print,
                  release: ReleaseRecord | None = None, stop: threading.Event | None = None,
                  knobs: dict | None = None, only: list[str] | None = None,
                  boot_timeout_s: float | None = None) -> list[tuple[RunReport, Path]]:

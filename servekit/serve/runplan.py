@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -109,7 +110,7 @@ def _done(record: Path) -> dict[str, str]:
 
 
 @contextmanager
-def _model_folders(run: PlannedRun, root: Path):
+def _model_folders(run: PlannedRun, root: Path) -> Iterator[None]:
     """MODEL_DIR and DRAFTER_DIR as the run names them (relative to the checkout), for this run only; a run that
     names no model serves what the environment names (airgap.sh sets them), as `run` would; one that names a model
     serves its drafter only if it names one too."""

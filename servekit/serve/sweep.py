@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from servekit.image.launcher import build_command
 from servekit.output import Say
 from servekit.records.models import RunReport, SweepCell, SweepReport, Table, save
 from servekit.records.report import markdown_table, quiet_matplotlib
+from servekit.serve.deploy import Deployment
 from servekit.serve.pipeline import run_profile
 from servekit.serve.ready import ready_to_serve
 
@@ -77,7 +79,7 @@ def summarize_boot(report: RunReport) -> dict:
     return out
 
 
-def _range(values: list, fmt) -> str:
+def _range(values: list, fmt: Callable[[Any], str]) -> str:
     values = [v for v in values if v is not None]
     if not values:
         return ""
@@ -214,7 +216,7 @@ def write(out: Path, doc: SweepReport, markdown: str, cells: list[Cell], knob: s
     plot(out / "sweep.png", cells, knob)
 
 
-def run_sweep(matrix: Matrix, dep, profile: str, key_file: Path, knobs: list[tuple[str, list[str]]], boots: int,
+def run_sweep(matrix: Matrix, dep: Deployment, profile: str, key_file: Path, knobs: list[tuple[str, list[str]]], boots: int,
               only: list[str] | None, say: Say) -> tuple[list[Cell], bool]:
     """Boot every combination `boots` times; (the cells that have boots, whether Ctrl-C stopped it).
 
@@ -232,7 +234,7 @@ def run_sweep(matrix: Matrix, dep, profile: str, key_file: Path, knobs: list[tup
     return cells, False
 
 
-def sweep_document(matrix: Matrix, dep, profile: str, image: str, knobs: list[tuple[str, list[str]]], boots: int,
+def sweep_document(matrix: Matrix, dep: Deployment, profile: str, image: str, knobs: list[tuple[str, list[str]]], boots: int,
                    cells: list[Cell], interrupted: bool) -> tuple[SweepReport, str]:
     """The sweep's report.json content and its Markdown."""
     names = [k for k, _ in knobs]

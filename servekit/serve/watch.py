@@ -12,7 +12,7 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -35,7 +35,7 @@ MILESTONE = re.compile(r"prepare: |Loading (weights|model)|Model loading took|pr
                        r"Starting vLLM|Application startup|Uvicorn running|launcher: ")
 
 
-def milestone(lines) -> str | None:
+def milestone(lines: Iterable[str]) -> str | None:
     """The latest line of `lines` that says where the boot is, without its logger prefix."""
     for line in reversed(list(lines)[-200:]):
         if MILESTONE.search(line):
@@ -127,7 +127,7 @@ class LogFollower(threading.Thread):
             self._failure = found
 
 
-def without_frames(lines) -> list[str]:
+def without_frames(lines: Iterable[str]) -> list[str]:
     """The lines without traceback frames (`  File "..."`, the source line after it, carets)."""
     out, after_file = [], False
     for line in lines:
@@ -205,7 +205,8 @@ def wait_until(waits: list[Wait], deadline_s: float, poll_s: float, tail: Callab
 
 
 def watch_boot(server: Server, url: str, timeout_s: float, record: BootRecord | None = None,
-               poll_s: float = 0.25, progress=None) -> BootRecord:
+               poll_s: float = 0.25,
+               progress: Callable[[float, BootRecord], None] | None = None) -> BootRecord:
     """Block until /health answers 200; raise BootFailed on a failure line, an exit or the timeout."""
     record = record or BootRecord(started=time.time())
     follower = LogFollower(server, record)
