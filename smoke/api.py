@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import requests
 
@@ -83,11 +84,11 @@ def api(ctx: Context, long_prompt_tokens: int = 12000, top_logprobs: int = 5, mi
     tokens: a drafter that lands more tokens a step sends fewer, larger chunks), completions with echo and prompt
     logprobs, and a prompt of over 12,000 tokens. Its two reasoning parts are the `thinking` check."""
     parts: dict[str, str] = {}
-    plain = {"chat_template_kwargs": {"enable_thinking": False}}
+    plain: dict[str, Any] = {"chat_template_kwargs": {"enable_thinking": False}}
     greedy = ctx.answer(HELLO, temperature=0, max_tokens=32, **plain)
     measured: dict[str, int] = {}
 
-    def same_twice(**sampling) -> tuple[bool, str]:
+    def same_twice(**sampling: float) -> tuple[bool, str]:
         again = [ctx.answer(HELLO, max_tokens=32, **plain, **sampling) for _ in range(2)]
         return again[0] == again[1], f"{again[0]!r} / {again[1]!r}"
 
@@ -191,7 +192,7 @@ def thinking(ctx: Context, max_tokens: int = 2048, budget: int = 16) -> dict:
     """The API smoke's reasoning parts: with thinking on, 17 x 23 answers 391 and the reasoning comes apart from
     the answer; with thinking_token_budget set, the reasoning ends within the budget."""
     parts: dict[str, str] = {}
-    on = {"chat_template_kwargs": {"enable_thinking": True}, "temperature": 0}
+    on: dict[str, Any] = {"chat_template_kwargs": {"enable_thinking": True}, "temperature": 0}
     message = ctx.chat(MULTIPLY, max_tokens=max_tokens, **on)["choices"][0]["message"]
     answer, reasoning = text_of(message), reasoning_of(message)
     parts["thinking mode"] = "ok" if "391" in answer and reasoning.strip() else \

@@ -7,9 +7,9 @@ from __future__ import annotations
 import inspect
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 from urllib.parse import urljoin, urlsplit
 
 import requests
@@ -27,7 +27,7 @@ STATUSES = get_args(Status)
 GATE_PASSES = ("passed", "not_required")  # a required check that did not run fails the gate
 
 
-def all_passed(statuses) -> bool:
+def all_passed(statuses: Iterable[str]) -> bool:
     """The one rule for a run, a sweep's boot, a smoke command and the release gate."""
     return all(status in GATE_PASSES for status in statuses)
 
@@ -66,7 +66,8 @@ class Context:
     def headers(self) -> dict:
         return {"Authorization": f"Bearer {self.api_key}"}
 
-    def fetch(self, method: str, path: str, session=None, keyless: bool = False, **kw) -> requests.Response:
+    def fetch(self, method: str, path: str, session: requests.Session | None = None, keyless: bool = False,
+              **kw: Any) -> requests.Response:
         """One request whose body is read in pieces and refused past max_body_bytes (a server cannot make the
         checks hold its answer in memory); the check's deadline bounds the whole of it (run_check). A redirect is
         followed only within the server's own origin: the checks judge this server, never where it sends them."""
@@ -92,26 +93,27 @@ class Context:
                     raise CheckFailure(f"{method} {path}: the response passed {self.max_body_bytes >> 20} MiB; "
                                        "not read further")
                 body.append(piece)
-        resp._content, resp._content_consumed = b"".join(body), True  # read: .json() and .text work on it
+        # read: .json() and .text work on it (requests keeps the body in these two, which its stubs do not name)
+        resp._content, resp._content_consumed = b"".join(body), True  # type: ignore[union-attr]
         return resp
 
-    def post(self, path: str, body: dict, session=None) -> requests.Response:
+    def post(self, path: str, body: dict, session: requests.Session | None = None) -> requests.Response:
         return self.fetch("POST", path, session=session, json=body)
 
     def metrics(self) -> list:
         """/metrics as Prometheus samples (name, labels, value), read by Prometheus' own text parser."""
         return metric_samples(self.fetch("GET", "/metrics").text)
 
-    def metric_totals(self, names) -> dict[str, float]:
+    def metric_totals(self, names: Iterable[str]) -> dict[str, float]:
         """Each sample named in `names` that /metrics has, summed over its labels (engines, models)."""
         return totals(self.metrics(), names)
 
-    def chat(self, messages: list[dict], session=None, **kw) -> dict:
+    def chat(self, messages: list[dict], *, session: requests.Session | None = None, **kw: Any) -> dict:
         resp = self.post("/v1/chat/completions", {"model": self.model, "messages": messages, **kw}, session=session)
         resp.raise_for_status()
         return resp.json()
 
-    def answer(self, messages: list[dict], **kw) -> str:
+    def answer(self, messages: list[dict], **kw: Any) -> str:
         """The first choice's text: its content, else what the reasoning parser took (content is null when an
         answer never closed its thinking), else ""."""
         message = self.chat(messages, **kw)["choices"][0]["message"]
@@ -138,7 +140,7 @@ def stream_events(body: bytes) -> list[str]:
         raise CheckFailure(f"the stream is not UTF-8 text ({exc})") from None
 
 
-def totals(samples, names) -> dict[str, float]:
+def totals(samples: Iterable[Any], names: Iterable[str]) -> dict[str, float]:
     wanted, out = set(names), dict[str, float]()
     for sample in samples:
         if sample.name in wanted:
@@ -164,7 +166,7 @@ def reasoning_of(message: dict) -> str:
 class CheckFailure(Exception):
     """Raised inside a check: the check failed for the reason given."""
 
-    def __init__(self, reason: str, **figures) -> None:
+    def __init__(self, reason: str, **figures: Any) -> None:
         super().__init__(reason)
         self.figures = figures
 
@@ -173,7 +175,8 @@ class NotRun(Exception):
     """Raised inside a check: it could not measure here; the reason says why. Never a pass."""
 
 
-CHECKS: dict[str, tuple[Callable, bool]] = {}  # name -> (function, gpu_only)
+CheckFunction = Callable[..., dict | None]  # a check: (ctx, its parameters) -> its figures
+CHECKS: dict[str, tuple[CheckFunction, bool]] = {}  # name -> (function, gpu_only)
 AFTER_TRAFFIC = ("spill",)  # checks that judge the traffic the others sent: run last, in this order
 # name -> parameter -> (least, most): a numeric parameter not named here must be at least 1, so that no
 # configuration makes a check do nothing (seeds: 0) and pass.
@@ -182,8 +185,8 @@ DEADLINE_FACTORS: dict[str, float] = {}  # name -> its deadline in check deadlin
 
 
 def check(name: str, gpu_only: bool = False, bounds: dict[str, tuple[float, float | None]] | None = None,
-          deadline_factor: float = 1.0):
-    def register(func):
+          deadline_factor: float = 1.0) -> Callable[[CheckFunction], CheckFunction]:
+    def register(func: CheckFunction) -> CheckFunction:
         CHECKS[name] = (func, gpu_only)
         BOUNDS[name] = bounds or {}
         DEADLINE_FACTORS[name] = deadline_factor
@@ -253,7 +256,7 @@ def run_check(name: str, ctx: Context, params: dict, deadline_s: float | None = 
     return result
 
 
-def ensure(condition: bool, reason: str, **figures) -> None:
+def ensure(condition: bool, reason: str, **figures: Any) -> None:
     if not condition:
         raise CheckFailure(reason, **figures)
 

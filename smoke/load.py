@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import requests
+from requests import Session
 
 from .core import Context, check, ensure
 
@@ -31,11 +34,14 @@ def forced_prefill(ctx: Context, prompts: int = 64, max_tokens: int = 8) -> dict
     return {"prompts": prompts, "served": served, "seconds": round(seconds, 2)}
 
 
-def burst_requests(send, clients: int, requests_total: int) -> tuple[list, float]:
+T = TypeVar("T")
+
+def burst_requests(send: Callable[[int, requests.Session], T], clients: int,
+                   requests_total: int) -> tuple[list[T], float]:
     """Run `send(i)` for every i with `clients` at once; (results, wall seconds)."""
     local = threading.local()
 
-    def one(i: int):
+    def one(i: int) -> T:
         if not hasattr(local, "session"):
             local.session = requests.Session()
         return send(i, local.session)
@@ -47,7 +53,7 @@ def burst_requests(send, clients: int, requests_total: int) -> tuple[list, float
 
 @check("burst")
 def burst(ctx: Context, clients: int = 64, requests: int = 128, max_tokens: int = 128) -> dict:
-    def send(i: int, session) -> tuple[int, int]:
+    def send(i: int, session: Session) -> tuple[int, int]:  # `requests` is the parameter here, not the module
         r = ctx.post("/v1/chat/completions", {"model": ctx.model, "max_tokens": max_tokens, "temperature": 0.7,
                                               "messages": [{"role": "user", "content": f"Request {i}: tell me more."}]},
                      session=session)

@@ -6,6 +6,7 @@ import ast
 import json
 import re
 import shlex
+from typing import Any
 
 from servekit.image.recipe import BOOLEAN_ENV
 
@@ -59,7 +60,7 @@ def flag_values(argv: list[str]) -> dict[str, str | bool]:
     return out
 
 
-def _parsed(text: str):
+def _parsed(text: str) -> Any:
     """A flag's value as vLLM's argument parser reads it: JSON (a config, a number, null) where it parses."""
     if text == "None":
         return None
@@ -69,7 +70,7 @@ def _parsed(text: str):
         return text
 
 
-def _same(wanted, got) -> bool:
+def _same(wanted: Any, got: Any) -> bool:
     """Whether the engine's parsed value is the flag's: numbers as numbers, a JSON config key by key (the engine may
     hold more keys than were given, never other values for those given)."""
     if wanted is True:
@@ -80,7 +81,7 @@ def _same(wanted, got) -> bool:
     return _same_value(wanted, got)
 
 
-def _same_value(wanted, got) -> bool:
+def _same_value(wanted: Any, got: Any) -> bool:
     if isinstance(wanted, dict):
         return isinstance(got, dict) and all(k in got and _same_value(v, got[k]) for k, v in wanted.items())
     if isinstance(wanted, bool) or isinstance(got, bool):

@@ -4,6 +4,8 @@ each against its floor (the profile's, from the source's acceptance for the serv
 
 from __future__ import annotations
 
+from typing import Any
+
 from .core import Context, NotRun, check, ensure
 
 DRAFTS, ACCEPTED = "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_accepted_tokens_total"
@@ -18,7 +20,7 @@ def tokens_per_step(before: dict[str, float], after: dict[str, float]) -> float 
     return 1.0 + accepted / drafts if drafts > 0 else None
 
 
-def _measure(ctx: Context, requests_n: int, max_tokens: int, **sampling) -> float:
+def _measure(ctx: Context, requests_n: int, max_tokens: int, **sampling: Any) -> float:
     before = ctx.metric_totals(COUNTER)
     for _ in range(requests_n):
         ctx.chat(PROMPT, max_tokens=max_tokens, **sampling)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from .core import Context, check, ensure
 
@@ -42,7 +43,7 @@ def tool_required(ctx: Context, seeds: int = 20, max_tokens: int = 2048, max_run
     return figures
 
 
-def _json(text: str | None):
+def _json(text: str | None) -> Any:
     try:
         return json.loads(text or "null")
     except ValueError:

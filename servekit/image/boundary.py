@@ -13,6 +13,7 @@ import re
 import shlex
 import stat
 import unicodedata
+from collections.abc import Mapping
 from pathlib import PurePosixPath
 
 
@@ -86,7 +87,7 @@ TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 FALSE_WORDS = frozenset({"0", "false", "no", "off"})
 
 
-def switch_setting(environ, name: str, default: bool) -> bool:
+def switch_setting(environ: Mapping[str, str], name: str, default: bool) -> bool:
     """The environment setting `name` as on or off (`default` when unset or empty, as Compose's `${NAME:-1}` reads
     it); Refused, naming the setting and the words, when it is anything else."""
     raw = (environ.get(name) or "").strip().lower()
@@ -98,7 +99,7 @@ def switch_setting(environ, name: str, default: bool) -> bool:
                   f"or {'/'.join(sorted(FALSE_WORDS))} for off (any case)")
 
 
-def number_setting(environ, name: str, default: float, low: float, high: float, unit: str = "",
+def number_setting(environ: Mapping[str, str], name: str, default: float, low: float, high: float, unit: str = "",
                    whole: bool = False) -> float:
     """The environment setting `name` as a finite number in [low, high] (`default` when unset or empty), a whole one
     where `whole`; Refused, naming the setting, when it is anything else."""

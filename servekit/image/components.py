@@ -16,6 +16,7 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 try:
@@ -47,7 +48,7 @@ def source_digest(source: Path, patches: list[str]) -> str:
 
 
 def install(name: str, source: Path, patches: list[str], vllm_dir: Path, checks: list[str] | None = None,
-            say=print) -> dict:
+            say: Callable[[str], None] = print) -> dict:
     files_root = source / "files" / "vllm"
     added = []
     if files_root.is_dir():

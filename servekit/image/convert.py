@@ -24,7 +24,9 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 try:
     from .boundary import Missing, Refused, read_text, switch_setting, write_text_atomic
@@ -83,13 +85,13 @@ def interrupted(folder: Path) -> str | None:
     return step if isinstance(step, str) and step in STEPS else "?"
 
 
-def wanted(environ) -> dict[str, bool]:
+def wanted(environ: Mapping[str, str]) -> dict[str, bool]:
     """Each step on or off as its setting says (on unless set off, in the words every switch takes); Refused names a
     setting that is neither."""
     return {step: switch_setting(environ, setting, True) for step, (setting, _, _) in STEPS.items()}
 
 
-def convert(folder: Path, environ: dict[str, str], say=print) -> None:
+def convert(folder: Path, environ: dict[str, str], say: Callable[[str], None] = print) -> None:
     """Every step not set off, each resumed or done as the module says."""
     try:
         steps = wanted(environ)
@@ -107,7 +109,7 @@ def convert(folder: Path, environ: dict[str, str], say=print) -> None:
     _ignore_bf16_mtp(folder, say)
 
 
-def _step(folder: Path, step: str, say) -> None:
+def _step(folder: Path, step: str, say: Callable[[str], None]) -> None:
     index = _read_index(folder)
     pending = targets(step, index["weight_map"])
     if not pending:
@@ -175,7 +177,7 @@ def _rewrite_shard(path: Path, keys: list[str], step: str) -> int:
     return freed
 
 
-def quantize(weight, scale_dtype):
+def quantize(weight: Any, scale_dtype: Any) -> tuple[Any, Any, float]:  # torch's, imported where it is used
     """(int32 packed along the input, scales [rows, columns / 128], the round trip's relative error) of a 2-D weight:
     symmetric int8 in groups of 128, packed with compressed-tensors' own pack_to_int32, as vLLM reads it."""
     import torch
@@ -218,7 +220,7 @@ def _add_group(config: dict, step: str) -> None:
         quant["ignore"] = [n for n in quant.get("ignore") or [] if n != "lm_head"]
 
 
-def _ignore_bf16_mtp(folder: Path, say) -> None:
+def _ignore_bf16_mtp(folder: Path, say: Callable[[str], None]) -> None:
     """The MTP linears that are still BF16 in `ignore` (config only, atomic), so that speculative decoding loads them."""
     bf16 = sorted(k[:-len(".weight")] for k in targets("mtp", _read_index(folder)["weight_map"]))
     config = _read_config(folder)
@@ -230,7 +232,7 @@ def _ignore_bf16_mtp(folder: Path, say) -> None:
         say(f"prepare: {len(missing)} BF16 MTP linears added to the config's ignore list (the published one lacks them)")
 
 
-def _restore(folder: Path, say) -> None:
+def _restore(folder: Path, say: Callable[[str], None]) -> None:
     """Undo what a crash left of a step: the index never moved unless the step committed."""
     step, shards, config_text = _read_journal(folder)
     if not targets(step, _read_index(folder)["weight_map"]):

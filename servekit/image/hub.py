@@ -17,13 +17,16 @@ import re
 import struct
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 try:
     from .boundary import number_setting, read_text
 except ImportError:  # run as a script inside the image, beside boundary.py
     from boundary import number_setting, read_text  # type: ignore[no-redef]
 
+T = TypeVar("T")
 INDEX = "model.safetensors.index.json"  # names the shards; a folder you provide is judged by it
 COMMIT = re.compile(r"[0-9a-f]{40}")
 WORKERS = 4  # files fetched at once
@@ -64,7 +67,7 @@ def shard_problem(path: Path, name: str | None = None) -> str | None:
     return None if held == wanted else f"{name}: holds {held} bytes, its header declares {wanted}"
 
 
-def _data_ends(header) -> list[int] | None:
+def _data_ends(header: Any) -> list[int] | None:
     """Where each tensor's data ends, or None when the header is not a table of tensors with [start, end] offsets."""
     if not isinstance(header, dict):
         return None
@@ -100,7 +103,7 @@ def shard_name_problem(name: str) -> str | None:
     return None
 
 
-def download(repo: str, revision: str | None, dest: Path, token: str | None, say=print) -> str:
+def download(repo: str, revision: str | None, dest: Path, token: str | None, say: Callable[[str], None] = print) -> str:
     """Every file of the repository into `dest`, resuming what an earlier run left; the commit fetched."""
     import httpx
     from huggingface_hub import HfApi, constants, snapshot_download
@@ -113,7 +116,7 @@ def download(repo: str, revision: str | None, dest: Path, token: str | None, say
     progress = Progress(repo, dest, say, number_setting(os.environ, "PREPARE_PROGRESS_S", PROGRESS_S_DEFAULT, 0.5,
                                                         STALL_S_MOST, "seconds"))
 
-    def answer(what: str, call):
+    def answer(what: str, call: Callable[[], Any]) -> Any:
         """An API answer as the client reads it; JSON of another shape (a list for the model's information, an entry
         without its fields, nesting past the parser) is refused, never a traceback."""
         try:
@@ -169,7 +172,7 @@ class Progress:
     """How far a download is, said every `every_s`: bytes under the folder (partial files included) of the
     repository's total, the rate since the last line, and how many of its files are whole."""
 
-    def __init__(self, repo: str, dest: Path, say, every_s: float) -> None:
+    def __init__(self, repo: str, dest: Path, say: Callable[[str], None], every_s: float) -> None:
         self.repo, self.dest, self.say, self.every_s = repo, dest, say, every_s
         self.sizes: dict[str, int] = {}
         self.started = time.monotonic()
@@ -206,7 +209,7 @@ class Progress:
                 f"({fetched / 1e6 / max(took, 1e-3):.1f} MB/s), {self.whole_files()} of {len(self.sizes)} files whole")
 
 
-def _watched(work, dest: Path, stall_s: float, what: str, progress: Progress | None = None):
+def _watched(work: Callable[[], T], dest: Path, stall_s: float, what: str, progress: Progress | None = None) -> T:
     """work()'s result, or its exception; Stalled when the bytes under `dest` (the client's partial files included)
     grow by less than STALL_BYTES in stall_s: a read timeout cannot catch a server that sends a byte at a time.
     `progress` hears the bytes at each look."""

@@ -11,6 +11,7 @@ import json
 import os
 import shlex
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 try:
@@ -48,7 +49,8 @@ class KnobError(Exception):
     pass
 
 
-def merged_knobs(profile_knobs: dict[str, str], environ: dict[str, str], host_kinds=()) -> dict[str, str]:
+def merged_knobs(profile_knobs: dict[str, str], environ: Mapping[str, str],
+                 host_kinds: tuple[str, ...] = ()) -> dict[str, str]:
     """The profile's knobs under the environment's, each in its one normalized form (knobs.py): whatever spelling a
     user chose, the recipe sees 1/0, plain numbers and stripped text. A HOST that names one of `host_kinds` (the
     hosts of images.yaml) is refused, naming SERVEKIT_HOST."""
@@ -111,7 +113,7 @@ def _extra_args(k: dict[str, str]) -> list[str]:
 
 
 def build_command(profiles: dict, profile: str, host: str, environ: dict[str, str],
-                  warn=None) -> tuple[list[str], dict]:
+                  warn: Callable[[str], None] | None = None) -> tuple[list[str], dict]:
     """(argv, extra environment) for `vllm serve`: the profile's knobs under the environment's, through the
     recipe of its MODE (recipe.py), then KV_OFFLOAD_GB and EXTRA_ARGS, which win. `warn` hears of each flag of
     the profile's that EXTRA_ARGS shadows."""
@@ -165,7 +167,7 @@ def _extra_wins(args: list[str], extra: list[str]) -> list[str]:
     return out + extra
 
 
-def given_key(environ) -> tuple[str | None, str]:
+def given_key(environ: Mapping[str, str]) -> tuple[str | None, str]:
     """The key as the source's launchers take it: an exported VLLM_API_KEY wins, else API_KEY_FILE's (read_key)."""
     exported = environ.get("VLLM_API_KEY", "").strip()
     if not exported:
@@ -200,7 +202,7 @@ def served_parts(model: dict, argv: list[str]) -> list[dict]:
     return [model] + [p for p in parts(model)[1:] if spec.get("model") == p["path"]]
 
 
-def _prepared(step, error: type[Exception]) -> int:
+def _prepared(step: Callable[[], object], error: type[Exception]) -> int:
     try:
         step()
     except error as exc:
@@ -258,7 +260,7 @@ def int8_activation_problem(env: dict[str, str], model_dir: Path, record: dict |
             "with int8 activations: set INT8_ACT=off, or QUANT_LM_HEAD=0 on a fresh prepare") if int8_head else None
 
 
-def host_kind(environ, kernel_release: str) -> tuple[str, str]:
+def host_kind(environ: Mapping[str, str], kernel_release: str) -> tuple[str, str]:
     """(the host's kind, why): SERVEKIT_HOST when set; else the source's launchers' rule, wsl2 where the kernel's
     release names Microsoft or WSL_DISTRO_NAME is set, native otherwise."""
     if given := environ.get(HOST_KIND_ENV, "").strip():

@@ -16,6 +16,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -97,7 +98,7 @@ def parts(model: dict) -> list[dict]:
 
 
 @contextmanager
-def _locked(folder: Path):
+def _locked(folder: Path) -> Iterator[None]:
     """One prepare at a time per models volume; a second waits (up to PREPARE_LOCK_WAIT), then finds the work done."""
     try:
         wait_s = number_setting(os.environ, "PREPARE_LOCK_WAIT", LOCK_WAIT_S_DEFAULT, 0, LOCK_WAIT_S_MOST, "seconds")
@@ -118,7 +119,7 @@ def _locked(folder: Path):
         yield
 
 
-def prepare(model: dict, say=print, needed: list[dict] | None = None) -> Path:
+def prepare(model: dict, say: Callable[[str], None] = print, needed: list[dict] | None = None) -> Path:
     """Each part (those `needed`, else the model and every drafter) complete in its folder; raises PrepareError
     (one line) when one cannot be."""
     try:
@@ -136,7 +137,7 @@ def prepare(model: dict, say=print, needed: list[dict] | None = None) -> Path:
     return dest
 
 
-def _prepare_one(part: dict, say) -> None:
+def _prepare_one(part: dict, say: Callable[[str], None]) -> None:
     dest = Path(part["path"])
     if part.get("provided"):
         if problem := folder_problem(dest):
@@ -181,7 +182,7 @@ def _prepare_one(part: dict, say) -> None:
     say(f"prepare: {dest} ready in {time.monotonic() - started:.1f} s")
 
 
-def _converted(dest: Path, part: dict, say) -> None:
+def _converted(dest: Path, part: dict, say: Callable[[str], None]) -> None:
     """The source's conversions of a fetched compressed-tensors checkpoint (convert.py), each once; a folder of
     yours is never written into."""
     if part["source"] == "huggingface" and convert.applies(dest):

@@ -23,7 +23,7 @@ PACKAGES = ("vllm", "flashinfer", "torch")  # what the serving process runs; KVa
 RECORD_NAME = "env-readers.json"
 
 
-def package_roots(packages=PACKAGES) -> dict[str, Path]:
+def package_roots(packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
     """Each installed package's folder (a package this target lacks, FlashInfer on cpu, is left out)."""
     roots = {}
     for name in packages:

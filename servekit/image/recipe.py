@@ -9,6 +9,7 @@ sections 2 and 3); where the source is silent the choice is said in docs/profile
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -229,7 +230,7 @@ FLAG_VARIANTS: list[dict[str, str]] = [
     {"DRAFT_TOKENS": "15", "PREFIX_CACHE": "1"}]
 
 
-def _every_command():
+def _every_command() -> Iterator[tuple[list[str], dict]]:
     """(argv, environment) of `command` over each mode's rows (SPEC, CTX, KV) with each knob of FLAG_VARIANTS on both
     hosts."""
     model = {"drafters": {"dflash": {"path": "/drafter"}}}

@@ -15,6 +15,7 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -125,7 +126,7 @@ def _failure(patch: Patch, output: str) -> str:
             f" (Cut-against: {patch.trailers.get('Cut-against')}); re-cut it against the pinned vLLM")
 
 
-def apply_series(series_dir: Path, vllm_dir: Path, target: str, say=print) -> list[tuple[str, int]]:
+def apply_series(series_dir: Path, vllm_dir: Path, target: str, say: Callable[[str], None] = print) -> list[tuple[str, int]]:
     """Apply each patch for `target`, checking it first so a reject leaves nothing half applied."""
     applied = []
     for patch in read_series(series_dir):
@@ -166,7 +167,7 @@ def check_applied(series_dir: Path, vllm_dir: Path, target: str, settled: set[st
     return problems
 
 
-def prove_on_pristine(series_dir: Path, wheel: Path, target: str, say=print) -> list[str]:
+def prove_on_pristine(series_dir: Path, wheel: Path, target: str, say: Callable[[str], None] = print) -> list[str]:
     """Apply the series for `target` to the `vllm/` tree of a pristine wheel; problems, if any.
 
     Beyond applying at fuzz 0, the files that end up changed must be exactly the files the

@@ -249,7 +249,7 @@ def write_tokenizer(source: Path, out: Path, vocab_size: int) -> None:
             (out / name).write_text((source / name).read_text())
 
 
-def _zeros(shape: tuple, dtype) -> Array:
+def _zeros(shape: tuple, dtype: Any) -> Array:
     """An array of `shape` that takes no memory: what a tensor's size is, without generating it."""
     import numpy as np
     return np.lib.stride_tricks.as_strided(np.zeros(1, dtype), shape=shape, strides=(0,) * len(shape))
@@ -272,7 +272,7 @@ class Shapes(Weights):
                 f"{name}.weight_shape": _zeros((2,), np.int64)}
 
 
-def write_model(out: Path, tokenizer: Path, seed: int, t: dict, v: dict, say=print) -> dict:
+def write_model(out: Path, tokenizer: Path, seed: int, t: dict, v: dict, say: Callable[[str], None] = print) -> dict:
     """The checkpoint into `out`, one part at a time (a layer, the vision tower), into 7 shards of about equal size
     with lm_head alone in the last, as published; what was written (tensors, bytes, seconds)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -326,7 +326,7 @@ def write_model(out: Path, tokenizer: Path, seed: int, t: dict, v: dict, say=pri
             "seconds": round(time.monotonic() - started, 1)}
 
 
-def write_drafter(out: Path, seed: int, t: dict, d: dict, say=print) -> dict:
+def write_drafter(out: Path, seed: int, t: dict, d: dict, say: Callable[[str], None] = print) -> dict:
     """A DFlash2 drafter for the model of text config `t`, of the served size: the linears of its layers W4A16 (as
     the published requant; AutoRound quantizes every linear of a block, the convolutions' kernel projections too),
     the rest BF16; it shares the target's embeddings and lm_head (vLLM's drafters do). The window is in
