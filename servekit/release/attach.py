@@ -15,6 +15,8 @@ import io
 import json
 import tarfile
 import tempfile
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from servekit.build.reproducible import files_image_archive
 from servekit.build.sbom import MEDIA_TYPE, SBOM_PATH
@@ -22,6 +24,11 @@ from servekit.errors import EnvironmentProblem
 from servekit.output import Say
 from servekit.records.models import ReleaseRecord, SbomRecord
 from servekit.release import registry
+
+if TYPE_CHECKING:  # the SDK's types alone: the SDK is imported where an engine is talked to
+    from docker.models.images import Image
+
+    from docker import DockerClient
 
 SUBJECT_LABEL = "io.servekit.sbom.subject"
 FILE = "sbom.cdx.json"
@@ -31,7 +38,7 @@ def sbom_tag(registry_digest: str) -> str:
     return registry_digest.replace(":", "-") + ".sbom"
 
 
-def read_file(client, image: str, path: str) -> bytes:
+def read_file(client: DockerClient, image: str, path: str) -> bytes:
     """One file of an image, read from a container created (never started) from it."""
     container = client.containers.create(image, command=["none"], entrypoint=[])
     try:
@@ -44,7 +51,8 @@ def read_file(client, image: str, path: str) -> bytes:
         container.remove(force=True)
 
 
-def attach_sbom(client, image, repository: str, registry_digest: str, epoch: int, push, say: Say) -> SbomRecord:
+def attach_sbom(client: DockerClient, image: Image, repository: str, registry_digest: str, epoch: int,
+                push: Callable[[DockerClient, Image, str, str, Say], str], say: Say) -> SbomRecord:
     """Push the SBOM `image` carries beside it; `push(client, image, repository, tag, say)` is the release's own
     push (retried, read back)."""
     import docker  # the SDK takes a third of a second to import: only what talks to an engine pays for it
@@ -68,7 +76,7 @@ def attach_sbom(client, image, repository: str, registry_digest: str, epoch: int
                       media_type=MEDIA_TYPE)
 
 
-def _untag(client, reference: str) -> None:
+def _untag(client: DockerClient, reference: str) -> None:
     """Take our name off a carrier, never the image by its ID: the same SBOM is the same image ID, so another
     release (another checkout, another registry) may hold it under its own name at this moment."""
     import docker  # the SDK takes a third of a second to import: only what talks to an engine pays for it
@@ -76,7 +84,7 @@ def _untag(client, reference: str) -> None:
         client.images.remove(reference, noprune=False)
 
 
-def verify_sbom(client, record: ReleaseRecord) -> list[str]:
+def verify_sbom(client: DockerClient, record: ReleaseRecord) -> list[str]:
     """The registry's SBOM of a release against what the manifest names; the problems (none: it is the one)."""
     if record.sbom is None:
         return [f"{record.target}: the release names no SBOM"]

@@ -112,7 +112,7 @@ def to_yaml(doc: dict) -> str:
     """The manifest as YAML a person reads and kubectl applies: every value written out, no anchors (`&id001`)."""
 
     class Written(yaml.SafeDumper):
-        def ignore_aliases(self, data) -> bool:
+        def ignore_aliases(self, data: object) -> bool:
             return True
     return yaml.dump(doc, Dumper=Written, sort_keys=False)
 

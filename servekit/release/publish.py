@@ -15,6 +15,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from packaging.version import Version
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
@@ -39,6 +40,11 @@ from servekit.records.report import load_report, report_files
 from servekit.release import attach, registry
 from servekit.release.registry import TransientRegistryError
 from servekit.serve.deploy import source_settings
+
+if TYPE_CHECKING:  # the SDK's types alone: the SDK is imported where an engine is talked to
+    from docker.models.images import Image
+
+    from docker import DockerClient
 
 ENV_REGISTRY = "SERVEKIT_REGISTRY"
 
@@ -80,7 +86,7 @@ def _reports(root: Path) -> tuple[list[tuple[Path, RunReport]], list[str]]:
     return out, unread
 
 
-def _finite(value) -> bool:
+def _finite(value: object) -> bool:
     """Every number in `value` (a check's figures, nested) is a finite one: NaN or infinity measured nothing."""
     if isinstance(value, float):
         return math.isfinite(value)
@@ -229,7 +235,7 @@ def _attempts() -> int:
     return int(number_setting(os.environ, "SERVEKIT_PUSH_ATTEMPTS", 5, 1, 100, whole=True))
 
 
-def push(client, image, repository: str, tag: str, say: Say) -> str:
+def push(client: DockerClient, image: Image, repository: str, tag: str, say: Say) -> str:
     """Tag and push one tag, retried with backoff on transient errors (never on refused credentials); the
     registry's digest read back through the engine."""
     image.tag(repository, tag)

@@ -9,13 +9,18 @@ from __future__ import annotations
 import contextlib
 import re
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 import requests
 from packaging.version import InvalidVersion, Version
 
 from servekit.errors import EnvironmentProblem
+
+if TYPE_CHECKING:  # the types alone: rich is imported where a terminal draws the bars, the SDK where it is used
+    from rich.console import Console
+
+    from docker import DockerClient
 
 VERSION_LABEL = "org.opencontainers.image.version"
 DENIED = re.compile(r"unauthorized|authentication required|denied|forbidden|incorrect username or password|"
@@ -49,7 +54,7 @@ def refused(repository: str, what: str, reason: str) -> RegistryAuthError:
                              "user this engine's client config belongs to, then run release again")
 
 
-def digest(client, repository: str, tag: str) -> str | None:
+def digest(client: DockerClient, repository: str, tag: str) -> str | None:
     """The digest `repository:tag` names in its registry, or None when there is no such tag."""
     import docker  # the SDK takes a third of a second to import: only what talks to an engine pays for it
     try:
@@ -72,7 +77,7 @@ def digest(client, repository: str, tag: str) -> str | None:
         raise TransientRegistryError(f"reading {repository}:{tag}: the engine's answer has no descriptor") from None
 
 
-def _digest_or_none(found, what: str) -> str | None:
+def _digest_or_none(found: object, what: str) -> str | None:
     """A digest as the registry gave it, checked: a value of another form would become a reference and a record."""
     if found is None:
         return None
@@ -81,7 +86,7 @@ def _digest_or_none(found, what: str) -> str | None:
     return found
 
 
-def check_access(client, repository: str) -> None:
+def check_access(client: DockerClient, repository: str) -> None:
     """Refuse in one line, before anything is pushed, a registry that does not answer or will not let us read."""
     try:
         digest(client, repository, ACCESS_PROBE_TAG)
@@ -89,7 +94,7 @@ def check_access(client, repository: str) -> None:
         raise EnvironmentProblem(f"{exc}; start it (docs/release.md) or pass --registry") from None
 
 
-def vllm_version(client, repository: str, tag: str) -> Version | None:
+def vllm_version(client: DockerClient, repository: str, tag: str) -> Version | None:
     """The vLLM version the image a tag names carries (its version label), when the tag exists: the engine pulls it
     by digest with our credentials (only its manifest and config when its layers are here) and forgets it again
     when it was not here before."""
@@ -131,10 +136,10 @@ class PushProgress:
         self.layers: dict[str, tuple[int, int]] = {}  # layer id -> (bytes sent, size)
         self.done: set[str] = set()
 
-    def __enter__(self):
+    def __enter__(self) -> PushProgress:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         return None
 
     def __call__(self, event: dict) -> None:
@@ -166,7 +171,7 @@ class LayerBars(PushProgress):
     """On a terminal: a bar for each layer (bytes of its size, rate, what the engine says of it) drawn by rich, as
     `docker pull` draws them; line() still sums them up for the log."""
 
-    def __init__(self, label: str, verb: str = "pull", console=None) -> None:
+    def __init__(self, label: str, verb: str = "pull", console: Console | None = None) -> None:
         from rich.console import Console  # rich only where a terminal draws the bars
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn  # the same
         super().__init__(label, lambda text, live: None, terminal=True, verb=verb)
@@ -174,11 +179,11 @@ class LayerBars(PushProgress):
                              console=console or Console(stderr=True))
         self.tasks: dict[str, Any] = {}  # layer id -> rich's TaskID
 
-    def __enter__(self):
+    def __enter__(self) -> LayerBars:
         self.bars.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.bars.stop()
 
     def show(self, layer: str | None, status: str) -> None:
@@ -191,7 +196,8 @@ class LayerBars(PushProgress):
         self.bars.update(self.tasks[layer], completed=current, total=total, description=description)
 
 
-def _follow(start, repository: str, tag: str, verb: str, progress=None) -> str | None:
+def _follow(start: Callable[[], Iterable[Any]], repository: str, tag: str, verb: str,
+            progress: PushProgress | None = None) -> str | None:
     """Start a push or pull (`start()` gives the engine's stream of events; the request may fail as it starts) and
     read it to its end; the last digest it reports. A refusal of our credentials raises RegistryAuthError at once;
     anything else the engine reports raises TransientRegistryError."""
@@ -213,13 +219,13 @@ def _follow(start, repository: str, tag: str, verb: str, progress=None) -> str |
     return reported
 
 
-def push(client, repository: str, tag: str, progress=None) -> str | None:
+def push(client: DockerClient, repository: str, tag: str, progress: PushProgress | None = None) -> str | None:
     """Push one tag through the engine; the digest the engine reports (errors: _follow)."""
     return _follow(lambda: client.images.push(repository, tag=tag, stream=True, decode=True), repository, tag,
                    "push", progress)
 
 
-def pull(client, repository: str, tag: str, progress=None) -> None:
+def pull(client: DockerClient, repository: str, tag: str, progress: PushProgress | None = None) -> None:
     """Pull one tag through the engine, signed as `docker pull` would be (errors: _follow)."""
     _follow(lambda: client.api.pull(repository, tag=tag, stream=True, decode=True), repository, tag, "pull",
             progress)
