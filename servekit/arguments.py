@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from packaging.version import InvalidVersion, Version
 
 from servekit.image.boundary import REGISTRY, control_character, number_in
 
+N = TypeVar("N", int, float)
 
-def _number(kind, text: str, low: float | None, high: float | None, what: str):
+
+def _number(kind: Callable[[str], N], text: str, low: float | None, high: float | None, what: str) -> N:
     try:
         value = kind(text)
     except ValueError:

@@ -12,6 +12,7 @@ import tomllib
 import traceback
 from importlib.metadata import version as installed
 from pathlib import Path
+from typing import NoReturn
 
 from servekit.commands import GROUPS
 from servekit.commands.console import channel
@@ -25,7 +26,7 @@ The matrix (images.yaml) is the single source of truth; see README.md and docs/.
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # usage errors: one line, exit 2
+    def error(self, message: str) -> NoReturn:  # usage errors: one line, exit 2
         self.print_usage(sys.stderr)
         raise UserError(f"{self.prog}: {message}")
 
@@ -78,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
 SHARED_DEFAULTS = {"matrix": "images.yaml", "base": None, "without": None, "wheels": None}
 
 
-def _terminated(signum, frame):
+def _terminated(signum: int, frame: object) -> NoReturn:
     raise KeyboardInterrupt  # SIGTERM (a CI timeout, pkill) tears down like Ctrl-C does
 
 

@@ -11,7 +11,8 @@ import hashlib
 import os
 import tempfile
 import time
-from contextlib import contextmanager
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 from servekit.errors import EnvironmentProblem
@@ -23,7 +24,7 @@ MACHINE_LOCKS = Path(tempfile.gettempdir()) / "servekit-locks"
 
 @contextmanager
 def exclusive(cache: Path, what: str, say: Say = print, wait_s: float = WAIT_S, name: str = "servekit.exclusive",
-              scope: str = "one build, boot or release at a time in this checkout"):
+              scope: str = "one build, boot or release at a time in this checkout") -> Iterator[None]:
     cache.mkdir(parents=True, exist_ok=True)
     path = cache / name
     try:
@@ -52,7 +53,7 @@ def exclusive(cache: Path, what: str, say: Say = print, wait_s: float = WAIT_S, 
         os.close(fd)  # closing releases the lock
 
 
-def machine_wide(kind: str, key: str, say: Say = print, wait_s: float = WAIT_S):
+def machine_wide(kind: str, key: str, say: Say = print, wait_s: float = WAIT_S) -> AbstractContextManager[None]:
     """One `kind` (a build, a base) of `key` (an image tag, a base image) at a time on this machine, whichever
     checkout asks."""
     name = hashlib.sha256(f"{kind} {key}".encode()).hexdigest()[:24] + ".lock"
@@ -60,7 +61,7 @@ def machine_wide(kind: str, key: str, say: Say = print, wait_s: float = WAIT_S):
                      scope=f"one {kind} of {key} at a time on this machine")
 
 
-def one_buildkit_solve(say: Say = print, wait_s: float = WAIT_S):
+def one_buildkit_solve(say: Say = print, wait_s: float = WAIT_S) -> AbstractContextManager[None]:
     """One BuildKit solve at a time on this machine's engine, whichever tag and checkout: Docker 20.10's BuildKit
     (Debian 12's docker.io) panics with "failed to get edge" on two solves at once that share steps, and the panic
     takes the whole daemon down (moby/moby#42414; two workers of the tests building two cpu images at once did)."""

@@ -12,6 +12,7 @@ import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from servekit.errors import EnvironmentProblem
 
@@ -28,7 +29,7 @@ class GpuInfo:
     cuda_arch: str = ""  # compute capability, e.g. 9.0
 
 
-def nvml_init():
+def nvml_init() -> Any:  # the pynvml module, initialized
     try:
         import pynvml  # nvidia-ml-py: only where a GPU is sampled; a host without it gets NvmlUnavailable
     except ImportError:
@@ -135,7 +136,7 @@ class NvmlSampler:
         self.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def start(self) -> None:
@@ -148,7 +149,7 @@ class NvmlSampler:
     def mark(self, phase: str) -> None:
         self.phases.append((phase, self.elapsed()))
 
-    def _processes(self, handle, series: GpuSeries) -> None:
+    def _processes(self, handle: Any, series: GpuSeries) -> None:
         if "processes" in series.not_supported:
             return
         try:
