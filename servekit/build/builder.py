@@ -41,7 +41,7 @@ from servekit.exclusive import machine_wide, one_buildkit_solve
 from servekit.image import components as components_mod
 from servekit.image import series as series_mod
 from servekit.layout import STAGE_DIR, WHEELHOUSE
-from servekit.output import Say, as_output
+from servekit.output import Output, Say, as_output
 from servekit.trust import ca_bundle, requests_verify
 
 DOCKERFILE = "docker/Dockerfile"
@@ -111,7 +111,7 @@ def _ensure_base(matrix: Matrix, plan: TargetPlan, root: Path, say: Say) -> None
 
 
 def preflight(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSettings,
-              say) -> tuple[list[str], dict[str, Path]]:
+              say: Say) -> tuple[list[str], dict[str, Path]]:
     """Fail early, in one line, on what would fail twenty minutes into a build: the engine, the series, each pin on
     its index or in a folder of wheels. Returns the keys of the extra indexes the build must ask (those of pins no
     folder of wheels holds) and the wheels offered. Asks nothing of the machine's other builds, so a build of the
@@ -305,7 +305,7 @@ def _command(matrix: Matrix, plan: TargetPlan, root: Path, workdir: Path, secret
     return ["docker", "compose", "-f", str(compose_file), "build", "--progress", "plain", "image"]
 
 
-def _stream(cmd: list[str], log_path: Path, root: Path, show) -> int:
+def _stream(cmd: list[str], log_path: Path, root: Path, show: Callable[[str], None]) -> int:
     """Run the build, writing every line to the log and the current step to `show`. The CLI is run directly: its
     plain progress is read line by line, and Ctrl-C must stop the very process (neither client hands it over)."""
     env = dict(os.environ, DOCKER_BUILDKIT="1", BUILDKIT_PROGRESS="plain")
@@ -351,7 +351,7 @@ def _failure_summary(log_path: Path) -> str:
 
 
 def build_image(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSettings, force: bool = False,
-                say=None, no_cache: bool = False) -> BuildResult:
+                say: Say | None = None, no_cache: bool = False) -> BuildResult:
     say = as_output(say)
     if not force and local().image_exists(plan.tag):
         return BuildResult(plan.target, plan.tag, False, 0.0, None)
@@ -368,7 +368,7 @@ def build_image(matrix: Matrix, plan: TargetPlan, root: Path, settings: BuildSet
 
 
 def _build(matrix: Matrix, plan: TargetPlan, root: Path, workdir: Path, extra_indexes: list[str], no_cache: bool,
-           say) -> BuildResult:
+           say: Output) -> BuildResult:
     """The build itself, from a prepared context: streamed to a log, and nothing tagged when it fails."""
     logs = root / "logs"
     logs.mkdir(exist_ok=True)

@@ -16,6 +16,7 @@ import random
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from servekit.output import Say
 
@@ -94,7 +95,7 @@ def synthetic_chats(n: int, rng: random.Random) -> list[tuple[list[dict], list[d
     return out
 
 
-def build_tokenizer(out: Path, texts: list[str]):
+def build_tokenizer(out: Path, texts: list[str]) -> Any:  # a transformers fast tokenizer, made in the image
     # the demo model is made inside the image (its lock installs these), not by the host tool
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # made in the image, not by the host
     from transformers import PreTrainedTokenizerFast  # made in the image (its lock installs it), not by the host
@@ -118,7 +119,7 @@ def build_tokenizer(out: Path, texts: list[str]):
 STEPS = 900  # the shipped model's training (final loss about 0.06); a few dozen already halve the loss
 
 
-def train(model, tokenizer, chats, steps: int, say: Say) -> tuple[float, float]:
+def train(model: Any, tokenizer: Any, chats: list, steps: int, say: Say) -> tuple[float, float]:
     import torch  # the demo model is made inside the image (its lock installs torch), not by the host tool
 
     torch.manual_seed(SEED)

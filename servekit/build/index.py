@@ -16,9 +16,11 @@ import json
 import re
 import threading
 import zipfile
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from email.parser import HeaderParser
 from pathlib import Path
+from typing import Any, TypeVar
 from urllib.parse import unquote, urljoin
 
 import requests
@@ -44,7 +46,10 @@ class NotOnIndex(UserError):
     """The index answered, and it does not have that release."""
 
 
-def within(seconds: float, what: str, index_url: str, call):
+T = TypeVar("T")
+
+
+def within(seconds: float, what: str, index_url: str, call: Callable[[], T]) -> T:
     """call()'s result, or its exception (requests' own as IndexUnreachable), within `seconds` for the whole of it;
     IndexUnreachable past them. The call runs in a daemon thread: a read stuck on a trickling server cannot be
     interrupted, but it no longer holds the command, which ends with the error."""
@@ -99,7 +104,7 @@ class _RangeFile(io.RawIOBase):
         self.pos = {0: offset, 1: self.pos + offset, 2: self.size + offset}[whence]
         return self.pos
 
-    def readinto(self, buffer) -> int:
+    def readinto(self, buffer: Any) -> int:
         if self.pos >= self.size:
             return 0
         end = min(self.pos + len(buffer), self.size) - 1
@@ -130,7 +135,7 @@ def _parse(text: str) -> Metadata:
                     headers.get("Requires-Python"))
 
 
-def _listing(get, name: str, index_url: str, auth: tuple[str, str] | None = None) -> requests.Response | None:
+def _listing(get: Callable[..., requests.Response], name: str, index_url: str, auth: tuple[str, str] | None = None) -> requests.Response | None:
     """The index's listing of project `name` (PEP 691 asked for), or None when it has no such project;
     IndexUnreachable for any other answer than those two."""
     listing = get(f"{index_url.rstrip('/')}/{canonicalize_name(name)}/", headers={"Accept": JSON_ACCEPT}, timeout=TIMEOUT,
@@ -168,7 +173,7 @@ def _wheel_entry(session: requests.Session, name: str, version: str, index_url: 
     return {**wheel, "url": urljoin(listing.url, wheel["url"])}  # PEP 691 lets a url be relative to the listing
 
 
-def _entry_problem(entry) -> str | None:
+def _entry_problem(entry: object) -> str | None:
     """Why a listing's file entry cannot be used (its name must be a file name: it becomes one here), or None."""
     if not isinstance(entry, dict) or not isinstance(entry.get("filename"), str) or \
             not isinstance(entry.get("url"), str) or not isinstance(entry.get("hashes", {}), dict):
@@ -246,7 +251,7 @@ def _lists_release(name: str, version: str, index_url: str, auth: tuple[str, str
     return _names_release(re.findall(r"[^\s\"'<>/=]+\.(?:whl|tar\.gz|zip)", unquote(listing.text)), name, version)
 
 
-def _names_release(filenames, name: str, version: str) -> bool:
+def _names_release(filenames: Iterable[str], name: str, version: str) -> bool:
     """Whether a file name is of `name` at exactly `version` (a local label such as +cpu included)."""
     # File names spell the project with `_` or `-`; with every `-` made `_`, one pattern finds both.
     stem = re.escape(canonicalize_name(name).replace("-", "_"))
@@ -265,7 +270,8 @@ def download_wheel(name: str, version: str, index_url: str, dest: Path, platform
     if path.is_file() and (file_sha256(path) == sha256 if sha256 else path.stat().st_size == wheel.get("size")):
         return path
     dest.mkdir(parents=True, exist_ok=True)
-    size = wheel.get("size") if isinstance(wheel.get("size"), int) else 0
+    given = wheel.get("size")
+    size = given if isinstance(given, int) else 0
     partial = path.with_suffix(".part")
     within(WHEEL_DEADLINE_S + size / WHEEL_MIN_RATE, f"{index_url}: {wheel['filename']}", index_url,
            lambda: _fetch(session, wheel["url"], partial))

@@ -72,7 +72,7 @@ def image_locks(matrix: Matrix, targets: list[str] | None = None) -> list[tuple[
             for py in sorted({matrix.bases[b].python for b in matrix.targets[t].bases})]
 
 
-def _digest(doc) -> str:
+def _digest(doc: object) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 

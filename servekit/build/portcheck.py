@@ -239,7 +239,7 @@ class Resolver:
             return self.name(source, str(real), depth + 1)
         return None
 
-    def method(self, dotted: str, cls: ast.ClassDef, name: str, depth: int = 0) -> ast.AST | None:
+    def method(self, dotted: str, cls: ast.ClassDef, name: str, depth: int = 0) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
         ours = self.series.get(dotted)
         mine = ours.defs.get(cls.name) if ours else None
         for node in getattr(mine, "body", []):  # a method the series adds to a class that was there
@@ -354,7 +354,8 @@ def changed_signatures(old: Path, new: Path, patched: Path, added: dict[str, dic
     return out
 
 
-def _callee(call: ast.Call, dotted: str, cls: ast.ClassDef | None, resolver: Resolver):
+def _callee(call: ast.Call, dotted: str, cls: ast.ClassDef | None,
+            resolver: Resolver) -> tuple[ast.FunctionDef | ast.AsyncFunctionDef, bool, str] | None:
     """(the function, whether its first parameter is bound, a label) a call reaches, or None."""
     func = call.func
     node: ast.AST | None = None

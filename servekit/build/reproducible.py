@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from servekit.atomic import write_text
 from servekit.engines.transfer import ChunkStream
@@ -160,7 +160,7 @@ class _Prefixed(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer) -> int:
+    def readinto(self, buffer: Any) -> int:
         if self._head:
             n = min(len(buffer), len(self._head))
             buffer[:n], self._head = self._head[:n], self._head[n:]

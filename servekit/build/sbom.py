@@ -21,6 +21,7 @@ from cyclonedx.output.json import JsonV1Dot6
 from packageurl import PackageURL
 from packaging.utils import canonicalize_name
 
+from servekit.build.plan import TargetPlan
 from servekit.errors import EnvironmentProblem
 
 SBOM_PATH = "/opt/servekit/sbom.cdx.json"
@@ -60,7 +61,7 @@ def _sha256(text_or_bytes: bytes) -> HashType:
     return HashType(alg=HashAlgorithm.SHA_256, content=hashlib.sha256(text_or_bytes).hexdigest())
 
 
-def document(plan, lock_text: str, debian: list[tuple[str, str, str]], series: dict[str, bytes],
+def document(plan: TargetPlan, lock_text: str, debian: list[tuple[str, str, str]], series: dict[str, bytes],
              components: dict[str, str], epoch: str) -> str:
     """The SBOM of the image `plan` builds. `series`: patch file name -> its bytes; `components`: name -> the
     SHA-256 of its source (builder.component_digest)."""

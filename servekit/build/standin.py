@@ -3,6 +3,7 @@ code (servekit/image/standin.py), so that a GPU host without the hub serves the 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -29,7 +30,7 @@ def default_out(session: Session, target: str | None = None) -> Path:
 
 
 @contextmanager
-def _out_folder(out: Path):
+def _out_folder(out: Path) -> Iterator[None]:
     """--out in a folder that cannot hold it (/proc, read-only, a name too long) in one line. Only the file system's
     calls go in here: an engine's connection error is an OSError too, and is no fault of --out."""
     try:
