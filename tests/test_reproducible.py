@@ -232,11 +232,11 @@ def test_a_rebuild_reuses_the_canonical_layers_its_unchanged_build_layers_had(cp
                                                        io.BytesIO(), say=lambda line: None)
             made.append(reproducible.make_canonical(engine, f"{tag}-raw", tag, EPOCH, {}, tmp_path,
                                                     say=lambda line: None))
-        base_layers = len(engine.image(cpu_base).attrs["RootFS"]["Layers"])
+        base_layers = len(engine.held(cpu_base).attrs["RootFS"]["Layers"])
         assert made[0].reused == 0 and made[1].reused == base_layers + 1  # the base's and `RUN date`'s
-        assert made[1].image_id == whole.image_id and engine.image(tags[1]).id == whole.image_id
+        assert made[1].image_id == whole.image_id and engine.held(tags[1]).id == whole.image_id
         remembered = json.loads((tmp_path / reproducible.CANONICAL_MEMORY).read_text())["images"]
-        assert set(remembered) == {engine.image(tag).id for tag in tags}
+        assert set(remembered) == {engine.held(tag).id for tag in tags}
     finally:
         for tag in tags:
             subprocess.run(["docker", "image", "rm", "-f", tag, f"{tag}-raw"], capture_output=True)

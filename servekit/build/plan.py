@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -141,7 +142,7 @@ def image_tag(matrix: Matrix, target: str, digest: str) -> str:
     return f"{matrix.image.name}:{matrix.vllm}-{target}-{digest[:12]}"
 
 
-def plan_targets(matrix: Matrix, root: Path, targets: list[str] | None = None, image_exists=None,
+def plan_targets(matrix: Matrix, root: Path, targets: list[str] | None = None, image_exists: Callable[[str], bool] | None = None,
                  settings: BuildSettings | None = None) -> list[TargetPlan]:
     """One plan per target. `image_exists(tag)` answers True/False, or None when no engine answers."""
     settings = settings or BuildSettings()
@@ -163,7 +164,7 @@ def plan_targets(matrix: Matrix, root: Path, targets: list[str] | None = None, i
     return plans
 
 
-def plans_for(session: Session, targets: list[str] | None = None, image_exists=None) -> list[TargetPlan]:
+def plans_for(session: Session, targets: list[str] | None = None, image_exists: Callable[[str], bool] | None = None) -> list[TargetPlan]:
     """Each target's plan under this machine's settings: the tag every command agrees on."""
     return plan_targets(session.matrix, session.root, targets, image_exists, session.settings)
 

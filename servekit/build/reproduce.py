@@ -43,19 +43,19 @@ def reproduce(session: Session, target: str, say: Say | None = None) -> Reproduc
     plan = plan_for(session, target)
     engine = local()
     first = build_image(session.matrix, plan, session.root, session.settings, say=say)
-    first_id = engine.image(plan.tag).id
+    first_id = engine.held(plan.tag).id
     say(f"{target}: first build {first_id[:19]}; building again with the builder's cache unused")
     kept = f"{plan.tag}-first"  # the first build, held by a tag of its own while the rebuild takes the tag
     repository, _, tag = kept.rpartition(":")
-    engine.image(plan.tag).tag(repository, tag)
+    engine.held(plan.tag).tag(repository, tag)
     client = engine.sdk(timeout=600)
     try:
         second = build_image(session.matrix, plan, session.root, session.settings, force=True, no_cache=True,
                              say=say)
-        second_id = engine.image(plan.tag).id
+        second_id = engine.held(plan.tag).id
         differences = [] if second_id == first_id else compare(engine, kept, plan.tag).lines()
         if second_id != first_id:  # the first build keeps the tag; the rebuild goes
-            engine.image(kept).tag(*plan.tag.rpartition(":")[::2])
+            engine.held(kept).tag(*plan.tag.rpartition(":")[::2])
             client.images.remove(second_id, force=True)
     finally:
         if engine.image_exists(kept):

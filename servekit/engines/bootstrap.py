@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import tarfile
 from pathlib import Path
+from typing import Any
 
 from servekit.errors import EnvironmentProblem
 from servekit.output import Say
@@ -31,7 +32,7 @@ ENGINE_ROOT = Path("/opt/servekit-engine")  # where the carried packages are unp
 BIN_DIR = Path("/usr/local/bin")  # where their programs are linked, so that PATH finds them
 
 
-def run(cmd: list[str], timeout: float = 60, **kw) -> subprocess.CompletedProcess:
+def run(cmd: list[str], timeout: float = 60, **kw: Any) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
 
 

@@ -18,10 +18,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from servekit.config.matrix import Matrix
+from servekit.config.matrix import Card, Matrix
 from servekit.engines.gpuaccess import driver_dir
 from servekit.errors import EnvironmentProblem, UserError
-from servekit.gpu import NvmlUnavailable, list_gpus
+from servekit.gpu import GpuInfo, NvmlUnavailable, list_gpus
 from servekit.output import Say
 from servekit.waiting import until
 
@@ -120,14 +120,14 @@ def mps_dir() -> Path:
     return Path(os.environ.get(MPS_DIR_ENV) or Path(tempfile.gettempdir()) / f"servekit-mps-{os.getuid()}")
 
 
-def card_spec(matrix: Matrix, card: str):
+def card_spec(matrix: Matrix, card: str) -> Card:
     """images.yaml's card `card`, or a one-line refusal naming those there are."""
     if card not in matrix.cards:
         raise UserError(f"--card {card}: expected one of {', '.join(matrix.cards)} (images.yaml cards)")
     return matrix.cards[card]
 
 
-def plan(matrix: Matrix, card: str, gpu) -> Emulation:
+def plan(matrix: Matrix, card: str, gpu: GpuInfo) -> Emulation:
     """The emulation of `card` on `gpu` (servekit.gpu.GpuInfo with its compute capability), or a one-line refusal."""
     spec = card_spec(matrix, card)
     if spec.total_bytes > gpu.total_bytes:

@@ -17,11 +17,12 @@ import re
 import shutil
 import socket
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from servekit.engines.failures import prepare_failure
@@ -33,6 +34,13 @@ from servekit.layout import PROFILE_LABEL, PROJECT_LABEL
 from servekit.output import Say
 from servekit.waiting import until
 from servekit.wsl2.detect import is_wsl2
+
+if TYPE_CHECKING:  # the clients' types alone: each client is imported where it is used (the SDK costs a third of a second)
+    from docker.models.containers import Container
+    from docker.models.images import Image
+    from python_on_whales import DockerClient as WhalesClient
+
+    from docker import DockerClient
 
 # The Compose project every command acts on; another name (the tests use their own) keeps two sets of
 # servers, volumes and `down`s apart on one engine.
@@ -71,7 +79,7 @@ def is_client_error(exc: BaseException) -> bool:
 
 
 @contextmanager
-def docker_errors(what: str):
+def docker_errors(what: str) -> Iterator[None]:
     """Run a block against an engine; a client's exception leaves it as an EngineError: `what: <engine said>`."""
     try:
         yield
@@ -130,11 +138,11 @@ class DockerEngine:
         return re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{self.scheme}-{where}").strip("-")
 
     @cached_property
-    def client(self):
+    def client(self) -> DockerClient:
         """The SDK client every door below uses (one per engine, made on first use)."""
         return self.sdk()
 
-    def sdk(self, timeout: int = 60):
+    def sdk(self, timeout: int = 60) -> DockerClient:
         """A docker SDK client for this engine (ssh:// through the ssh binary, so ~/.ssh/config applies)."""
         import docker  # the SDK takes a third of a second to import: only what talks to an engine pays for it
         if self.is_local:
@@ -172,7 +180,7 @@ class DockerEngine:
         except Exception:  # the SDK raises several kinds for an unreachable engine
             return False
 
-    def image(self, tag: str):
+    def image(self, tag: str) -> Image | None:
         """The SDK image `tag`, or None when the engine does not hold it."""
         import docker  # the SDK takes a third of a second to import: only what talks to an engine pays for it
         with docker_errors(f"engine {self.given}: inspect {tag}"):
@@ -184,7 +192,14 @@ class DockerEngine:
     def image_exists(self, tag: str) -> bool:
         return self.image(tag) is not None
 
-    def compose(self, **options):
+    def held(self, tag: str) -> Image:
+        """The SDK image `tag`, which the caller has just built or tagged; an EngineError when it is not here."""
+        image = self.image(tag)
+        if image is None:
+            raise EngineError(f"engine {self.given}: {tag} is not here", "no such image", [])
+        return image
+
+    def compose(self, **options: Any) -> WhalesClient:
         """A python-on-whales client for Compose on this engine; wrap its calls in docker_errors()."""
         from python_on_whales import DockerClient  # only Compose needs it
         return DockerClient(**self.cli_options(), **options)
@@ -210,7 +225,8 @@ class DockerEngine:
     # --- serving a profile: the process engine (process.py) is the other implementation of these ------------
     serves_images = True  # builds, sends and runs images; Compose starts its profiles
 
-    def compose_for(self, dep: Deploying, profiles: list[str] | None = None, knobs: dict[str, str] | None = None):
+    def compose_for(self, dep: Deploying, profiles: list[str] | None = None,
+                    knobs: dict[str, str] | None = None) -> WhalesClient:
         """Compose for deployment `dep` on this engine; `knobs` go into that one process's environment, where they
         win over the shell's (so parallel boots with different knobs do not share them)."""
         # BIND and PORT (the source's spellings, which compose.yaml reads first) as this deployment resolved them
@@ -247,7 +263,7 @@ class DockerEngine:
             raise prepare_failure(lines, code)
         return lines
 
-    def up(self, dep: Deploying, profile: str, knobs: dict[str, str] | None = None):
+    def up(self, dep: Deploying, profile: str, knobs: dict[str, str] | None = None) -> None:
         """Start the profile through Compose, its prepare service done (prepare() above); None (the caller finds
         the container)."""
         client = self.compose_for(dep, [profile], {**(knobs or {}), "SERVEKIT_PROFILE": profile})
@@ -296,7 +312,7 @@ class DockerEngine:
 class DockerServer:
     """A profile's container, as our Server: what the watcher, `ps`, `logs` and the checks read of it."""
 
-    def __init__(self, engine: DockerEngine, container) -> None:
+    def __init__(self, engine: DockerEngine, container: Container) -> None:
         self.engine, self.container = engine, container
         self.name = container.name
         self.profile = (container.labels or {}).get(PROFILE_LABEL) or ""
@@ -315,11 +331,11 @@ class DockerServer:
         with docker_errors(f"engine {self.engine.given}: logs of {self.name}"):
             return self.container.logs().decode("utf-8", "replace")
 
-    def follow_log(self, tail: int | None = None, follow: bool = True, timestamps: bool = False):
+    def follow_log(self, tail: int | None = None, follow: bool = True, timestamps: bool = False) -> Iterator[bytes]:
         return self.container.logs(stream=True, follow=follow, timestamps=timestamps,
                                    tail="all" if tail is None else tail)
 
-    def memory(self):
+    def memory(self) -> Iterator[int]:
         for stats in self.container.stats(stream=True, decode=True):
             usage = memory_in_use(stats.get("memory_stats") or {})
             if usage:
@@ -355,7 +371,7 @@ def memory_in_use(memory_stats: dict) -> int | None:
     return usage
 
 
-def state_of(container) -> ServerState:
+def state_of(container: Container) -> ServerState:
     """A container's state as our record, from its inspect data (`attrs`); its port, the one CONTAINER_PORT is
     published on."""
     attrs = container.attrs
@@ -446,7 +462,8 @@ def resolve(spec: str | None) -> DockerEngine:
     return DockerEngine(spec, json.loads(found.stdout)["Host"], context=spec)
 
 
-def docker_cli(args: list[str], timeout: float, engine: DockerEngine | None = None, text: bool = True):
+def docker_cli(args: list[str], timeout: float, engine: DockerEngine | None = None,
+               text: bool = True) -> subprocess.CompletedProcess:
     """The docker CLI itself, pointed at `engine` (this machine's when None), for the few calls that need a deadline
     neither client gives (python-on-whales waits as long as the CLI does) or a command the SDK has none of (`exec`
     over ssh://, contexts, the plugins' versions, `docker run` with the very flags the docs give a user)."""
@@ -500,7 +517,7 @@ def local_url(bind: str, port: int) -> str:
 
 
 @contextmanager
-def reach(engine: Engine, bind: str, port: int, wait_s: float = 20):
+def reach(engine: Engine, bind: str, port: int, wait_s: float = 20) -> Iterator[str]:
     """Yield the base URL at which this machine reaches port `port` published on the engine's host."""
     if engine.same_machine:
         yield local_url(bind, port)

@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -218,12 +218,13 @@ class ProcessServer:
     def log(self) -> str:
         return self.log_path.read_bytes().decode("utf-8", "replace") if self.log_path.exists() else ""
 
-    def follow_log(self, tail: int | None = None, follow: bool = True, timestamps: bool = False):
+    def follow_log(self, tail: int | None = None, follow: bool = True,
+                   timestamps: bool = False) -> Iterator[bytes]:
         """The log's bytes as they come (its lines carry no time of their own); with `follow`, until the process has
         exited and its last lines are read."""
         return self._stream(follow, tail)
 
-    def _stream(self, follow: bool, tail):
+    def _stream(self, follow: bool, tail: int | None) -> Iterator[bytes]:
         with open(self.log_path, "rb") as f:
             if tail is not None:
                 lines = f.read().splitlines(keepends=True)
@@ -248,7 +249,7 @@ class ProcessServer:
             why = f"the environment of process {self.record['pid']} cannot be read ({exc})"
             raise EngineError(f"the server's environment cannot be read: {why}", why) from None
 
-    def memory(self):
+    def memory(self) -> Iterator[int]:
         """Memory of the whole process group (vLLM's engine core is a child), once a second."""
         while self.running:
             yield _rss_bytes(_group_members(self.record["pid"]))

@@ -8,6 +8,8 @@ import io
 import tarfile
 import tempfile
 import time
+from collections.abc import Iterable, Iterator
+from typing import IO, TYPE_CHECKING, Any
 
 from servekit.engines.docker import DockerEngine
 from servekit.engines.docker import local as local_engine
@@ -16,10 +18,13 @@ from servekit.errors import EnvironmentProblem, UserError
 from servekit.output import Say
 from servekit.records.models import ReleaseRecord
 
+if TYPE_CHECKING:  # the clients' types alone: each client is imported where it is used (the SDK costs a third of a second)
+    from docker import DockerClient
+
 CHUNK = 4 << 20
 
 
-def _counted(chunks, total: int, say: Say, every_s: float = 5.0):
+def _counted(chunks: Iterable[bytes], total: int, say: Say, every_s: float = 5.0) -> Iterator[bytes]:
     sent, last = 0, time.monotonic()
     for chunk in chunks:
         sent += len(chunk)
@@ -29,7 +34,7 @@ def _counted(chunks, total: int, say: Say, every_s: float = 5.0):
         yield chunk
 
 
-def _pull(remote, release: ReleaseRecord, tag: str, say: Say) -> bool:
+def _pull(remote: DockerClient, release: ReleaseRecord, tag: str, say: Say) -> bool:
     """Pull the release by digest and give it the local tag; False (and why) when that does not work."""
     import docker  # the SDK takes a third of a second to import: only what talks to an engine pays for it
     ref = f"{release.repository}@{release.registry_digest}"
@@ -91,7 +96,7 @@ def shared_prefix(layers: list[str], host_layers: list[str]) -> list[str]:
     return shared
 
 
-def save_on_top_of(tag: str, host_layers: list[str], out, say: Say = print) -> dict[str, int]:
+def save_on_top_of(tag: str, host_layers: list[str], out: IO[bytes], say: Say = print) -> dict[str, int]:
     """`docker save TAG` into the binary stream `out`, less the layers the host has: those TAG shares with
     `host_layers` (an image of the host's, its DiffIDs lowest first). What it writes loads on top of that image
     as TAG, the same image ID: Docker 20.10's `docker load` (the kit's engine) reads a layer's tar only where its
@@ -133,13 +138,13 @@ class ChunkStream(io.RawIOBase):
     cost 3.7 s a 200 MiB in a bare read; the canonical pass of the cpu image took 109 s with it and 97 s without, the
     same image ID (both beside a test run, 2026-12-06)."""
 
-    def __init__(self, chunks) -> None:
+    def __init__(self, chunks: Iterable[bytes]) -> None:
         self.chunks, self.pending = iter(chunks), memoryview(b"")
 
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer) -> int:
+    def readinto(self, buffer: Any) -> int:
         while not self.pending:
             chunk = next(self.chunks, None)
             if chunk is None:
