@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 from support import run_build_py
@@ -15,7 +16,17 @@ pytestmark = pytest.mark.engine
 
 
 def _dockerd_pids() -> set[str]:
-    return set(subprocess.run(["pgrep", "-x", "dockerd"], capture_output=True, text=True).stdout.split())
+    """The dockerds on the machine's own socket: those started without --host (the tests' second and throwaway
+    engines, which other workers start and stop meanwhile, each name their own)."""
+    found = subprocess.run(["pgrep", "-x", "dockerd"], capture_output=True, text=True).stdout.split()
+    ours = set()
+    for pid in found:
+        try:
+            if b"--host" not in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+                ours.add(pid)
+        except OSError:  # gone meanwhile: a throwaway stopped
+            continue
+    return ours
 
 
 def test_engine_is_idempotent_and_starts_nothing_twice():
