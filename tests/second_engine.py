@@ -77,6 +77,7 @@ class Dockerd:
         # empty network store avoids that; images and volumes stay.
         (self.data / "data" / "network" / "files" / "local-kv.db").unlink(missing_ok=True)
         self._remove_orphan_bridges()
+        self._stop_leftover_containerd()  # a killed run's: else this dockerd waits on it and gives up
         self.data.mkdir(parents=True, exist_ok=True)
         self.run.mkdir(parents=True, exist_ok=True)
         with open(self.data / "dockerd.log", "ab") as log:  # the child's own descriptor once it started
@@ -109,7 +110,7 @@ class Dockerd:
             self.proc.kill()
             self.proc.wait(30)
         self.proc = None
-        self._unmount_leftovers()
+        self._leftovers_gone()
 
     def stop_by_pid_file(self, grace_s: float = 120) -> None:
         """The dockerd its pid file names (one started by hand, or left running by a run killed before its
@@ -127,7 +128,29 @@ class Dockerd:
         while pidfile.exists() and time.monotonic() < deadline:
             time.sleep(0.3)
         if not pidfile.exists():
-            self._unmount_leftovers()
+            self._leftovers_gone()
+
+    def _leftovers_gone(self) -> None:
+        """What a dockerd that did not shut down cleanly (killed) leaves behind, gone: its containerd and its mounts."""
+        self._stop_leftover_containerd()
+        self._unmount_leftovers()
+
+    def _stop_leftover_containerd(self, grace_s: float = 30) -> None:
+        """The containerd a killed dockerd started, still running on this engine's exec root, and its pid file: the
+        next dockerd here finds the pid alive, takes it for its own containerd and waits for a socket that never
+        comes ("timeout waiting for containerd to start"). Only a containerd whose command line names this exec
+        root: a stale file's pid may be anyone's."""
+        pidfile = self.run / "exec" / "containerd" / "containerd.pid"
+        try:
+            pid = int(pidfile.read_text().strip())
+            if str(self.run / "exec").encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGKILL)  # its dockerd is gone: nothing of it is worth a clean stop
+                deadline = time.monotonic() + grace_s
+                while _alive(pid) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+        except (OSError, ValueError):  # no file, or its process is gone already
+            pass
+        pidfile.unlink(missing_ok=True)
 
     def _unmount_leftovers(self) -> None:
         """What a dockerd that did not shut down cleanly left mounted under its data root, deepest first: it binds
@@ -142,6 +165,14 @@ class Dockerd:
     def remove_bridge(self) -> None:
         """The bridge start() made (a throwaway's, once its dockerd is stopped)."""
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs: not gone, and not a zombie waiting for its parent."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 class SocketWatch:

@@ -177,10 +177,11 @@ def test_a_throwaway_engine_left_running_by_a_killed_run_is_stopped_before_the_n
 
 @pytest.mark.slow
 @pytest.mark.engine
-def test_an_engine_killed_mid_run_leaves_nothing_mounted_once_stopped(tmp_path):
+def test_an_engine_killed_mid_run_leaves_nothing_behind_once_stopped(tmp_path):
     """A dockerd binds its data root onto itself and lets go of it only on a clean shutdown; one killed left the
     mount behind, and every later pytest on the machine warned that it could not remove the folder (which failed
-    the rerun rule's tests, which count their own summary's words)."""
+    the rerun rule's tests, which count their own summary's words). It also left its containerd running, which the
+    next dockerd on that exec root took for its own and waited on until it gave up: the next start must work."""
     engine = second_engine.throwaway(tmp_path / "engine", SLOT)
     root = str(tmp_path / "engine" / "data")
     try:
@@ -191,6 +192,7 @@ def test_an_engine_killed_mid_run_leaves_nothing_mounted_once_stopped(tmp_path):
         engine.proc.wait(30)
         engine.stop()
         assert not [p for p in _mount_points() if p == root or p.startswith(root + "/")]
+        assert engine.start() is True  # on the same exec root, within its deadline
     finally:
         engine.stop()
         engine.remove_bridge()
