@@ -23,7 +23,8 @@ def test_a_profile_expecting_another_model_name_fails_naming_the_check(tmp_path)
     matrix.write_text(text.replace("          tool_auto: {thinking: \"on\"}",
                                    "          tool_auto: {thinking: \"on\"}\n          models: {expect: not-served}"))
     result = subprocess.run([sys.executable, str(ROOT / "build.py"), "--matrix", str(matrix), "run", "--target", "cpu",
-                             "--profile", "default"], cwd=root, capture_output=True, text=True, timeout=3000)
+                             "--profile", "default", "--check", "health", "--check", "models"], cwd=root,
+                            capture_output=True, text=True, timeout=3000)  # the profile's parameters still apply
     assert result.returncode == 1, result.stderr[-2000:]
     report_md = (root / "reports" / "latest" / "report.md").read_text()
     assert "| models | **FAILED** |" in report_md and "not-served" in report_md
@@ -73,8 +74,10 @@ def test_a_boot_past_the_runs_timeout_fails_with_its_report_written():
 
 @pytest.mark.slow
 def test_two_runs_at_once_both_finish_with_their_own_reports():
-    """The second waits for the first (one boot at a time in a checkout), says for whom, then runs."""
-    command = [sys.executable, str(ROOT / "build.py"), "run", "--target", "cpu", "--profile", "default", "--json"]
+    """The second waits for the first (one boot at a time in a checkout), says for whom, then runs (two checks each:
+    the lock is what it proves)."""
+    command = [sys.executable, str(ROOT / "build.py"), "run", "--target", "cpu", "--profile", "default", "--check",
+               "health", "--check", "greedy", "--json"]
     procs = [subprocess.Popen(command, cwd=work_dir(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]
     outs = [p.communicate(timeout=3000) for p in procs]
