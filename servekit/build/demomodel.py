@@ -15,10 +15,13 @@ import json
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from servekit.output import Say
+# It runs inside the image as a script of its own (the image's lock installs what it imports): the standard library
+# and the image's packages only, nothing of servekit's.
+Say = Callable[[str], None]
 
 SEED = 20261129
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<think>", "</think>"]
