@@ -12,6 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import grouping  # noqa: E402
 import summary_lines  # noqa: E402
 import support  # noqa: E402
 from support import ROOT, TEST_PROJECT, run_build_py  # noqa: E402
@@ -38,9 +39,7 @@ def pytest_collection_modifyitems(session, config, items):
     items.sort(key=lambda item: item.nodeid.endswith(LEFT_ALONE))
     if support.WORKER:
         items[:] = [item for item in items if not item.nodeid.endswith(LEFT_ALONE)]
-    for item in items:
-        if not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    grouping.by_module(items)
 
 
 def pytest_sessionfinish(session, exitstatus):

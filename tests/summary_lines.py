@@ -50,12 +50,12 @@ class SummaryLines:
         for nodeid in self.flaky:
             crash, text = self.first_failure[nodeid]
             tail = [crash, "...", *text.rstrip().splitlines()[-TAIL_LINES:]]
-            terminalreporter.write_line(f"FLAKY: {nodeid} passed only on its rerun; its first failure ended:",
+            terminalreporter.write_line(f"FLAKY: {_shown(nodeid)} passed only on its rerun; its first failure ended:",
                                         yellow=True)
             for line in tail:
                 terminalreporter.write_line(f"FLAKY:   {line}")
         for nodeid, seconds in self.unexplained.items():
-            terminalreporter.write_line(f"SLOW: {nodeid} took {seconds:.0f} s, and its docstring does not say what "
+            terminalreporter.write_line(f"SLOW: {_shown(nodeid)} took {seconds:.0f} s, and its docstring does not say what "
                                         "it proves that a cheaper test cannot", yellow=True)
 
 
@@ -65,3 +65,8 @@ def register(config: pytest.Config) -> None:
     config.pluginmanager.register(Explained(), "summary-lines-explained")
     if not hasattr(config, "workerinput"):
         config.pluginmanager.register(SummaryLines(), "summary-lines")
+
+
+def _shown(nodeid: str) -> str:
+    """The test's own id, without the `@group` pytest-xdist's loadgroup appends to it (tests/grouping.py)."""
+    return nodeid.rsplit("@", 1)[0] if nodeid.rfind("@") > nodeid.rfind("]") else nodeid

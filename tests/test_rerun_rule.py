@@ -18,11 +18,17 @@ pytestmark = pytest.mark.slow  # each runs a pytest of its own, two workers and 
 CONFTEST = f"""
 import sys
 sys.path.insert(0, {str(ROOT / "tests")!r})
+import pytest
+import grouping
 import summary_lines
 
 def pytest_configure(config):
     summary_lines.SLOW_S = 0.2
     summary_lines.register(config)
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    grouping.by_module(items)
 """
 
 # The first run of test_once_then_passes leaves a mark and fails; its rerun finds the mark and passes.
@@ -52,15 +58,17 @@ def test_slow_and_explained():
 """
 
 
-def _tiny_suite(folder: Path, *argv: str) -> subprocess.CompletedProcess:
+def _tiny_suite(folder: Path, *argv: str, files: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     folder.mkdir()
     (folder / "conftest.py").write_text(CONFTEST)
-    (folder / "test_tiny.py").write_text(TESTS)
+    for name, text in (files or {"test_tiny.py": TESTS}).items():
+        (folder / name).write_text(text)
     # its temporary folders under its own: in the machine's pytest-of-<user>, a tiny run would clean up (and warn
     # about) what other runs of the suite left there
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--rootdir", str(folder),
-                           "--basetemp", str(folder / "tmp"), "-c", "/dev/null", "-n", "2", "--reruns", "1", *argv,
-                           str(folder / "test_tiny.py")], cwd=folder, capture_output=True, text=True, timeout=300)
+                           "--basetemp", str(folder / "tmp"), "-c", "/dev/null", "-n", "2", "--dist", "loadgroup",
+                           "--reruns", "1", *argv, *(str(folder / name) for name in files or ["test_tiny.py"])],
+                          cwd=folder, capture_output=True, text=True, timeout=300)
 
 
 def _outcomes(stdout: str) -> dict[str, int]:
@@ -90,3 +98,15 @@ def test_a_test_that_fails_twice_fails_the_run(tmp_path):
     assert done.returncode == 1, done.stdout[-3000:]
     assert "FLAKY:" not in done.stdout
     assert _outcomes(done.stdout) == {"failed": 1, "passed": 1, "rerun": 1}, done.stdout[-500:]
+
+
+def test_each_module_runs_on_one_worker(tmp_path):
+    """The grouping `make test` runs under (tests/grouping.py): every test of a module on one worker, so its
+    module-wide fixtures run once. It silently stopped under pytest 9.2 (each test went its own way, and the cuda
+    image's module fixture ran on both workers, 404 s and 282 s of one CI run)."""
+    module = "".join(f"def test_{i}():\n    pass\n\n" for i in range(6))
+    done = _tiny_suite(tmp_path / "suite", "-v", files={"test_one.py": module, "test_two.py": module})
+    assert done.returncode == 0, done.stdout[-3000:]
+    ran = re.findall(r"^\[(gw\d+)\].* (test_one|test_two)\.py::test_\d+", done.stdout, re.M)
+    assert len(ran) == 12, done.stdout[-3000:]
+    assert all(len({worker for worker, m in ran if m == name}) == 1 for name in ("test_one", "test_two")), ran
