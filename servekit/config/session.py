@@ -1,6 +1,6 @@
 """What every command resolves once: the matrix it reads and this machine's build settings. Data, and the lookups
 the matrix alone answers; what an engine, a build or a deployment makes of it lives in those stages (engines.choice,
-build.plan, serve.prepare), so every stage can take a typed Session without importing one above it."""
+build.plan, serve.ready), so every stage can take a typed Session without importing one above it."""
 
 from __future__ import annotations
 
