@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except Exception as exc:  # a bug or an exception a stage did not turn into ours: one line, the rest in a log
-        from servekit.engines.docker import is_client_error, said  # the engine's SDK, loaded only on this path
+        from servekit.engines import is_client_error, said  # the engines' clients, loaded only on this path
         print(f"error: {'docker: ' + said(exc) if is_client_error(exc) else _unexpected(exc, argv)}", file=sys.stderr)
         return 1
 

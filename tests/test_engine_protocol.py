@@ -64,3 +64,32 @@ def test_container_memory_is_what_docker_stats_shows_not_the_page_cache(stats, s
     `docker stats` leaves out; the report's container memory is docker stats' figure."""
     from servekit.engines.docker import memory_in_use
     assert memory_in_use(stats) == shown
+
+
+DOCKER_CLIENTS = ("servekit.engines.docker", "docker", "python_on_whales")
+
+
+def _imported_modules(tree: ast.AST) -> set[str]:
+    """Every module a file imports, anywhere in it (functions and TYPE_CHECKING blocks too)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+    return found
+
+
+def test_only_the_engines_talk_to_docker():
+    """The docker SDK, python-on-whales and engines/docker.py are the Docker engine's own: a stage reaches an engine
+    through servekit.engines (its protocol, `local`, the CLI and registry doors), so another engine needs no stage
+    changed."""
+    outside = [p for folder in ("servekit", "smoke", "wsl2") for p in (ROOT / folder).rglob("*.py")
+               if "engines" not in p.relative_to(ROOT).parts]
+    talking = {}
+    for path in outside:
+        modules = _imported_modules(ast.parse(path.read_text()))
+        clients = sorted(m for m in modules if any(m == c or m.startswith(c + ".") for c in DOCKER_CLIENTS))
+        if clients:
+            talking[str(path.relative_to(ROOT))] = clients
+    assert talking == {}

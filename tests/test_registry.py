@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from servekit.release.registry import PushProgress, TransientRegistryError, _follow, digest, host_of
+from servekit.engines.registry import PushProgress, RegistryDoor, TransientRegistryError, _follow, host_of
 
 
 def test_names_resolve_as_docker_resolves_them():
@@ -50,7 +50,7 @@ def test_on_a_terminal_a_pull_draws_a_bar_for_each_layer():
 
     from rich.console import Console
 
-    from servekit.release.registry import LayerBars
+    from servekit.engines.registry import LayerBars
     screen = io.StringIO()
     pulled = [{**e, "status": e.get("status", "").replace("Pushing", "Downloading").replace("Pushed", "Pull complete")}
               for e in EVENTS]
@@ -85,13 +85,13 @@ class _Client:
                                     {"Descriptor": {"digest": "md5:" + "0" * 32}}, ["Descriptor"], "nonsense"])
 def test_a_digest_the_registry_names_that_is_no_digest_is_not_believed(answer):
     with pytest.raises(TransientRegistryError) as refused:
-        digest(_Client(answer), "127.0.0.1:5000/x/vllm-serve", "v1")
+        RegistryDoor(_Client(answer)).digest("127.0.0.1:5000/x/vllm-serve", "v1")
     assert "reading 127.0.0.1:5000/x/vllm-serve:v1" in str(refused.value) and "\n" not in str(refused.value)
 
 
 def test_a_digest_of_the_right_form_is_taken_and_no_descriptor_is_no_tag():
-    assert digest(_Client({"Descriptor": {"digest": GOOD_DIGEST}}), "r/x", "v1") == GOOD_DIGEST
-    assert digest(_Client({"Descriptor": {}}), "r/x", "v1") is None
+    assert RegistryDoor(_Client({"Descriptor": {"digest": GOOD_DIGEST}})).digest("r/x", "v1") == GOOD_DIGEST
+    assert RegistryDoor(_Client({"Descriptor": {}})).digest("r/x", "v1") is None
 
 
 @pytest.mark.parametrize("pushed, says", [("sha256:0123", "which is no sha256 digest"),

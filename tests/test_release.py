@@ -334,9 +334,9 @@ def test_a_login_that_expires_between_the_immutable_and_the_moving_tags(checked_
     the release stops in one line naming the registry and `docker login`, no moving tag moves and no manifest is
     written; logged in again, a plain re-run completes it without pushing anything twice."""
     from servekit.config.session import Session
+    from servekit.engines.registry import RegistryAuthError
     from servekit.release import publish as release_mod
     from servekit.release.localregistry import htpasswd_line
-    from servekit.release.registry import RegistryAuthError
     port, htpasswd = locked_registry["port"], locked_registry["folder"] / "htpasswd"
     monkeypatch.setenv("DOCKER_CONFIG", _client_config(tmp_path, port, PASSWORD)["DOCKER_CONFIG"])
     immutable = f"v0.31.0-cpu-{checked_image['digest'][:12]}"

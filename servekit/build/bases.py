@@ -21,8 +21,9 @@ import zipfile
 from pathlib import Path
 
 from servekit.config.matrix import Base
+from servekit.engines import local
 from servekit.engines.bootstrap import apt_install, can_install
-from servekit.engines.docker import local
+from servekit.engines.dockercli import docker_cli
 from servekit.errors import EnvironmentProblem
 from servekit.exclusive import machine_wide
 from servekit.output import Say
@@ -106,8 +107,8 @@ def _make(name: str, base: Base, cache_dir: Path, say: Say) -> None:
         tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
         # The CLI reads the tar from the pipe as it is made; python-on-whales' import takes a file, and a rootfs
         # written to disk first would double what a base needs there.
-        cmd = ["docker", "import", *[x for c in changes for x in ("--change", c)], "-", base.image]
-        imported = subprocess.run(cmd, stdin=tar.stdout, capture_output=True, text=True, timeout=900)
+        imported = docker_cli(["import", *[x for c in changes for x in ("--change", c)], "-", base.image],
+                              timeout=900, stdin=tar.stdout)
         if tar.stdout:
             tar.stdout.close()
         tar.wait()

@@ -11,7 +11,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -34,8 +33,8 @@ from servekit.build.reproducible import epoch_seconds, make_canonical
 from servekit.config.matrix import Matrix, substitute
 from servekit.config.session import Session
 from servekit.config.settings import ENV_BASE, ENV_WHEELS, ENV_WITHOUT, BuildSettings
-from servekit.engines import Engine, choice
-from servekit.engines.docker import docker_cli, local
+from servekit.engines import Engine, choice, local
+from servekit.engines.dockercli import docker_cli, docker_process
 from servekit.errors import EnvironmentProblem, UserError
 from servekit.exclusive import machine_wide, one_buildkit_solve
 from servekit.image import components as components_mod
@@ -289,7 +288,7 @@ def _command(matrix: Matrix, plan: TargetPlan, root: Path, workdir: Path, secret
     bundle = ca_bundle()
     secret_files = {**secret_files, **({"cacert": bundle} if bundle else {})}
     if has_buildx():
-        cmd = ["docker", "buildx", "build", "--load", "--progress", "plain", "-f", DOCKERFILE, "--target", "runtime",
+        cmd = ["buildx", "build", "--load", "--progress", "plain", "-f", DOCKERFILE, "--target", "runtime",
                "-t", provisional_tag(plan), *(["--no-cache"] if no_cache else [])]
         cmd += [x for k, v in args.items() for x in ("--build-arg", f"{k}={v}")]
         cmd += [x for k, v in labs.items() for x in ("--label", f"{k}={v}")]
@@ -302,17 +301,17 @@ def _command(matrix: Matrix, plan: TargetPlan, root: Path, workdir: Path, secret
                  "secrets": {name: {"file": str(path)} for name, path in secret_files.items()}}
     compose_file = workdir / "compose.build.yaml"
     compose_file.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return ["docker", "compose", "-f", str(compose_file), "build", "--progress", "plain", "image"]
+    return ["compose", "-f", str(compose_file), "build", "--progress", "plain", "image"]
 
 
-def _stream(cmd: list[str], log_path: Path, root: Path, show: Callable[[str], None]) -> int:
-    """Run the build, writing every line to the log and the current step to `show`. The CLI is run directly: its
-    plain progress is read line by line, and Ctrl-C must stop the very process (neither client hands it over)."""
+def _stream(args: list[str], log_path: Path, root: Path, show: Callable[[str], None]) -> int:
+    """Run the build (`docker ARGS`), writing every line to the log and the current step to `show`. The CLI is run
+    directly: its plain progress is read line by line, and Ctrl-C must stop the very process (neither client hands
+    it over)."""
     env = dict(os.environ, DOCKER_BUILDKIT="1", BUILDKIT_PROGRESS="plain")
     with open(log_path, "w", buffering=1) as log:  # line-buffered: `tail -f` the log while it builds
-        log.write(f"$ {' '.join(cmd)}\n")
-        proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                bufsize=1)
+        log.write(f"$ docker {' '.join(args)}\n")
+        proc = docker_process(args, root, env)
         assert proc.stdout is not None
         try:
             for line in proc.stdout:
@@ -394,7 +393,7 @@ def _build(matrix: Matrix, plan: TargetPlan, root: Path, workdir: Path, extra_in
                                    {}, root / ".cache", say=say.step)
     finally:  # made canonical or not, the builder's own image is not left tagged
         if engine.image_exists(provisional_tag(plan)):
-            engine.sdk().images.remove(provisional_tag(plan))
+            engine.remove_image(provisional_tag(plan))
     reused = f", {canonical.reused} of them unchanged since an earlier build" if canonical.reused else ""
     say(f"{plan.tag} is {canonical.image_id[:19]} ({canonical.layers} layers{reused}, canonical in "
         f"{canonical.seconds:.0f} s)")

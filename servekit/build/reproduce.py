@@ -13,7 +13,7 @@ from servekit.build.builder import build_image
 from servekit.build.plan import plan_for
 from servekit.build.reproducible import compare
 from servekit.config.session import Session
-from servekit.engines.docker import local
+from servekit.engines import local
 from servekit.output import Say, as_output
 
 
@@ -46,19 +46,17 @@ def reproduce(session: Session, target: str, say: Say | None = None) -> Reproduc
     first_id = engine.held(plan.tag).id
     say(f"{target}: first build {first_id[:19]}; building again with the builder's cache unused")
     kept = f"{plan.tag}-first"  # the first build, held by a tag of its own while the rebuild takes the tag
-    repository, _, tag = kept.rpartition(":")
-    engine.held(plan.tag).tag(repository, tag)
-    client = engine.sdk(timeout=600)
+    engine.name_image(plan.tag, kept)
     try:
         second = build_image(session.matrix, plan, session.root, session.settings, force=True, no_cache=True,
                              say=say)
         second_id = engine.held(plan.tag).id
         differences = [] if second_id == first_id else compare(engine, kept, plan.tag).lines()
         if second_id != first_id:  # the first build keeps the tag; the rebuild goes
-            engine.held(kept).tag(*plan.tag.rpartition(":")[::2])
-            client.images.remove(second_id, force=True)
+            engine.name_image(kept, plan.tag)
+            engine.remove_image(second_id, force=True)
     finally:
         if engine.image_exists(kept):
-            client.images.remove(kept, noprune=True)
+            engine.remove_image(kept)
     return Reproduction(target, plan.tag, first_id, second_id, first.seconds if first.built else None,
                         second.seconds, differences)

@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from servekit.atomic import write_text
+from servekit.engines import EngineError
+from servekit.engines.protocol import ImageEngine
 from servekit.engines.transfer import ChunkStream
 from servekit.errors import EnvironmentProblem
 from servekit.output import Say
@@ -272,25 +274,24 @@ def files_image_archive(files: dict[str, bytes], tag: str, epoch: int, labels: d
     return f"sha256:{image_id}"
 
 
-def make_canonical(engine, built: str, tag: str, epoch: int, labels: dict[str, str], workdir: Path,
+def make_canonical(engine: ImageEngine, built: str, tag: str, epoch: int, labels: dict[str, str], workdir: Path,
                    say: Say = print) -> Canonical:
     """The image `built` re-made canonical on `engine` under `tag`; `built`'s own tag is removed.
 
     The classic image store names an image by its config's digest; the containerd store (Docker Desktop's
     choice) by its manifest's, which it writes itself: there the loaded image is checked by its layers instead."""
     started = time.monotonic()
-    client = engine.sdk(timeout=3600)
-    check_room(workdir, int(client.images.get(built).attrs.get("Size") or 0))
+    check_room(workdir, int(engine.held(built).attrs.get("Size") or 0))
     memory = _CanonicalMemory(workdir / CANONICAL_MEMORY, engine, f"{CANONICAL_FORMAT}:{epoch}")
     known = memory.known()
     try:
-        archive = _canonical_load(client, built, tag, epoch, labels, workdir, say, known)
+        archive = _canonical_load(engine, built, tag, epoch, labels, workdir, say, known)
     except EnvironmentProblem:
         if not known:
             raise
         say("loading with the reused layers failed; every layer made canonical again")
         memory.forget()
-        archive = _canonical_load(client, built, tag, epoch, labels, workdir, say, {})
+        archive = _canonical_load(engine, built, tag, epoch, labels, workdir, say, {})
     loaded = engine.image(tag)
     if loaded is None or (loaded.id != archive.image_id
                           and loaded.attrs.get("RootFS", {}).get("Layers") != archive.diff_ids):
@@ -298,7 +299,7 @@ def make_canonical(engine, built: str, tag: str, epoch: int, labels: dict[str, s
                                  f"canonical {archive.image_id[:19]}")
     memory.remember(archive.by_path, loaded.id)
     if built != tag:
-        client.images.remove(built, noprune=False)
+        engine.remove_image(built)
     return Canonical(archive.image_id, time.monotonic() - started, len(archive.diff_ids), archive.reused)
 
 
@@ -312,15 +313,15 @@ def check_room(workdir: Path, image_bytes: int) -> None:
                                  "image prune`; the builder's cache: `docker builder prune`) and build again")
 
 
-def _canonical_load(client, built: str, tag: str, epoch: int, labels: dict[str, str], workdir: Path, say: Say,
-                    known: dict[str, str]) -> Archive:
+def _canonical_load(engine: ImageEngine, built: str, tag: str, epoch: int, labels: dict[str, str], workdir: Path,
+                    say: Say, known: dict[str, str]) -> Archive:
     with tempfile.TemporaryFile(dir=workdir, prefix="canonical-") as file:
-        archive = canonical_archive(client.api.get_image(built, chunk_size=CHUNK), tag, epoch, labels, file, say,
-                                    known)
+        archive = canonical_archive(engine.save(built, CHUNK), tag, epoch, labels, file, say, known)
         file.seek(0)
-        for message in client.api.load_image(iter(lambda: file.read(CHUNK), b"")):
-            if "error" in message:
-                raise EnvironmentProblem(f"loading the canonical {tag} failed: {message['error']}")
+        try:
+            engine.load(iter(lambda: file.read(CHUNK), b""))
+        except EngineError as exc:
+            raise EnvironmentProblem(f"loading the canonical {tag} failed: {exc.reason}") from None
     return archive
 
 
@@ -332,7 +333,7 @@ class _CanonicalMemory:
     (the format and the epoch), and in which canonical image the engine holds it: a layer is reused only while that
     image is there, so that its chain is the engine's."""
 
-    def __init__(self, path: Path, engine, form: str) -> None:
+    def __init__(self, path: Path, engine: ImageEngine, form: str) -> None:
         self.path, self.form = path, form
         try:
             images = json.loads(path.read_text())["images"]
@@ -395,19 +396,19 @@ def _entries(layer: IO[bytes]) -> dict[str, tuple]:
     return out
 
 
-def _saved_layers(engine, ref: str, wanted: set[int]) -> tuple[dict, dict[int, dict[str, tuple]]]:
+def _saved_layers(engine: ImageEngine, ref: str, wanted: set[int]) -> tuple[dict, dict[int, dict[str, tuple]]]:
     """An image's config, and the entries of its layers numbered in `wanted` (0 = the base)."""
     by_path: dict[str, dict[str, tuple]] = {}
 
     def read(path: str, layer: IO[bytes]) -> None:
         by_path[path] = _entries(layer)
 
-    config, manifest = _read_saved(engine.sdk(timeout=3600).api.get_image(ref, chunk_size=CHUNK), read)
+    config, manifest = _read_saved(engine.save(ref, CHUNK), read)
     paths = manifest[0]["Layers"] if manifest else []
     return config, {i: by_path[p] for i, p in enumerate(paths) if i in wanted and p in by_path}
 
 
-def compare(engine, ref_a: str, ref_b: str, first: int = 5) -> Difference:
+def compare(engine: ImageEngine, ref_a: str, ref_b: str, first: int = 5) -> Difference:
     """What differs between images `ref_a` and `ref_b` on `engine` (empty when they are the same image)."""
     a, b = engine.image(ref_a), engine.image(ref_b)
     if a is None or b is None:

@@ -9,12 +9,13 @@ from pathlib import Path
 from servekit.build import demomodel
 from servekit.build.builder import ensure_built
 from servekit.config.session import Session
-from servekit.engines.docker import local
+from servekit.engines import local
+from servekit.engines.protocol import ImageEngine
 from servekit.errors import UserError
 from servekit.output import Say
 
 
-def regenerate(engine, image: str, dest: Path, say: Say = print, steps: int = demomodel.STEPS) -> None:
+def regenerate(engine: ImageEngine, image: str, dest: Path, say: Say = print, steps: int = demomodel.STEPS) -> None:
     """Train the model again in `image` (through `engine`, the Docker door) for `steps` and swap it in for `dest` at
     once: a failed or interrupted run, or a model that does not do what the checks ask, leaves the shipped model as it
     was."""

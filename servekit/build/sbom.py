@@ -22,6 +22,7 @@ from packageurl import PackageURL
 from packaging.utils import canonicalize_name
 
 from servekit.build.plan import TargetPlan
+from servekit.engines.protocol import ImageEngine
 from servekit.errors import EnvironmentProblem
 
 SBOM_PATH = "/opt/servekit/sbom.cdx.json"
@@ -46,12 +47,11 @@ def locked_distributions(lock_text: str) -> dict[str, tuple[str, list[str]]]:
     return out
 
 
-def debian_packages(engine, image: str) -> list[tuple[str, str, str]]:
+def debian_packages(engine: ImageEngine, image: str) -> list[tuple[str, str, str]]:
     """(package, version, architecture) of every Debian package installed in `image`, as dpkg records them."""
     try:
-        said = engine.sdk(timeout=300).containers.run(image, ["-W", f"-f={_DPKG_FORMAT}"], entrypoint="dpkg-query",
-                                                      remove=True, network_mode="none")
-    except Exception as exc:  # the SDK's ContainerError, ImageNotFound, APIError: one line either way
+        said = engine.output_of(image, "dpkg-query", ["-W", f"-f={_DPKG_FORMAT}"])
+    except EnvironmentProblem as exc:
         raise EnvironmentProblem(f"cannot list the Debian packages of {image} for its SBOM: {exc}") from None
     rows = [line.split("\t") for line in said.decode().splitlines() if line.count("\t") == 2]
     return sorted((name, version, arch) for name, version, arch in rows)

@@ -9,8 +9,7 @@ from pathlib import Path
 
 from servekit.build.plan import plan_for
 from servekit.config.session import Session
-from servekit.engines import choice
-from servekit.engines.docker import local
+from servekit.engines import choice, local
 from servekit.errors import UserError
 from servekit.output import Say
 

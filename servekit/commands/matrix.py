@@ -16,7 +16,7 @@ from servekit.commands.parsing import Commands
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from servekit.build.plan import plans_for
-    from servekit.engines.docker import local
+    from servekit.engines import local
     session = open_session(args)
     for t in args.target or []:
         session.check_target(t)

@@ -4,11 +4,22 @@ processes (process.py); `resolve` turns an `--engine` argument into one of them.
 from __future__ import annotations
 
 from servekit.engines import docker, process
-from servekit.engines.docker import EngineError, address, local, reach
+from servekit.engines.docker import (
+    PROJECT,
+    EngineError,
+    address,
+    docker_errors,
+    is_client_error,
+    local,
+    local_url,
+    reach,
+    said,
+)
 from servekit.engines.protocol import Engine, Server, ServerState
 from servekit.errors import UserError
 
-__all__ = ["Engine", "EngineError", "Server", "ServerState", "address", "local", "parse_engines", "reach", "resolve"]
+__all__ = ["PROJECT", "Engine", "EngineError", "Server", "ServerState", "address", "docker_errors", "is_client_error",
+           "local", "local_url", "parse_engines", "reach", "resolve", "said"]
 
 
 def resolve(spec: str | None) -> Engine:

@@ -5,7 +5,7 @@ what it publishes. The clients' exceptions become the project's one-line errors 
 An engine is named the way Docker names it: a `DOCKER_HOST` URL (unix://, tcp://, ssh://) or a
 context name. Containers publish on the engine host's 127.0.0.1, so an engine on another machine
 is reached through an SSH tunnel (ssh:// engines), or directly when serve.bind is not loopback.
-Only two things go through the docker CLI: BuildKit builds (builder) and context lookup (resolve).
+The docker CLI's own doors (builds, contexts, deadlines) are dockercli.py; registries' is registry.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import re
 import shutil
 import socket
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
@@ -25,9 +25,11 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
+from servekit.engines.dockercli import docker_cli
 from servekit.engines.failures import prepare_failure
 from servekit.engines.gpuaccess import GpuAccess, decide
 from servekit.engines.protocol import Deploying, Engine, ServerState
+from servekit.engines.registry import RegistryDoor
 from servekit.errors import BootFailed, EnvironmentProblem, UserError
 from servekit.image.launcher import CONTAINER_PORT
 from servekit.layout import PROFILE_LABEL, PROJECT_LABEL
@@ -150,6 +152,10 @@ class DockerEngine:
         return docker.from_env(environment={**os.environ, "DOCKER_HOST": self.url}, timeout=timeout,
                                use_ssh_client=self.scheme == "ssh")
 
+    def registries(self, timeout: int = 600) -> RegistryDoor:
+        """The door to registries through this engine (its credentials), and to the images they move."""
+        return RegistryDoor(self.sdk(timeout))
+
     def cli_options(self) -> dict:
         """python-on-whales DockerClient keywords that point the CLI at this engine."""
         if self.is_local:
@@ -198,6 +204,43 @@ class DockerEngine:
         if image is None:
             raise EngineError(f"engine {self.given}: {tag} is not here", "no such image", [])
         return image
+
+    def tags(self, repository: str) -> list[str]:
+        """Every tag the engine holds of `repository`."""
+        with docker_errors(f"engine {self.given}: images of {repository}"):
+            return [tag for image in self.client.images.list(name=repository) for tag in image.tags]
+
+    def save(self, ref: str, chunk_size: int) -> Iterator[bytes]:
+        """The image's `docker save` archive, as it streams."""
+        return self.sdk(timeout=3600).api.get_image(ref, chunk_size=chunk_size)
+
+    def load(self, chunks: Iterable[bytes]) -> None:
+        """Load a `docker save` archive from its chunks; EngineError with the engine's words when it refuses it."""
+        for message in self.sdk(timeout=3600).api.load_image(iter(chunks)):
+            if "error" in message:
+                raise EngineError(f"engine {self.given}: load: {message['error']}", str(message["error"]))
+
+    def name_image(self, image: str, reference: str) -> None:
+        """Give the image `image` (a name or an ID) the name `reference` too."""
+        with docker_errors(f"engine {self.given}: tag {image} {reference}"):
+            self.client.images.get(image).tag(*reference.rpartition(":")[::2])
+
+    def remove_image(self, ref: str, force: bool = False) -> None:
+        """Take the name `ref` off its image (the image goes with its last name; by ID, `force` removes it with
+        every name)."""
+        with docker_errors(f"engine {self.given}: remove {ref}"):
+            self.client.images.remove(ref, force=force, noprune=False)
+
+    def output_of(self, image: str, entrypoint: str, args: list[str]) -> bytes:
+        """What `entrypoint ARGS` prints in a throwaway container of `image`, without a network."""
+        with docker_errors(f"engine {self.given}: run {entrypoint} in {image}"):
+            return self.sdk(timeout=300).containers.run(image, args, entrypoint=entrypoint, remove=True,
+                                                        network_mode="none")
+
+    def versions(self) -> tuple[dict, dict]:
+        """The engine's `docker version` and `docker info`."""
+        with docker_errors(f"engine {self.given}: version"):
+            return self.client.version(), self.client.info()
 
     def compose(self, **options: Any) -> WhalesClient:
         """A python-on-whales client for Compose on this engine; wrap its calls in docker_errors()."""
@@ -460,15 +503,6 @@ def resolve(spec: str | None) -> DockerEngine:
         raise UserError(f"--engine {spec}: no Docker context of that name (`docker context ls` lists them); or "
                         "pass a URL such as ssh://user@gpu-box")
     return DockerEngine(spec, json.loads(found.stdout)["Host"], context=spec)
-
-
-def docker_cli(args: list[str], timeout: float, engine: DockerEngine | None = None,
-               text: bool = True) -> subprocess.CompletedProcess:
-    """The docker CLI itself, pointed at `engine` (this machine's when None), for the few calls that need a deadline
-    neither client gives (python-on-whales waits as long as the CLI does) or a command the SDK has none of (`exec`
-    over ssh://, contexts, the plugins' versions, `docker run` with the very flags the docs give a user)."""
-    where = [f"--{key}={value}" for key, value in (engine.cli_options() if engine else {}).items()]
-    return subprocess.run(["docker", *where, *args], capture_output=True, text=text, timeout=timeout)
 
 
 def local() -> DockerEngine:

@@ -11,12 +11,13 @@ mounted, and its Compose files written; one that does not serves a Python enviro
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from servekit.config.matrix import Matrix
+from servekit.engines.registry import RegistryDoor
 
 
 class Deploying(Protocol):
@@ -164,3 +165,54 @@ class Engine(Protocol):
 
     def servers(self, profile: str | None = None) -> Sequence[Server]:
         """This project's servers (the profile's only, when named)."""
+
+
+class HeldImage(Protocol):
+    """An image an engine holds, as the build and release stages read it."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def attrs(self) -> dict: ...
+    @property
+    def labels(self) -> dict[str, str]: ...
+
+
+@runtime_checkable
+class ImageEngine(Engine, Protocol):
+    """An engine that holds images (the Docker engine): what building, making a build canonical, the SBOM, the demo
+    model's training, `doctor` and releasing ask of it beyond serving."""
+
+    def image(self, tag: str) -> HeldImage | None:
+        """The image `tag` (or an ID), or None when the engine does not hold it."""
+
+    def held(self, tag: str) -> HeldImage:
+        """The image `tag`, which the caller has just built or tagged; EngineError when it is not here."""
+
+    def tags(self, repository: str) -> list[str]:
+        """Every tag the engine holds of `repository`."""
+
+    def save(self, ref: str, chunk_size: int) -> Iterator[bytes]:
+        """The image's `docker save` archive, as it streams."""
+
+    def load(self, chunks: Iterable[bytes]) -> None:
+        """Load a `docker save` archive from its chunks; EngineError with the engine's words when it refuses it."""
+
+    def name_image(self, image: str, reference: str) -> None:
+        """Give the image `image` (a name or an ID) the name `reference` too."""
+
+    def remove_image(self, ref: str, force: bool = False) -> None:
+        """Take the name `ref` off its image (the image goes with its last name; by ID, `force` removes it with
+        every name)."""
+
+    def run_once(self, image: str, command: list[str], mounts: dict[Path, str], say: Callable[[str], None]) -> None:
+        """Run `command` in a throwaway container of `image`, `mounts` bound, its output said line by line."""
+
+    def output_of(self, image: str, entrypoint: str, args: list[str]) -> bytes:
+        """What `entrypoint ARGS` prints in a throwaway container of `image`, without a network."""
+
+    def versions(self) -> tuple[dict, dict]:
+        """The engine's `docker version` and `docker info`."""
+
+    def registries(self, timeout: int = 600) -> RegistryDoor:
+        """The door to registries through this engine (its credentials), and to the images they move."""

@@ -9,17 +9,18 @@ from pathlib import Path
 from servekit.build.bases import made_base_current
 from servekit.config.load import load_matrix
 from servekit.config.matrix import Matrix
+from servekit.engines import local
 from servekit.engines.card import doctor_line
-from servekit.engines.docker import docker_cli, gpu_access_of, local
+from servekit.engines.dockercli import docker_cli
 from servekit.engines.gpuaccess import (
     ACCESS_ENV,
     CONTAINER_DRIVER_DIR,
     DRIVER_DIR_ENV,
     GPU_DEVICE_ENV,
     GpuAccess,
-    decide,
     docker_run_args,
 )
+from servekit.engines.protocol import ImageEngine
 from servekit.errors import EnvironmentProblem, UserError
 from servekit.gpu import NvmlUnavailable, driver_version, list_gpus
 from servekit.records.fit import summary
@@ -72,14 +73,13 @@ def engine_disk(info: dict) -> Finding:
         return Finding("disk", "ok", f"the engine keeps images at {root or '?'}, not on this machine: not checked")
 
 
-def images_to_try(engine, matrix: Matrix) -> list[str]:
+def images_to_try(engine: ImageEngine, matrix: Matrix) -> list[str]:
     """The matrix's images built (or loaded) here, then its bases: a GPU host given only the product image (the
     H200 visits, by `docker load`) holds no base."""
-    built = [tag for image in engine.client.images.list(name=matrix.image.name) for tag in image.tags]
-    return built + [base.image for base in matrix.bases.values()]
+    return engine.tags(matrix.image.name) + [base.image for base in matrix.bases.values()]
 
 
-def gpu_container(engine, images: list[str], access: GpuAccess) -> Finding:
+def gpu_container(engine: ImageEngine, images: list[str], access: GpuAccess) -> Finding:
     """Run a container with the GPU once, as `up` will (by the toolkit or by the devices route), from the first of
     `images` the engine has: the driver answers, or say why not."""
     image = next((name for name in images if engine.image_exists(name)), None)
@@ -111,7 +111,7 @@ def diagnose() -> list[Finding]:
     engine = local()
     try:
         engine.check()
-        server, info = engine.client.version(), engine.client.info()
+        server, info = engine.versions()
     except EnvironmentProblem as exc:
         out.append(Finding("engine", "fail", str(exc), "run `make engine`, or start Docker"))
         return out
@@ -128,7 +128,7 @@ def diagnose() -> list[Finding]:
         out.append(Finding("builder", "fail", "no BuildKit-capable builder (no buildx, no Compose)",
                            "install the buildx or Compose plugin (`make engine`)"))
     out.append(engine_disk(info))
-    access = decide(gpu_access_of(info, server), engine.same_machine)
+    access = engine.gpu_access()
     out.append(Finding("gpu access", "ok", f"containers can have a GPU, {access.route}: {access.how}")
                if access.route else
                Finding("gpu access", "warn", f"no GPU for containers: {access.how}", "`up` of a GPU target "

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 from servekit.build.plan import plan_for
 from servekit.config.session import Session
-from servekit.engines.docker import local
+from servekit.engines import local
+from servekit.engines.registry import LayerBars, PushProgress, TransientRegistryError
 from servekit.errors import CheckFailed, EnvironmentProblem
 from servekit.output import Say, as_output
-from servekit.release import registry
 from servekit.release.publish import release_tags, released_reference
 
 
@@ -41,28 +41,27 @@ def pull_release(session: Session, target: str, given_registry: str | None = Non
     newest = release_tags(session.matrix, plan)[1]
     engine = local()
     engine.check()
-    client = engine.sdk(timeout=1800)
+    door = engine.registries(timeout=1800)
     started = time.monotonic()
     tag = newest if moving else exact
     try:
-        if registry.digest(client, repository, tag) is None:
-            offer = newest if not moving and registry.digest(client, repository, newest) else None
+        if door.digest(repository, tag) is None:
+            offer = newest if not moving and door.digest(repository, newest) else None
             raise CheckFailed(_not_there(repository, tag, offer, plan.tag, target))
         if moving:
             say(f"{target}: {repository}:{newest} is the newest release of vLLM {session.matrix.vllm}, not this "
                 f"checkout's build ({plan.tag}): its image, its patches and its reports are the release's")
         say(f"{target}: pulling {repository}:{tag}")
-        shown = registry.LayerBars(tag) if sys.stderr.isatty() else registry.PushProgress(
+        shown = LayerBars(tag) if sys.stderr.isatty() else PushProgress(
             tag, lambda text, live: say(text), False, verb="pull")  # a log: a line every few seconds
         with shown:
-            registry.pull(client, repository, tag, progress=shown)
-    except registry.TransientRegistryError as exc:
+            image_id = door.pull(repository, tag, progress=shown)
+    except TransientRegistryError as exc:
         raise EnvironmentProblem(f"pulling {repository}:{tag} failed: {exc}") from None
     say(shown.line())
-    image = client.images.get(f"{repository}:{tag}")
     if not moving:  # the very image this checkout builds: it goes by the build's tag
-        image.tag(*plan.tag.rpartition(":")[::2])
-    return Pulled(target, f"{repository}:{tag}", f"{repository}:{tag}" if moving else plan.tag, image.id,
+        door.tag(image_id, *plan.tag.rpartition(":")[::2])
+    return Pulled(target, f"{repository}:{tag}", f"{repository}:{tag}" if moving else plan.tag, image_id,
                   time.monotonic() - started)
 
 

@@ -15,7 +15,6 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from packaging.version import Version
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
@@ -26,9 +25,11 @@ from servekit.build.reproducible import epoch_seconds
 from servekit.config.matrix import Matrix
 from servekit.config.profiles import render_profiles
 from servekit.config.session import Session
+from servekit.engines import local
 from servekit.engines.card import mps_cap_bytes
-from servekit.engines.docker import local
 from servekit.engines.process import SCHEME as PROCESS_SCHEME
+from servekit.engines.protocol import ImageEngine
+from servekit.engines.registry import PushProgress, RegistryDoor, TransientRegistryError
 from servekit.errors import CheckFailed, EnvironmentProblem, UserError
 from servekit.image.boundary import REGISTRY, number_setting
 from servekit.image.launcher import build_command, served_parts
@@ -37,14 +38,8 @@ from servekit.output import Say
 from servekit.records.models import OtherKind, ProfileGate, ReleaseManifest, ReleaseRecord, RunReport, load
 from servekit.records.releases import manifest_path, write_manifest
 from servekit.records.report import load_report, report_files
-from servekit.release import attach, registry
-from servekit.release.registry import TransientRegistryError
+from servekit.release import attach
 from servekit.serve.deploy import source_settings
-
-if TYPE_CHECKING:  # the SDK's types alone: the SDK is imported where an engine is talked to
-    from docker.models.images import Image
-
-    from docker import DockerClient
 
 ENV_REGISTRY = "SERVEKIT_REGISTRY"
 
@@ -235,19 +230,19 @@ def _attempts() -> int:
     return int(number_setting(os.environ, "SERVEKIT_PUSH_ATTEMPTS", 5, 1, 100, whole=True))
 
 
-def push(client: DockerClient, image: Image, repository: str, tag: str, say: Say) -> str:
+def push(door: RegistryDoor, image_id: str, repository: str, tag: str, say: Say) -> str:
     """Tag and push one tag, retried with backoff on transient errors (never on refused credentials); the
     registry's digest read back through the engine."""
-    image.tag(repository, tag)
+    door.tag(image_id, repository, tag)
 
     @retry(retry=retry_if_exception_type(TransientRegistryError), stop=stop_after_attempt(_attempts()),
            wait=wait_exponential(multiplier=1, max=20), reraise=True,
            before_sleep=lambda state: say(f"  push {tag}: {state.outcome and state.outcome.exception()}; retrying"))
     def attempt() -> str:
-        shown = registry.PushProgress(tag, lambda text, live: _show(say, text, live), sys.stderr.isatty())
-        pushed = registry.push(client, repository, tag, progress=shown)
+        shown = PushProgress(tag, lambda text, live: _show(say, text, live), sys.stderr.isatty())
+        pushed = door.push(repository, tag, progress=shown)
         _show(say, shown.line(), False)
-        confirmed = registry.digest(client, repository, tag)
+        confirmed = door.digest(repository, tag)
         if not pushed or confirmed != pushed:
             raise TransientRegistryError(f"pushed {pushed}, the registry serves {confirmed}")
         return pushed
@@ -333,15 +328,15 @@ def verify_release(session: Session, say: Say = print) -> list[str]:
     manifest = load(path, ReleaseManifest)
     engine = local()
     engine.check()
-    client = engine.sdk(timeout=120)
+    door = engine.registries(timeout=120)
     problems = []
     for target, record in manifest.targets.items():
         for tag in record.tags:
-            served = registry.digest(client, record.repository, tag)
+            served = door.digest(record.repository, tag)
             if served != record.registry_digest:
                 problems.append(f"{target}: {record.repository}:{tag} serves {served or 'nothing'}, the release "
                                 f"names {record.registry_digest}")
-        problems += attach.verify_sbom(client, record)
+        problems += attach.verify_sbom(door, record)
         say(f"release: {target}: {len(record.tags)} tags and the SBOM checked against {record.repository}")
     return problems
 
@@ -359,7 +354,7 @@ def summary_text(matrix: Matrix, releases: list[ReleaseRecord]) -> str:
     return "\n".join(lines)
 
 
-def release_targets(matrix: Matrix, root: Path, engine, registry_path: str, plans: dict[str, TargetPlan],
+def release_targets(matrix: Matrix, root: Path, engine: ImageEngine, registry_path: str, plans: dict[str, TargetPlan],
                     explicit: bool, dry_run: bool, say: Say) -> list[ReleaseRecord]:
     """Gate, check the moving tags, push and read back, per target; the records for the manifest.
 
@@ -376,13 +371,13 @@ def release_targets(matrix: Matrix, root: Path, engine, registry_path: str, plan
             say(f"release: {target}: no image {plan.tag} here; skipped")
             continue
         gated.append((target, plan, image, gate(matrix, target, image.id, root)))
-    client = engine.sdk(timeout=600)
+    door = engine.registries(timeout=600)
     repository = f"{registry_path}/{matrix.image.name}"
-    registry.check_access(client, repository)
+    door.check_access(repository)
     for target, plan, image, smoke in gated:
         tags = release_tags(matrix, plan)
         for moving in tags[1:]:
-            current = registry.vllm_version(client, repository, moving)
+            current = door.vllm_version(repository, moving)
             if current and current > Version(matrix.vllm):
                 raise CheckFailed(f"{target}: {repository}:{moving} carries vLLM {current}; moving it to "
                                   f"{matrix.vllm} would go backwards (docs/release.md says how to roll back)")
@@ -390,7 +385,7 @@ def release_targets(matrix: Matrix, root: Path, engine, registry_path: str, plan
         if dry_run:
             continue
         try:
-            digests = {tag: push(client, image, repository, tag, say) for tag in tags}
+            digests = {tag: push(door, image.id, repository, tag, say) for tag in tags}
         except TransientRegistryError as exc:
             raise EnvironmentProblem(f"{target}: the push failed after {_attempts()} attempts ({exc}); no manifest "
                                      "written: run release again to complete it") from None
@@ -398,7 +393,7 @@ def release_targets(matrix: Matrix, root: Path, engine, registry_path: str, plan
             raise CheckFailed(f"{target}: the tags read back different digests: {digests}")
         released = next(iter(digests.values()))
         try:
-            sbom = attach.attach_sbom(client, image, repository, released, epoch_seconds(matrix.image.source_date_epoch),
+            sbom = attach.attach_sbom(door, image.id, repository, released, epoch_seconds(matrix.image.source_date_epoch),
                                push, say)
         except TransientRegistryError as exc:
             raise EnvironmentProblem(f"{target}: pushing its SBOM failed after {_attempts()} attempts ({exc}); no "

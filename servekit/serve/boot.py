@@ -10,8 +10,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from servekit.engines import Server
-from servekit.engines.docker import EngineError
+from servekit.engines import EngineError, Server
 from servekit.errors import BootFailed
 from servekit.gpu import NvmlSampler, NvmlUnavailable
 from servekit.output import Say, as_output

@@ -26,10 +26,9 @@ from dotenv import dotenv_values
 from servekit.atomic import write_text
 from servekit.config.derived import USER_SETTINGS
 from servekit.config.session import Session
-from servekit.engines import Engine, Server, ServerState, resolve
+from servekit.engines import PROJECT, Engine, Server, ServerState, address, docker_errors, local_url, resolve
 from servekit.engines.card import COMPOSE_FILE as CARD_COMPOSE
 from servekit.engines.card import MpsDaemon, mps_dir
-from servekit.engines.docker import PROJECT, address, docker_errors, local_url
 from servekit.engines.gpuaccess import COMPOSE_FILE as GPU_DEVICES_COMPOSE
 from servekit.errors import UserError
 from servekit.image.boundary import Missing, Refused, control_character, header_unsafe, read_secret, read_text

@@ -18,7 +18,7 @@ from typing import Any
 from servekit.atomic import write_text
 from servekit.config.matrix import Matrix
 from servekit.config.session import Session
-from servekit.engines.docker import Engine
+from servekit.engines import Engine
 from servekit.output import Say, as_output
 from servekit.records.models import FleetEngine, FleetSummary, ReleaseRecord, RunReport, Table, save
 from servekit.records.releases import released

@@ -1,13 +1,16 @@
-"""The one door to registries, through the engine: every read and write is signed with what `docker login`
-stored for that registry (credential helpers included), as the docker CLI would; a tag's digest comes from the
-engine's distribution API; names resolve as Docker resolves them (`user/image` and `docker.io/user/image` are
-Docker Hub's, `ghcr.io/org/image` GHCR's). No HTTP of ours reaches a registry.
+"""The one door to registries, through the Docker engine (`DockerEngine.registries()`): every read and write is
+signed with what `docker login` stored for that registry (credential helpers included), as the docker CLI would; a
+tag's digest comes from the engine's distribution API; names resolve as Docker resolves them (`user/image` and
+`docker.io/user/image` are Docker Hub's, `ghcr.io/org/image` GHCR's). No HTTP of ours reaches a registry, and no
+stage holds the SDK: images go in and out of this door by ID and reference.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import re
+import tarfile
 import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -54,29 +57,6 @@ def refused(repository: str, what: str, reason: str) -> RegistryAuthError:
                              "user this engine's client config belongs to, then run release again")
 
 
-def digest(client: DockerClient, repository: str, tag: str) -> str | None:
-    """The digest `repository:tag` names in its registry, or None when there is no such tag."""
-    import docker  # the SDK takes a third of a second to import: only what talks to an engine pays for it
-    try:
-        found = (client.api.inspect_distribution(f"{repository}:{tag}").get("Descriptor") or {}).get("digest")
-        return _digest_or_none(found, f"reading {repository}:{tag}")
-    except docker.errors.NotFound:
-        return None
-    except docker.errors.APIError as exc:
-        reason = _said(exc)
-        if "manifest unknown" in reason or "not found" in reason.lower():
-            return None
-        if DENIED.search(reason):
-            raise refused(repository, f"reading {repository}:{tag}", reason) from None
-        if UNREACHABLE.search(reason):
-            raise TransientRegistryError(f"the registry of {repository} does not answer: {reason}") from None
-        raise TransientRegistryError(f"reading {repository}:{tag}: {reason}") from None
-    except requests.RequestException as exc:
-        raise TransientRegistryError(f"the engine lost the request: {type(exc).__name__}") from None
-    except AttributeError:  # an answer that is not an object
-        raise TransientRegistryError(f"reading {repository}:{tag}: the engine's answer has no descriptor") from None
-
-
 def _digest_or_none(found: object, what: str) -> str | None:
     """A digest as the registry gave it, checked: a value of another form would become a reference and a record."""
     if found is None:
@@ -84,43 +64,6 @@ def _digest_or_none(found: object, what: str) -> str | None:
     if not isinstance(found, str) or not DIGEST.fullmatch(found):
         raise TransientRegistryError(f"{what}: the registry named {str(found)[:80]!r}, which is no sha256 digest")
     return found
-
-
-def check_access(client: DockerClient, repository: str) -> None:
-    """Refuse in one line, before anything is pushed, a registry that does not answer or will not let us read."""
-    try:
-        digest(client, repository, ACCESS_PROBE_TAG)
-    except TransientRegistryError as exc:
-        raise EnvironmentProblem(f"{exc}; start it (docs/release.md) or pass --registry") from None
-
-
-def vllm_version(client: DockerClient, repository: str, tag: str) -> Version | None:
-    """The vLLM version the image a tag names carries (its version label), when the tag exists: the engine pulls it
-    by digest with our credentials (only its manifest and config when its layers are here) and forgets it again
-    when it was not here before."""
-    import docker  # the SDK takes a third of a second to import: only what talks to an engine pays for it
-    found = digest(client, repository, tag)
-    if found is None:
-        return None
-    reference = f"{repository}@{found}"
-    try:
-        present = client.images.get(reference) is not None
-    except docker.errors.ImageNotFound:
-        present = False
-    try:
-        image = client.images.pull(repository, tag=found)
-    except docker.errors.APIError as exc:
-        if DENIED.search(_said(exc)):
-            raise refused(repository, f"pulling {reference}", _said(exc)) from None
-        raise TransientRegistryError(f"pulling {reference}: {_said(exc)}") from None
-    label = (image.labels or {}).get(VERSION_LABEL, "")
-    if not present:
-        with contextlib.suppress(docker.errors.APIError):  # in use under another name: it stays, as it was
-            client.images.remove(reference)
-    try:
-        return Version(label.split("-")[0])
-    except InvalidVersion:
-        return None
 
 
 class PushProgress:
@@ -219,13 +162,114 @@ def _follow(start: Callable[[], Iterable[Any]], repository: str, tag: str, verb:
     return reported
 
 
-def push(client: DockerClient, repository: str, tag: str, progress: PushProgress | None = None) -> str | None:
-    """Push one tag through the engine; the digest the engine reports (errors: _follow)."""
-    return _follow(lambda: client.images.push(repository, tag=tag, stream=True, decode=True), repository, tag,
-                   "push", progress)
 
+class RegistryDoor:
+    """What a release, `pull` and `release --verify` ask of registries and of the images they move, through one
+    engine's client: digests, pushes and pulls (errors: TransientRegistryError, RegistryAuthError), and the images
+    by ID or reference."""
 
-def pull(client: DockerClient, repository: str, tag: str, progress: PushProgress | None = None) -> None:
-    """Pull one tag through the engine, signed as `docker pull` would be (errors: _follow)."""
-    _follow(lambda: client.api.pull(repository, tag=tag, stream=True, decode=True), repository, tag, "pull",
-            progress)
+    def __init__(self, client: DockerClient) -> None:
+        self.client = client
+
+    def digest(self, repository: str, tag: str) -> str | None:
+        """The digest `repository:tag` names in its registry, or None when there is no such tag."""
+        import docker  # the SDK takes a third of a second to import: only what talks to an engine pays for it
+        try:
+            found = (self.client.api.inspect_distribution(f"{repository}:{tag}").get("Descriptor") or {}).get("digest")
+            return _digest_or_none(found, f"reading {repository}:{tag}")
+        except docker.errors.NotFound:
+            return None
+        except docker.errors.APIError as exc:
+            reason = _said(exc)
+            if "manifest unknown" in reason or "not found" in reason.lower():
+                return None
+            if DENIED.search(reason):
+                raise refused(repository, f"reading {repository}:{tag}", reason) from None
+            if UNREACHABLE.search(reason):
+                raise TransientRegistryError(f"the registry of {repository} does not answer: {reason}") from None
+            raise TransientRegistryError(f"reading {repository}:{tag}: {reason}") from None
+        except requests.RequestException as exc:
+            raise TransientRegistryError(f"the engine lost the request: {type(exc).__name__}") from None
+        except AttributeError:  # an answer that is not an object
+            raise TransientRegistryError(f"reading {repository}:{tag}: the engine's answer has no descriptor") from None
+
+    def check_access(self, repository: str) -> None:
+        """Refuse in one line, before anything is pushed, a registry that does not answer or will not let us read."""
+        try:
+            self.digest(repository, ACCESS_PROBE_TAG)
+        except TransientRegistryError as exc:
+            raise EnvironmentProblem(f"{exc}; start it (docs/release.md) or pass --registry") from None
+
+    def vllm_version(self, repository: str, tag: str) -> Version | None:
+        """The vLLM version the image a tag names carries (its version label), when the tag exists: the engine pulls
+        it by digest with our credentials (only its manifest and config when its layers are here) and forgets it
+        again when it was not here before."""
+        import docker  # the SDK takes a third of a second to import: only what talks to an engine pays for it
+        found = self.digest(repository, tag)
+        if found is None:
+            return None
+        reference = f"{repository}@{found}"
+        try:
+            present = self.client.images.get(reference) is not None
+        except docker.errors.ImageNotFound:
+            present = False
+        try:
+            image = self.client.images.pull(repository, tag=found)
+        except docker.errors.APIError as exc:
+            if DENIED.search(_said(exc)):
+                raise refused(repository, f"pulling {reference}", _said(exc)) from None
+            raise TransientRegistryError(f"pulling {reference}: {_said(exc)}") from None
+        label = (image.labels or {}).get(VERSION_LABEL, "")
+        if not present:
+            with contextlib.suppress(docker.errors.APIError):  # in use under another name: it stays, as it was
+                self.client.images.remove(reference)
+        try:
+            return Version(label.split("-")[0])
+        except InvalidVersion:
+            return None
+
+    def push(self, repository: str, tag: str, progress: PushProgress | None = None) -> str | None:
+        """Push one tag through the engine; the digest the engine reports (errors: _follow)."""
+        return _follow(lambda: self.client.images.push(repository, tag=tag, stream=True, decode=True), repository,
+                       tag, "push", progress)
+
+    def pull(self, repository: str, tag: str, progress: PushProgress | None = None) -> str:
+        """Pull one tag through the engine, signed as `docker pull` would be (errors: _follow); the image's ID."""
+        _follow(lambda: self.client.api.pull(repository, tag=tag, stream=True, decode=True), repository, tag, "pull",
+                progress)
+        return self.client.images.get(f"{repository}:{tag}").id
+
+    def labels(self, image: str) -> dict[str, str]:
+        """An image's labels, by ID or reference."""
+        return dict(self.client.images.get(image).labels or {})
+
+    def tag(self, image: str, repository: str, tag: str) -> None:
+        """Name an image (by ID or reference) `repository:tag` on the engine."""
+        self.client.images.get(image).tag(repository, tag)
+
+    def untag(self, reference: str) -> None:
+        """Take a name off an image, never the image by its ID (another name may hold it); gone already is fine."""
+        import docker  # the SDK takes a third of a second to import: only what talks to an engine pays for it
+        with contextlib.suppress(docker.errors.ImageNotFound):
+            self.client.images.remove(reference, noprune=False)
+
+    def load(self, archive: bytes) -> None:
+        """Load a `docker save` archive into the engine."""
+        self.client.images.load(archive)
+
+    def read_file(self, image: str, path: str) -> bytes:
+        """One file of an image, read from a container created (never started) from it; FileNotFoundError when the
+        image has no such file."""
+        import docker  # the SDK takes a third of a second to import: only what talks to an engine pays for it
+        container = self.client.containers.create(image, command=["none"], entrypoint=[])
+        try:
+            chunks, _ = container.get_archive(path)
+            with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
+                member = tar.extractfile(tar.getmembers()[0])
+                if member is None:
+                    raise FileNotFoundError(path)
+                return member.read()
+        except docker.errors.NotFound:
+            raise FileNotFoundError(path) from None
+        finally:
+            container.remove(force=True)
