@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import signal
 import sys
 import threading
@@ -112,7 +113,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except Exception as exc:  # a bug or an exception a stage did not turn into ours: one line, the rest in a log
         from servekit.engines import is_client_error, said  # the engines' clients, loaded only on this path
-        print(f"error: {'docker: ' + said(exc) if is_client_error(exc) else _unexpected(exc, argv)}", file=sys.stderr)
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            print(f"error: {_disk_full(exc)}", file=sys.stderr)
+        else:
+            print(f"error: {'docker: ' + said(exc) if is_client_error(exc) else _unexpected(exc, argv)}",
+                  file=sys.stderr)
         return 1
 
 
@@ -121,6 +126,14 @@ def _check_cache_folder(cache: Path) -> None:
     place is refused before any command works there."""
     if cache.exists() and not cache.is_dir():
         raise UserError(f"{cache} is not a folder; servekit keeps its locks and caches there: move it away")
+
+
+def _disk_full(exc: OSError) -> str:
+    """The disk filled under a build, a download or a report: the machine's to mend, not a bug to report (and no log
+    could be written)."""
+    where = f" writing {exc.filename}" if exc.filename else ""
+    return (f"no space left on the device{where}: free some (old images: `docker image prune`; the builder's cache: "
+            "`docker builder prune`) and run it again")
 
 
 def _unexpected(exc: Exception, argv: list[str] | None) -> str:

@@ -320,6 +320,25 @@ def test_an_unexpected_exception_is_one_line_and_a_log(tmp_path, monkeypatch, ca
     assert len(logs) == 1 and "Traceback" in logs[0].read_text() and "KeyError" in logs[0].read_text()
 
 
+def test_a_full_disk_is_one_line_that_says_how_to_free_space_and_no_log(tmp_path, monkeypatch, capsys):
+    """A disk that fills under a command is the machine's, not a bug to report (a CI run's disk filled: the
+    command said "unexpected builtins.OSError ... please report it")."""
+    import errno
+
+    from servekit import cli
+    from servekit.commands import matrix as commands_matrix
+    monkeypatch.chdir(tmp_path)
+
+    def full(args):
+        raise OSError(errno.ENOSPC, "No space left on device", "/var/lib/servekit/report.json")
+    monkeypatch.setattr(commands_matrix, "cmd_schema", full)
+    code = cli.main(["schema"])
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1 and "Traceback" not in err and "report it" not in err
+    assert "no space left on the device writing /var/lib/servekit/report.json: free some" in err
+    assert not (tmp_path / "logs").exists()
+
+
 def test_compare_refuses_a_report_of_another_kind_or_version_in_one_line(tmp_path, cli):
     sweep, old = tmp_path / "sweep", tmp_path / "old"
     for folder, doc in ((sweep, {"schema_version": 1, "kind": "sweep"}), (old, {"schema_version": 0, "kind": "run"})):
