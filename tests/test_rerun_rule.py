@@ -23,6 +23,7 @@ import grouping
 import summary_lines
 
 def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: as the suite's own")
     summary_lines.SLOW_S = 0.2
     summary_lines.register(config)
 
@@ -100,13 +101,18 @@ def test_a_test_that_fails_twice_fails_the_run(tmp_path):
     assert _outcomes(done.stdout) == {"failed": 1, "passed": 1, "rerun": 1}, done.stdout[-500:]
 
 
-def test_each_module_runs_on_one_worker(tmp_path):
-    """The grouping `make test` runs under (tests/grouping.py): every test of a module on one worker, so its
-    module-wide fixtures run once. It silently stopped under pytest 9.2 (each test went its own way, and the cuda
-    image's module fixture ran on both workers, 404 s and 282 s of one CI run)."""
-    module = "".join(f"def test_{i}():\n    pass\n\n" for i in range(6))
+def test_each_modules_slow_tests_run_on_one_worker_and_its_fast_ones_on_any(tmp_path):
+    """The grouping `make test` runs under (tests/grouping.py): every slow test of a module on one worker, so its
+    module-wide fixtures run once (it silently stopped under pytest 9.2: each test went its own way, and the cuda
+    image's module fixture ran on both workers, 404 s and 282 s of one CI run); the fast ones on whichever worker is
+    free, so that a module of many is not one worker's queue."""
+    slow = "".join(f"@pytest.mark.slow\ndef test_slow_{i}():\n    time.sleep(0.05)\n\n" for i in range(4))
+    fast = "".join(f"def test_fast_{i}():\n    time.sleep(0.05)\n\n" for i in range(12))
+    module = "import time\n\nimport pytest\n\n" + slow + fast
     done = _tiny_suite(tmp_path / "suite", "-v", files={"test_one.py": module, "test_two.py": module})
     assert done.returncode == 0, done.stdout[-3000:]
-    ran = re.findall(r"^\[(gw\d+)\].* (test_one|test_two)\.py::test_\d+", done.stdout, re.M)
-    assert len(ran) == 12, done.stdout[-3000:]
-    assert all(len({worker for worker, m in ran if m == name}) == 1 for name in ("test_one", "test_two")), ran
+    ran = re.findall(r"^\[(gw\d+)\].* (test_one|test_two)\.py::test_(slow|fast)_\d+", done.stdout, re.M)
+    assert len(ran) == 32, done.stdout[-3000:]
+    assert all(len({worker for worker, m, kind in ran if m == name and kind == "slow"}) == 1
+               for name in ("test_one", "test_two")), ran
+    assert len({worker for worker, m, kind in ran if m == "test_one" and kind == "fast"}) == 2, ran
