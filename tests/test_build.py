@@ -222,13 +222,16 @@ def test_an_unreachable_index_is_named(tmp_path):
     assert "index http://127.0.0.1:9/simple" in result.stderr and "cannot be reached" in result.stderr
 
 
-def test_no_engine_is_one_clear_line_even_while_another_build_of_the_tag_runs():
+def test_no_engine_is_one_clear_line_even_while_another_build_of_the_tag_runs(tmp_path):
     """The refusal comes at once: it waited behind the machine's build of the same tag (another worker's), and hit
-    its own deadline in a loaded CI run."""
+    its own deadline in a loaded CI run. The tag is one of this test's own (its image named apart), so that the lock
+    it holds is never one another run of the suite builds under (a flake round met one there)."""
+    root = tracked_copy(tmp_path)
+    _matrix_edit(root, "\n  name: vllm-serve\n", f"\n  name: vllm-serve-lock-{tmp_path.name.lower()}\n")
     env = dict(os.environ, DOCKER_HOST="unix:///nonexistent/docker.sock")
-    with machine_wide("build", cpu_tag(work_dir()), wait_s=5):  # another build of this tag, under way
+    with machine_wide("build", cpu_tag(root), wait_s=5):  # another build of this tag, under way
         result = subprocess.run([sys.executable, str(ROOT / "build.py"), "image", "--target", "cpu", "--force"],
-                                cwd=work_dir(), env=env, capture_output=True, text=True, timeout=120)
+                                cwd=root, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1
     assert "no Docker engine answers at unix:///nonexistent/docker.sock" in result.stderr
     assert "waiting" not in result.stderr.lower(), result.stderr
