@@ -19,6 +19,7 @@ from servekit.engines import resolve
 from servekit.engines.docker import address, reach, tunnel_command
 from servekit.engines.docker import resolve as docker_engine
 from servekit.errors import UserError
+from servekit.layout import PROFILE_LABEL, PROJECT_LABEL
 
 pytestmark = pytest.mark.xdist_group("second-engine")  # one second engine on this machine: test_release's too
 
@@ -236,9 +237,9 @@ def _on_second(url: str, *argv: str) -> subprocess.CompletedProcess:
 
 def _running(url: str | None, service: str | None = None) -> list[str]:
     """The project's containers (or one service's, running only) on the second engine, or this machine's."""
-    argv = ["ps", "-q" if service else "-aq", "--filter", f"label=com.docker.compose.project={TEST_PROJECT}"]
+    argv = ["ps", "-q" if service else "-aq", "--filter", f"label={PROJECT_LABEL}={TEST_PROJECT}"]
     if service:
-        argv += ["--filter", f"label=com.docker.compose.service={service}"]
+        argv += ["--filter", f"label={PROFILE_LABEL}={service}"]
     done = _on_second(url, *argv) if url else subprocess.run(["docker", *argv], capture_output=True, text=True)
     return done.stdout.split()
 

@@ -18,7 +18,7 @@ from support import ROOT, TEST_PROJECT, run_build_py, tracked_copy, work_dir
 from servekit.config.load import load_matrix
 from servekit.engines.docker import free_port
 from servekit.image.series import read_series
-from servekit.layout import IMAGE_UID
+from servekit.layout import IMAGE_UID, PROJECT_LABEL
 from servekit.release.localregistry import start_registry
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.xdist_group("second-engine")]  # test_fleet's too
@@ -431,7 +431,7 @@ def test_compose_on_an_engine_that_never_built_the_image_pulls_the_release_serve
         assert models.status_code == 200, models.text[:500]
         down = compose("down")
         assert down.returncode == 0, down.stderr[-2000:]
-        left = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project={project}"],
+        left = subprocess.run(["docker", "ps", "-aq", "--filter", f"label={PROJECT_LABEL}={project}"],
                               env=env, capture_output=True, text=True).stdout.split()
         assert left == [], "a plain `docker compose down` left containers of the project"
     finally:
