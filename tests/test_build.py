@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import ROOT, TEST_PROJECT, cpu_tag, docker, run_build_py, tracked_copy, work_dir
+from support import ROOT, TEST_PROJECT, cpu_tag, docker, run_build_py, tracked_copy
 
 from servekit.build.plan import plan_for, plan_targets
 from servekit.exclusive import machine_wide
