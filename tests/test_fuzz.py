@@ -32,7 +32,7 @@ from servekit.image.launcher import KnobError, build_command
 from servekit.image.standin import SMALL, VISION_SMALL, model_config
 from servekit.records.models import SCHEMA_VERSION, ReleaseManifest, RunReport, SweepReport, load
 from servekit.records.report import compare, load_report, render_markdown
-from servekit.release.publish import registry_path
+from servekit.release.naming import registry_path
 from servekit.serve.deploy import check_models_dir, published, users_settings
 
 MATRIX_TEXT = (ROOT / "images.yaml").read_text()

@@ -61,7 +61,7 @@ def test_the_prepare_init_container_reads_the_token_from_an_optional_secret():
 
 def test_before_a_release_the_image_is_named_as_release_will_push_it(tmp_path, monkeypatch):
     from servekit.build.plan import plan_targets
-    from servekit.release.publish import release_tags
+    from servekit.release.naming import release_tags
     plan = plan_targets(MATRIX, ROOT, ["cpu"])[0]
     monkeypatch.delenv("SERVEKIT_REGISTRY", raising=False)
     reference, how = k8s.image_reference(MATRIX, plan, tmp_path)  # no releases/ there

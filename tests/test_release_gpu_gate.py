@@ -12,7 +12,8 @@ from servekit.config.load import load_matrix
 from servekit.engines.card import mps_cap_bytes
 from servekit.errors import CheckFailed
 from servekit.records.models import ProfileGate, ReleaseRecord, RunReport
-from servekit.release.publish import gate, size_proof_problem, summary_text
+from servekit.release.gate import gate, size_proof_problem
+from servekit.release.publish import summary_text
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGE_ID = "sha256:" + "ab" * 32

@@ -283,7 +283,7 @@ def test_the_registry_comes_from_compose_env_as_compose_reads_it(tmp_path, monke
     """`pull` and `release` find SERVEKIT_REGISTRY where the README says to put it, compose/.env; the shell wins
     over the file and --registry over both."""
     from servekit.config.load import load_matrix
-    from servekit.release.publish import registry_path
+    from servekit.release.naming import registry_path
     matrix = load_matrix(ROOT / "images.yaml")
     (tmp_path / "compose").mkdir()
     (tmp_path / "compose" / ".env").write_text("export SERVEKIT_REGISTRY='127.0.0.1:5999/team'  # ours\n")
@@ -302,7 +302,7 @@ def test_a_registry_that_is_no_registry_path_is_refused_where_it_is_set(tmp_path
     """SERVEKIT_REGISTRY becomes the image's reference, and `pull --moving` writes that into compose/.env: a scheme,
     a space or a line break there would be a wrong image or a YAML key of its own; refused in one line naming where."""
     from servekit.config.load import load_matrix
-    from servekit.release.publish import registry_path
+    from servekit.release.naming import registry_path
     matrix = load_matrix(ROOT / "images.yaml")
     (tmp_path / "compose").mkdir()
     monkeypatch.delenv("SERVEKIT_REGISTRY", raising=False)

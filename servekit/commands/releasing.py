@@ -18,7 +18,8 @@ REGISTRY_HELP = "default: SERVEKIT_REGISTRY (the shell, else compose/.env), else
 
 
 def cmd_release(args: argparse.Namespace) -> int:
-    from servekit.release.publish import release, summary_text, verify_release
+    from servekit.release.publish import release, summary_text
+    from servekit.release.verify import verify_release
     session = open_session(args)
     if args.verify:
         problems = verify_release(session, say=channel())

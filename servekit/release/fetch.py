@@ -19,7 +19,7 @@ from servekit.engines import local
 from servekit.engines.registry import LayerBars, PushProgress, TransientRegistryError
 from servekit.errors import CheckFailed, EnvironmentProblem
 from servekit.output import Say, as_output
-from servekit.release.publish import release_tags, released_reference
+from servekit.release.naming import release_tags, released_reference
 
 
 @dataclass

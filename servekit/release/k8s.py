@@ -23,7 +23,7 @@ from servekit.errors import CheckFailed, UserError
 from servekit.image.launcher import CONTAINER_PORT, HOST_KIND_ENV
 from servekit.layout import CACHE_MOUNT, IMAGE_UID, MODELS_MOUNT
 from servekit.records.releases import released
-from servekit.release.publish import registry_path, released_reference
+from servekit.release.naming import registry_path, released_reference
 
 PORT = CONTAINER_PORT
 PROBE_PERIOD_S = 10
