@@ -15,7 +15,7 @@ import pytest
 import second_engine
 from support import ROOT, SLOT, TEST_PROJECT, compose_dir, follow_logs, run_build_py, work_dir
 
-from servekit.engines import resolve
+from servekit.engines import local, resolve
 from servekit.engines.docker import address, reach, tunnel_command
 from servekit.engines.docker import resolve as docker_engine
 from servekit.errors import UserError
@@ -261,11 +261,11 @@ def test_an_image_reaches_another_engine_by_stream_then_by_registry(second, tmp_
     assert ensure_image(engine, cpu_base) == "already there"
 
     port = free_port()
+    repository = f"127.0.0.1:{port}/test/bookworm-python"
     registry = start_registry(tmp_path / "storage", port, tmp_path / "registry.log")
+    digest = ""
     try:
-        import docker
-        repository = f"127.0.0.1:{port}/test/bookworm-python"
-        digest = push(docker.from_env(), docker.from_env().images.get(cpu_base), repository, "3.11", say=said.append)
+        digest = push(local().registries(), local_id, repository, "3.11", say=said.append)
         _on_second(second, "image", "rm", "-f", cpu_base)
         from servekit.records.models import ReleaseRecord
         release = ReleaseRecord(target="cpu", repository=repository, tags=["3.11"], registry_digest=digest,
@@ -274,7 +274,8 @@ def test_an_image_reaches_another_engine_by_stream_then_by_registry(second, tmp_
         assert _on_second(second, "image", "inspect", cpu_base, "--format", "{{.Id}}").stdout.strip() == local_id
     finally:
         registry.kill()
-        _on_second(second, "image", "rm", f"{repository}@{digest}")
+        if digest:
+            _on_second(second, "image", "rm", f"{repository}@{digest}")
         subprocess.run(["docker", "image", "rm", f"{repository}:3.11"], capture_output=True)
 
 

@@ -344,8 +344,8 @@ def test_a_login_that_expires_between_the_immutable_and_the_moving_tags(checked_
     before = manifest.read_bytes() if manifest.exists() else None
     real_push = release_mod.push
 
-    def push_then_expire(client, image, repository, tag, say):
-        pushed = real_push(client, image, repository, tag, say)
+    def push_then_expire(door, image_id, repository, tag, say):
+        pushed = real_push(door, image_id, repository, tag, say)
         if tag == immutable:
             htpasswd.write_text(htpasswd_line(USER, "the-password-after-rotation") + "\n")
         return pushed
