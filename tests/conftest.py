@@ -17,6 +17,12 @@ import summary_lines  # noqa: E402
 import support  # noqa: E402
 from support import ROOT, TEST_PROJECT, run_build_py  # noqa: E402
 
+# pytest caches a test module's rewritten asserts as bytecode; where the environment forbids bytecode
+# (PYTHONDONTWRITEBYTECODE), every worker rewrote every module at each start: about 2.5 s of each worker's collection.
+# The cache goes to the checkout's ignored .cache, never beside the sources; subprocesses keep the environment's rule.
+sys.dont_write_bytecode = False
+sys.pycache_prefix = sys.pycache_prefix or str(ROOT / ".cache" / "pycache")
+
 LEFT_ALONE = "test_left_alone.py::test_the_checkout_and_its_servers_are_as_the_tests_found_them"
 
 
