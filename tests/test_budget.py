@@ -46,7 +46,9 @@ def _patched_lines() -> list[str]:
     prefix = "(EngineCore pid=96) INFO 12-06 10:00:00 [gpu_worker.py:680] "
     return [prefix + requested, prefix + profile, prefix + "Estimated CUDA graph memory: 0.52 GiB total",
             prefix + "Available KV cache memory: 4.19 GiB",
-            prefix + "GPU KV cache size: 217,268 tokens, Maximum concurrency for 150,000 tokens per request: 1.45x"]
+            prefix + "GPU KV cache size: 217,268 tokens, Maximum concurrency for 150,000 tokens per request: 1.45x",
+            prefix + "Graph capturing finished in 12 secs, took 0.11 GiB",  # the real capture's own line: not read
+            prefix + "CUDA graph pool memory: 0.11 GiB (actual), 0.52 GiB (estimated), difference: 0.41 GiB (78.8%)."]
 
 
 def test_the_patched_info_lines_give_the_whole_budget():
@@ -54,7 +56,7 @@ def test_the_patched_info_lines_give_the_whole_budget():
     assert budget == {"total_gib": 23.56, "free_at_start_gib": 23.28, "util": 0.93, "requested_gib": 21.91,
                       "weights_gib": 14.26, "activation_peak_gib": 1.96, "non_torch_gib": 0.98, "non_kv_gib": 17.2,
                       "cudagraph_gib": 0.52, "kv_available_gib": 4.19, "kv_pool_tokens": 217268,
-                      "max_concurrency": 1.45}
+                      "max_concurrency": 1.45, "cudagraph_captured_gib": 0.11}
     assert list(budget) == [name for name in NAMES if name in budget]  # in the order a boot computes them
 
 

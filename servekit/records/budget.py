@@ -1,6 +1,6 @@
 """The memory budget vLLM computed at boot, read from its log: what the card holds, what vLLM asked for, and where it
 went (weights, the profiled activation peak, memory outside torch, the CUDA-graph estimate) before what was left
-became the KV pool. The series' memory-budget-info patch logs at INFO the figures vLLM 0.31.0 logs at DEBUG only;
+became the KV pool, and what the graphs took when captured after it. The series' memory-budget-info patch logs at INFO the figures vLLM 0.31.0 logs at DEBUG only;
 the cpu target's worker logs its own one line. A failed boot's log gives what it got to.
 
 Each figure is vLLM's own, as it printed it (GiB to two decimals); `non_torch_gib` is the one derived here: the
@@ -28,6 +28,7 @@ FIELDS = (
     ("block_size", "attention block size (tokens)"),
     ("kv_pool_tokens", "the KV pool (tokens)"),
     ("max_concurrency", "requests of max-model-len at once"),
+    ("cudagraph_captured_gib", "the CUDA graphs, as captured after the pool"),
 )
 NAMES = tuple(name for name, _ in FIELDS)
 
@@ -40,6 +41,10 @@ _LINES: tuple[tuple[re.Pattern, tuple[str, ...]], ...] = tuple((re.compile(patte
     (rf"Total non KV cache memory: {_NUMBER}GiB; torch peak memory increase: {_NUMBER}GiB; .*weights memory: "
      rf"{_NUMBER}GiB", ("non_kv_gib", "activation_peak_gib", "weights_gib")),
     (rf"Estimated CUDA graph memory: {_NUMBER} GiB total", ("cudagraph_gib",)),
+    # after the capture, the worker's line beside its estimate: the v2 model runner's profile logs no estimate of its
+    # own, and its "Graph capturing finished" line comes twice, the profile's capture first
+    (rf"CUDA graph pool memory: {_NUMBER} GiB \(actual\), {_NUMBER} GiB \(estimated\)",
+     ("cudagraph_captured_gib", "cudagraph_gib")),
     (rf"The current --gpu-memory-utilization={_NUMBER} is equivalent", ("util",)),
     (rf"Available KV cache memory: {_NUMBER} GiB", ("kv_available_gib",)),
     # --kv-cache-memory-bytes (KV_MEM): no profile of the budget, the reserve as given
