@@ -85,10 +85,58 @@ def test_setup_takes_a_whole_folder_of_parts_past_the_check(tmp_path):
     assert "1 parts checked" in done.stderr and done.returncode != 0  # then the tar says what it is
 
 
+def _tar_in_two(tmp_path) -> tuple[bytes, bytes]:
+    """A kit tar (kit/hello) cut in two parts."""
+    import tarfile
+    (tmp_path / "kit").mkdir()
+    (tmp_path / "kit" / "hello").write_text("hello")
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        tar.add(tmp_path / "kit", arcname="kit")
+    data = buffer.getvalue()
+    return data[:1000], data[1000:]
+
+
+def _arrive(folder, name: str, data: bytes) -> None:
+    """A part renamed into the folder whole, as a visit's call brings it."""
+    (folder / f".{name}").write_bytes(data)
+    (folder / f".{name}").rename(folder / name)
+
+
+@pytest.mark.parametrize("second", ["whole", "damaged", "never"])
+def test_setup_follow_uses_each_part_as_it_arrives_checked_and_gives_up_on_one_that_never_comes(tmp_path, second):
+    """--follow: setup starts while the parts are still arriving (a visit's calls bring them one by one), waits for
+    each in SHA256SUMS' order, checks it and unpacks it as it comes; a damaged part stops it, and so does one that
+    has not come a given time after the last."""
+    home = tmp_path / "home"
+    home.mkdir()
+    first, rest = _tar_in_two(tmp_path)
+    parts = tmp_path / "parts"
+    _parts(parts, **{"kit-000": first, "kit-001": rest})
+    (parts / "kit-001").unlink()
+    setup = subprocess.Popen(["bash", str(AIRGAP), "setup", str(parts), "--follow", "2"], cwd=tmp_path,
+                             stderr=subprocess.PIPE, text=True, env={"HOME": str(home), "PATH": "/usr/bin:/bin"})
+    assert setup.stderr is not None
+    assert "waiting for kit-001" in setup.stderr.readline()
+    if second != "never":
+        _arrive(parts, "kit-001", rest if second == "whole" else rest[:-1] + b"x")
+    said = setup.stderr.read()
+    assert setup.wait(timeout=60) != 0  # a kit of one file has no wheels to install
+    unpacked = home / "servekit-kit" / "kit" / "hello"
+    if second == "whole":
+        assert unpacked.read_text() == "hello" and "damaged" not in said, said
+    elif second == "damaged":
+        assert f"{parts}/kit-001: damaged; copy it again" in said and not unpacked.exists(), said
+    else:
+        assert f"{parts}/kit-001: not there after 2 s" in said and not unpacked.exists(), said
+
+
 @pytest.mark.parametrize("argv, env, says", [
     ([], {}, "airgap.sh setup PARTS_DIR"),
     (["setup"], {}, "setup: expected the folder of parts"),
     (["setup", "/nonexistent"], {}, "setup: expected the folder of parts"),
+    (["setup", ".", "--follow", "soon"], {}, "--follow soon: expected a whole number of seconds"),
+    (["setup", ".", "--wait", "5"], {}, "setup: expected the folder of parts"),
     (["run"], {}, "run: expected a command of build.py"),
     (["setup", "."], {"SERVEKIT_KIT": "HOME"}, "expected a folder of its own"),
     (["setup", "."], {"SERVEKIT_KIT": "/"}, "expected a folder of its own"),

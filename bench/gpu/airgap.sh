@@ -5,9 +5,13 @@
 # The parts come from `python bench/gpu/pack.py PARTS_DIR` on a machine with a network (docs/gpu/README.md).
 #
 # From the repository root, on the GPU host:
-#   bench/gpu/airgap.sh setup PARTS_DIR    # every part checked against SHA256SUMS (a part it does not name is
+#   bench/gpu/airgap.sh setup PARTS_DIR [--follow SECONDS]
+#                                          # every part checked against SHA256SUMS (a part it does not name is
 #                                          # refused), the host tool in .venv, the engine, the image loaded (its ID
-#                                          # checked against IMAGE), the kit's models unpacked, then `doctor`
+#                                          # checked against IMAGE), the kit's models unpacked, then `doctor`; with
+#                                          # --follow, while the parts are still arriving (each renamed into PARTS_DIR
+#                                          # whole): each is checked and used as it comes, in SHA256SUMS' order, and
+#                                          # setup gives up after SECONDS without the next
 #   bench/gpu/airgap.sh update PARTS_DIR   # an update packed with `pack.py --on-top-of`: its parts checked, the image
 #                                          # it sits on checked present, its new layers loaded (its ID checked)
 #   bench/gpu/airgap.sh run COMMAND ARGS   # python3 build.py COMMAND --target cuda ARGS (run, sweep, up, smoke...),
@@ -45,13 +49,53 @@ checked() {
     say "$(wc -l < "$dir/SHA256SUMS") parts checked"
 }
 
+# parts_named DIR PREFIX: the names SHA256SUMS gives the parts that start with PREFIX, in its order (pack's).
+parts_named() { awk -v p="$2" '{ n = $2; sub(/^\*/, "", n) } index(n, p) == 1 { print n }' "$1/SHA256SUMS"; }
+
+# arrived DIR NAME: with FOLLOW seconds, wait until NAME is in DIR (giving up FOLLOW s after the last part came), then
+# check it against SHA256SUMS; without, it was checked with the others before anything was used.
+FOLLOW=0
+last_arrival=$SECONDS
+arrived() {
+    local dir=$1 name=$2
+    (( FOLLOW > 0 )) || return 0
+    [ -f "$dir/$name" ] || say "waiting for $name"
+    until [ -f "$dir/$name" ]; do
+        (( SECONDS - last_arrival < FOLLOW )) || { say "$dir/$name: not there after $FOLLOW s; copy it and run setup again"; exit 1; }
+        sleep 1
+    done
+    last_arrival=$SECONDS
+    (cd "$dir" && named "$name" SHA256SUMS | sha256sum --check --quiet) || { say "$dir/$name: damaged; copy it again"; exit 1; }
+}
+
+# stream DIR PREFIX: the parts that start with PREFIX, each as it arrives, joined (the wait counted from its start:
+# it runs in a pipeline's subshell).
+stream() {
+    local name
+    last_arrival=$SECONDS
+    for name in $(parts_named "$1" "$2"); do
+        arrived "$1" "$name"
+        cat -- "$1/$name"
+    done
+}
+
 case "${1:-}" in
 setup)
-    [ $# -eq 2 ] && [ -d "$2" ] || { say "setup: expected the folder of parts"; usage; }
+    { [ $# -eq 2 ] || { [ $# -eq 4 ] && [ "$3" = --follow ]; }; } && [ -d "$2" ] ||
+        { say "setup: expected the folder of parts"; usage; }
+    [ $# -eq 2 ] || [[ $4 =~ ^[1-9][0-9]*$ ]] || { say "setup: --follow $4: expected a whole number of seconds"; exit 2; }
     parts=$(cd "$2" && pwd)
     started=$(date +%s)
-    checked "$parts"
-    rm -rf -- "$KIT" && mkdir -p "$KIT" && cat "$parts"/kit-* | tar -x -C "$KIT"
+    if [ $# -eq 4 ]; then
+        FOLLOW=$4
+        until [ -f "$parts/SHA256SUMS" ] && [ -f "$parts/IMAGE" ]; do
+            (( SECONDS - last_arrival < FOLLOW )) || { say "$parts: no SHA256SUMS and IMAGE after $FOLLOW s"; exit 1; }
+            sleep 1
+        done
+    else
+        checked "$parts"
+    fi
+    rm -rf -- "$KIT" && mkdir -p "$KIT" && stream "$parts" kit- | tar -x -C "$KIT"
     python3 -m venv --without-pip .venv
     site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     python3 -m pip install --quiet --no-index --no-deps --no-compile --target "$site" "$KIT"/kit/wheels/*.whl
@@ -59,7 +103,7 @@ setup)
     touch .venv/.installed
     SERVEKIT_ENGINE_PACKAGES=$KIT/kit/engine .venv/bin/python build.py engine
     read -r tag image_id < "$parts/IMAGE"
-    cat "$parts"/image-* | LD_LIBRARY_PATH=$KIT/kit/tools "$KIT/kit/tools/zstd" -d -c | docker load
+    stream "$parts" image- | LD_LIBRARY_PATH=$KIT/kit/tools "$KIT/kit/tools/zstd" -d -c | docker load
     loaded=$(docker image inspect --format '{{.Id}}' "$tag")
     [ "$loaded" = "$image_id" ] || { say "$tag loaded as $loaded, not the packed $image_id"; exit 1; }
     [ -d "$KIT/kit/models" ] && chmod -R a+rX "$KIT/kit/models"  # the image's user reads them
