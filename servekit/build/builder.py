@@ -23,7 +23,6 @@ import yaml
 from packaging.utils import canonicalize_name
 
 from servekit import credentials
-from servekit.atomic import write_text
 from servekit.build import sbom
 from servekit.build.bases import ensure_made_base
 from servekit.build.index import IndexUnreachable, release_exists
@@ -39,6 +38,7 @@ from servekit.errors import EnvironmentProblem, UserError
 from servekit.exclusive import machine_wide, one_buildkit_solve
 from servekit.image import components as components_mod
 from servekit.image import series as series_mod
+from servekit.image.boundary import write_text_atomic
 from servekit.layout import STAGE_DIR, WHEELHOUSE
 from servekit.output import Output, Say, as_output
 from servekit.trust import ca_bundle, requests_verify
@@ -376,7 +376,7 @@ def _build(matrix: Matrix, plan: TargetPlan, root: Path, workdir: Path, extra_in
     # The indexes, credentials included, as a pip configuration file outside the build context, for this build only.
     with tempfile.TemporaryDirectory(prefix="servekit-secrets-") as private:
         pip_conf = Path(private) / "pip.conf"
-        write_text(pip_conf, credentials.pip_config(
+        write_text_atomic(pip_conf, credentials.pip_config(
             credentials.with_auth(matrix.indexes["pypi"].url, "pypi"),
             [credentials.with_auth(matrix.indexes[key].url, key) for key in extra_indexes]), mode=0o600)
         with one_buildkit_solve(say=say):

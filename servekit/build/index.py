@@ -26,8 +26,8 @@ from urllib.parse import unquote, urljoin
 import requests
 from packaging.utils import canonicalize_name
 
-from servekit.atomic import write_text
 from servekit.errors import EnvironmentProblem, UserError
+from servekit.image.boundary import write_text_atomic
 from servekit.image.components import file_sha256
 from servekit.trust import requests_verify
 
@@ -196,7 +196,7 @@ def fetch_metadata(name: str, version: str, index_url: str, cache_dir: Path,
     parsed = _parse(text)
     if canonicalize_name(parsed.name or "") != canonicalize_name(name) or parsed.version != version:
         raise IndexUnreachable(f"{index_url} served metadata of {parsed.name} {parsed.version} for {name} {version}")
-    write_text(cached, json.dumps({"name": name, "version": version, "sha256": hashlib.sha256(text.encode()).hexdigest(),
+    write_text_atomic(cached, json.dumps({"name": name, "version": version, "sha256": hashlib.sha256(text.encode()).hexdigest(),
                                    "metadata": text}) + "\n")
     return parsed
 

@@ -20,13 +20,13 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from servekit.atomic import write_text
 from servekit.build.index import IndexUnreachable, release_exists
 from servekit.config.matrix import Matrix
 from servekit.config.session import Session
 from servekit.config.settings import ENV_WHEELS
 from servekit.credentials import auth, with_auth
 from servekit.errors import EnvironmentProblem, UserError
+from servekit.image.boundary import write_text_atomic
 from servekit.output import Say
 from servekit.trust import ca_bundle
 
@@ -298,7 +298,7 @@ def make_image_lock(matrix: Matrix, root: Path, target: str, python: str, wheel_
                      inputs_digest(matrix, target, python), plan.left_out)
     path = root / plan.path
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_text(path, header + body, mode=0o644)
+    write_text_atomic(path, header + body, mode=0o644)
     for dist, why in plan.left_out.items():
         say(f"lock: {plan.path}: {dist} left out: {why}")
     say(f"lock: {plan.path}: {len(read(path).packages)} packages in {time.monotonic() - started:.0f} s")
@@ -316,7 +316,7 @@ def make_host_lock(matrix: Matrix, root: Path, say: Say) -> Path:
     header = _header(["The host tool's whole package set, every file hash-checked: `make venv` installs exactly this.",
                       f"Made by `python3 build.py lock --host-tool` (uv) from {HOST_PINS}; do not edit."],
                      host_inputs_digest(root), {})
-    write_text(root / HOST_LOCK, header + body, mode=0o644)
+    write_text_atomic(root / HOST_LOCK, header + body, mode=0o644)
     say(f"lock: {HOST_LOCK}: {len(read(root / HOST_LOCK).packages)} packages in {time.monotonic() - started:.0f} s")
     return root / HOST_LOCK
 

@@ -27,11 +27,11 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from servekit.atomic import write_text
 from servekit.build.findings import Findings
 from servekit.build.index import download_wheel
 from servekit.config.session import Session
 from servekit.errors import UserError
+from servekit.image.boundary import write_text_atomic
 from servekit.image.series import PATCH_ARGS, Patch, SeriesError, _patch, apply_series, read_series
 from servekit.output import Say
 
@@ -86,7 +86,7 @@ def record_accepted(series_dir: Path, accepted: dict[str, str]) -> None:
         name = line.partition("=")[0].strip()
         if not line.lstrip().startswith("#") and name in left:
             lines[i] = f"{name}={left.pop(name)}"
-    write_text(path, "\n".join(lines + [f"{name}={reason}" for name, reason in left.items()]) + "\n", mode=0o644)
+    write_text_atomic(path, "\n".join(lines + [f"{name}={reason}" for name, reason in left.items()]) + "\n", mode=0o644)
 
 
 def _strip_comment(code: str) -> str:

@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from servekit.atomic import write_text
 from servekit.engines import EngineError
 from servekit.engines.protocol import ImageEngine
 from servekit.engines.transfer import ChunkStream
 from servekit.errors import EnvironmentProblem
+from servekit.image.boundary import write_text_atomic
 from servekit.output import Say
 
 CHUNK = 4 << 20
@@ -361,7 +361,7 @@ class _CanonicalMemory:
         self._write()
 
     def _write(self) -> None:
-        write_text(self.path, json.dumps({"images": self.images}, indent=1, sort_keys=True))
+        write_text_atomic(self.path, json.dumps({"images": self.images}, indent=1, sort_keys=True))
 
 
 # --- comparing two images ------------------------------------------------------------------------------------

@@ -10,8 +10,8 @@ import re
 import subprocess
 from pathlib import Path
 
-from servekit.atomic import write_text
 from servekit.errors import UserError
+from servekit.image.boundary import write_text_atomic
 from servekit.image.series import REQUIRED, TRAILERS, trailer
 
 PACKAGE = "vllm/"  # the diff is taken inside the package, as the series applies it (patch -p1 in site-packages/vllm)
@@ -102,7 +102,7 @@ def export(repo: Path, base: str, branch: str, out: Path) -> list[str]:
         if stale.name not in patches:
             stale.unlink()
     for name, text in patches.items():
-        write_text(out / name, text, mode=0o644)
-    write_text(out / "series", SERIES_HEADER.format(branch=branch, base=base) + "".join(f"{n}\n" for n in patches),
+        write_text_atomic(out / name, text, mode=0o644)
+    write_text_atomic(out / "series", SERIES_HEADER.format(branch=branch, base=base) + "".join(f"{n}\n" for n in patches),
                mode=0o644)
     return list(patches)

@@ -15,11 +15,11 @@ import re
 import shlex
 from pathlib import Path
 
-from servekit.atomic import write_text
 from servekit.config.matrix import Matrix
 from servekit.config.profiles import HOST_LAYERS, layers, render_profiles
 from servekit.errors import UserError
 from servekit.image import recipe
+from servekit.image.boundary import write_text_atomic
 from servekit.image.knobs import KNOBS, RENAMED, SAME_AS_SOURCE, SOURCE_NAMES, Knob
 from servekit.image.launcher import build_command
 from servekit.layout import IMAGE_CODE, STAGED
@@ -376,5 +376,5 @@ def derive_files(matrix: Matrix, root: Path, check: bool = False) -> tuple[int, 
     changed = [rel for rel, (now, wanted) in files.items() if now != wanted]
     if not check:
         for rel in changed:
-            write_text(root / rel, files[rel][1])
+            write_text_atomic(root / rel, files[rel][1])
     return len(files), changed

@@ -28,7 +28,6 @@ from pathlib import Path
 import psutil
 from packaging.utils import canonicalize_name
 
-from servekit.atomic import write_text
 from servekit.config.profiles import render_profiles
 from servekit.engines.docker import PROJECT, EngineError
 from servekit.engines.failures import prepare_failure
@@ -36,6 +35,7 @@ from servekit.engines.protocol import Deploying, ServerState
 from servekit.errors import EnvironmentProblem, UserError
 from servekit.gpu import NvmlUnavailable, list_gpus
 from servekit.image import CODE_DIR
+from servekit.image.boundary import write_text_atomic
 from servekit.image.components import MANIFEST
 from servekit.image.knobs import KNOBS
 from servekit.image.series import check_applied, settled_files, site_vllm_dir
@@ -307,7 +307,7 @@ def _launched(engine: ProcessEngine, dep: Deploying, profile: str,
     state = engine.state
     state.mkdir(parents=True, exist_ok=True)
     profiles_file = state / "profiles" / f"{dep.target}.json"  # beside the records (*.json), not among them
-    write_text(profiles_file, json.dumps(_profiles(dep, state), indent=2) + "\n")
+    write_text_atomic(profiles_file, json.dumps(_profiles(dep, state), indent=2) + "\n")
     launcher = [str(engine.python), str(CODE_DIR / "launcher.py")]
     return launcher, _environment(engine, dep, profiles_file, knobs or {}), state / f"{profile}.log"
 
@@ -351,7 +351,7 @@ def up(engine: ProcessEngine, dep: Deploying, profile: str, knobs: dict[str, str
               "bind": dep.bind, "target": dep.target, "image": dep.image,
               "started_at": dt.datetime.now(dt.UTC).isoformat(),
               "knobs": {k: v for k, v in env.items() if k in _knob_names()}}
-    write_text(state / f"{profile}.json", json.dumps(record, indent=2) + "\n")
+    write_text_atomic(state / f"{profile}.json", json.dumps(record, indent=2) + "\n")
     return ProcessServer(engine, record, popen)
 
 

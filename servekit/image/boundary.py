@@ -12,9 +12,10 @@ import os
 import re
 import shlex
 import stat
+import tempfile
 import unicodedata
 from collections.abc import Mapping
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 
 class Refused(ValueError):
@@ -150,15 +151,26 @@ def read_text(path: str | os.PathLike, max_bytes: int, follow_links: bool = True
     return text
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """`text` at `path`, whole or not at all: written beside it, flushed to disk, then renamed over it."""
-    target = os.fspath(path)
-    staging = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.tmp")
-    with open(staging, "w") as out:
-        out.write(text)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(staging, target)
+def write_text_atomic(path: str | os.PathLike, text: str, mode: int | None = None) -> None:
+    """Replace `path` by a file holding `text`, whole or not at all: written beside it under a name of its own,
+    flushed to disk, then renamed over it (a link there is replaced, never followed). Its mode is `mode`, else the
+    old file's, else 0600. The one atomic writer, the host's and the image's."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, staging = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        if mode is None and target.is_file() and not target.is_symlink():
+            mode = target.stat().st_mode & 0o777
+        if mode is not None:
+            os.chmod(staging, mode)
+        os.replace(staging, target)
+    except BaseException:
+        Path(staging).unlink(missing_ok=True)
+        raise
 
 
 def _size(n: int) -> str:

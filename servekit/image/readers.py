@@ -76,4 +76,4 @@ def load(path: Path) -> dict | None:
 
 
 def write(path: Path, doc: dict) -> None:
-    write_text_atomic(path, json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    write_text_atomic(path, json.dumps(doc, indent=2, sort_keys=True) + "\n", mode=0o644)

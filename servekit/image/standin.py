@@ -396,7 +396,7 @@ def converted(folder: Path) -> dict:
 
 
 def _write_json(path: Path, doc: dict) -> None:
-    write_text_atomic(path, json.dumps(doc, indent=2) + "\n")
+    write_text_atomic(path, json.dumps(doc, indent=2) + "\n", mode=0o644)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,10 +12,9 @@ from typing import Annotated, Any, Literal, NotRequired, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator, with_config
 from typing_extensions import TypedDict  # pydantic validates typing's TypedDict only from Python 3.12
 
-from servekit.atomic import write_text
 from servekit.errors import UserError
 from servekit.image import boundary
-from servekit.image.boundary import Refused, read_text
+from servekit.image.boundary import Refused, read_text, write_text_atomic
 from servekit.smoke import Result, all_passed
 
 SCHEMA_VERSION = 1
@@ -361,5 +360,5 @@ def load(path: Path, model: type[D]) -> D:
 def save(path: Path, record: Document) -> Path:
     """Write `record` atomically (a reader never finds it half-written)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_text(path, record.model_dump_json(indent=2) + "\n")
+    write_text_atomic(path, record.model_dump_json(indent=2) + "\n")
     return path

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from servekit.atomic import write_text
+from servekit.image.boundary import write_text_atomic
 from servekit.records.budget import FIELDS
 from servekit.records.models import RunReport, load, save
 
@@ -18,7 +18,7 @@ GiB = 2**30
 def write_report(run_dir: Path, report: RunReport, series: dict, latest: bool = True) -> Path:
     """Write the three files into run_dir and (unless told not to) point reports/latest at it."""
     save(run_dir / "report.json", report)
-    write_text(run_dir / "report.md", render_markdown(report))
+    write_text_atomic(run_dir / "report.md", render_markdown(report))
     plot_memory(run_dir / "memory.png", report, series)
     if latest:  # a new link renamed over the old: a reader never finds reports/latest missing
         link, fresh = run_dir.parent / "latest", run_dir.parent / f".latest-{os.getpid()}"

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import yaml
 
-from servekit.atomic import write_text
 from servekit.build.plan import TargetPlan, plan_for
 from servekit.config.matrix import Matrix
 from servekit.config.profiles import resolve_knobs
 from servekit.config.session import Session
 from servekit.engines import choice
 from servekit.errors import CheckFailed, UserError
+from servekit.image.boundary import write_text_atomic
 from servekit.image.launcher import CONTAINER_PORT, HOST_KIND_ENV
 from servekit.layout import CACHE_MOUNT, IMAGE_UID, MODELS_MOUNT
 from servekit.records.releases import released
@@ -123,7 +123,7 @@ def write(docs: list[dict], out: Path) -> list[Path]:
         out.mkdir(parents=True, exist_ok=True)
         for doc in docs:
             path = out / f"{doc['kind'].lower()}-{doc['metadata']['name']}.yaml"
-            write_text(path, to_yaml(doc))
+            write_text_atomic(path, to_yaml(doc))
             paths.append(path)
     except OSError as exc:
         raise UserError(f"--out {out}: cannot write the manifests there ({exc.strerror}); name a folder of yours") \

@@ -23,7 +23,6 @@ from typing import Any
 
 from dotenv import dotenv_values
 
-from servekit.atomic import write_text
 from servekit.config.derived import USER_SETTINGS
 from servekit.config.session import Session
 from servekit.engines import PROJECT, Engine, Server, ServerState, address, docker_errors, local_url, resolve
@@ -31,7 +30,15 @@ from servekit.engines.card import COMPOSE_FILE as CARD_COMPOSE
 from servekit.engines.card import MpsDaemon, mps_dir
 from servekit.engines.gpuaccess import COMPOSE_FILE as GPU_DEVICES_COMPOSE
 from servekit.errors import UserError
-from servekit.image.boundary import Missing, Refused, control_character, header_unsafe, read_secret, read_text
+from servekit.image.boundary import (
+    Missing,
+    Refused,
+    control_character,
+    header_unsafe,
+    read_secret,
+    read_text,
+    write_text_atomic,
+)
 from servekit.image.knobs import KNOBS, masked
 from servekit.image.launcher import MIN_KEY_CHARS
 from servekit.layout import IMAGE_UID
@@ -165,11 +172,11 @@ def ensure_secrets(dep: Deployment) -> Path:
     with open(os.open(folder / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)) as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two commands at once make one key, not two (the second reads the first's)
         if given and _key_in(dep.api_key_file) != given[0]:
-            write_text(dep.api_key_file, given[0] + "\n", mode=0o600)
+            write_text_atomic(dep.api_key_file, given[0] + "\n", mode=0o600)
         elif not given and _key_in(dep.api_key_file) is None:
-            write_text(dep.api_key_file, f"sk-{secrets.token_urlsafe(32)}\n", mode=0o600)
+            write_text_atomic(dep.api_key_file, f"sk-{secrets.token_urlsafe(32)}\n", mode=0o600)
         if token.is_symlink() or not token.is_file():
-            write_text(token, "", mode=0o600)
+            write_text_atomic(token, "", mode=0o600)
     for path in (dep.api_key_file, token):  # both regular files now: neither chmod nor chown follows a link
         path.chmod(0o600)
         _owned_by_container(path)
@@ -231,7 +238,7 @@ def write_env(dep: Deployment) -> Path | None:
     where = [] if dep.engine.is_local else [f"# For `python3 build.py --engine {dep.engine.given}`; docker compose "
                                             "--env-file reads it."]
     block = [ENV_BEGIN, ENV_BEGIN_2, *where, *(f"{k}={v}" for k, v in ours.items()), ENV_END]
-    write_text(dep.env_file, "".join(line + "\n" for line in [*users_lines(dep.env_file), *block]))
+    write_text_atomic(dep.env_file, "".join(line + "\n" for line in [*users_lines(dep.env_file), *block]))
     return dep.env_file
 
 

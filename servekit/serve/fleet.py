@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servekit.atomic import write_text
 from servekit.config.matrix import Matrix
 from servekit.config.session import Session
 from servekit.engines import Engine
+from servekit.image.boundary import write_text_atomic
 from servekit.output import Say, as_output
 from servekit.records.models import FleetEngine, FleetSummary, ReleaseRecord, RunReport, Table, save
 from servekit.records.releases import released
@@ -122,7 +122,7 @@ def summary(runs: list[EngineRun]) -> tuple[FleetSummary, str]:
 def write_summary(out: Path, runs: list[EngineRun]) -> tuple[FleetSummary, Path]:
     doc, markdown = summary(runs)
     save(out / "summary.json", doc)
-    write_text(out / "summary.md", markdown)
+    write_text_atomic(out / "summary.md", markdown)
     return doc, out / "summary.md"
 
 

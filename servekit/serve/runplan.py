@@ -33,12 +33,12 @@ import yaml
 from pydantic import Field, ValidationError, field_validator
 
 from servekit import engines
-from servekit.atomic import write_text
 from servekit.config.matrix import Strict
 from servekit.config.session import Session
 from servekit.engines import Engine, choice
 from servekit.errors import UserError
 from servekit.image import boundary
+from servekit.image.boundary import write_text_atomic
 from servekit.output import Say
 from servekit.records.models import RunReport
 from servekit.records.report import in_gib, load_report
@@ -174,7 +174,7 @@ def run_plan(session: Session, plan_path: Path, target: str | None, engine: Engi
                                          card=run.card)
         done[run.name] = str(folder)
         record.parent.mkdir(parents=True, exist_ok=True)
-        write_text(record, json.dumps(done, indent=2) + "\n")
+        write_text_atomic(record, json.dumps(done, indent=2) + "\n")
     return [(run, load_report(Path(done[run.name])) if run.name in done else None) for run in plan.runs], left
 
 

@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servekit.atomic import write_text
 from servekit.config.knobargs import parse_knobs
 from servekit.config.matrix import Matrix
 from servekit.config.profiles import render_profiles
 from servekit.config.session import Session
 from servekit.engines import Engine, resolve
 from servekit.errors import UserError
+from servekit.image.boundary import write_text_atomic
 from servekit.image.launcher import build_command
 from servekit.output import Say
 from servekit.records.models import RunReport, SweepCell, SweepReport, Table, save
@@ -212,7 +212,7 @@ def plot(path: Path, cells: list[Cell], knob: str) -> None:
 
 def write(out: Path, doc: SweepReport, markdown: str, cells: list[Cell], knob: str) -> None:
     save(out / "report.json", doc)
-    write_text(out / "report.md", markdown)
+    write_text_atomic(out / "report.md", markdown)
     plot(out / "sweep.png", cells, knob)
 
 
