@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CHANGES = (("torch (the CUDA libraries, torch, Triton)", "requirements-torch.txt"),
            ("vLLM, FlashInfer or a package only they need", "requirements-serving.txt"),
            ("the patch series", "series.py apply"),
-           ("the launcher, the profiles or the other image code", "COPY servekit/image/ /opt/servekit/"))
+           ("the launcher, the profiles or the other image code", "COPY servekit/image/ /opt/servekit/servekit/image/"))
 
 
 def planned_tag(target: str) -> str:

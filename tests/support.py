@@ -23,9 +23,11 @@ import threading
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
+from servekit.image import module_command
 from servekit.layout import PROJECT_LABEL
 
 ROOT = Path(__file__).resolve().parent.parent
+LAUNCHER = module_command(sys.executable, "launcher")  # the image's launcher, run as the image runs it
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 SLOTS = 10  # runs of the suite at once on one machine
 SLOT_ENV = "SERVEKIT_TEST_SLOT"

@@ -120,12 +120,9 @@ def _tensor_shapes(path: Path) -> dict:
     return {name: (spec["dtype"], spec["shape"]) for name, spec in header.items() if name != "__metadata__"}
 
 
-DEMOMODEL = ROOT / "servekit" / "build" / "demomodel.py"
-
-
 def _behaviour(image: str, folder: Path) -> dict:
-    done = docker("run", "--rm", "--entrypoint", "/opt/venv/bin/python", "-v", f"{DEMOMODEL}:/gen/demomodel.py:ro",
-                  "-v", f"{folder}:/m:ro", image, "/gen/demomodel.py", "--check", "/m")
+    done = docker("run", "--rm", "--entrypoint", "/opt/venv/bin/python", "-v", f"{folder}:/m:ro", image, "-m",
+                  "servekit.image.demomodel", "--check", "/m")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -139,9 +136,8 @@ def test_a_short_training_of_the_demo_model_learns_and_gives_a_model_that_loads_
     out = tmp_path / "model"
     out.mkdir()
     out.chmod(0o777)  # the image's user writes it
-    done = docker("run", "--rm", "--entrypoint", "/opt/venv/bin/python", "-v", f"{DEMOMODEL}:/gen/demomodel.py:ro",
-                  "-v", f"{out}:/out", cpu_image, "/gen/demomodel.py", "--out", "/out", "--steps", "40", "--ungated",
-                  timeout=900)
+    done = docker("run", "--rm", "--entrypoint", "/opt/venv/bin/python", "-v", f"{out}:/out", cpu_image, "-m",
+                  "servekit.image.demomodel", "--out", "/out", "--steps", "40", "--ungated", timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     shipped = ROOT / "docker/demo-model"
     assert {p.name for p in out.iterdir()} == {p.name for p in shipped.iterdir()}

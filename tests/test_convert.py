@@ -134,7 +134,7 @@ def test_prepare_converts_a_fetched_checkpoint_after_its_download(facts):
 def test_a_weight_no_int8_scale_can_hold_is_refused_not_converted(cpu_image):
     """A one-dimensional weight where a matrix belongs, or a weight holding NaN or infinity (whose round-trip error
     is NaN and would pass a `>=` bound), is refused by the step's own quantizer in one line."""
-    script = ("import sys, torch; sys.path.insert(0, '/opt/servekit'); import convert\n"
+    script = ("import torch\nfrom servekit.image import convert\n"
               "for w in (torch.ones(256), torch.full((2, 128), float('nan')), torch.full((2, 128), float('inf'))):\n"
               "    try:\n        convert.quantize(w, torch.float16)\n    except convert.ConvertError as exc:\n"
               "        print(exc)\n    else:\n        print('converted')\n")

@@ -96,7 +96,7 @@ def test_the_cuda_image_is_the_default_build_and_compiles_flashinfers_kernels_at
 def test_the_cuda_images_verify_passes_again_with_the_jit_compile(cuda_image):
     """The verify step the build ran, run once more in the image: every check, the JIT compile for sm_86
     and sm_89 included, as the image's own user."""
-    done = _in_image(cuda_image, "/opt/servekit/verify.py", "--build-info", "/opt/servekit/build-info.json",
+    done = _in_image(cuda_image, "-m", "servekit.image.verify", "--build-info", "/opt/servekit/build-info.json",
                      "--profiles", "/opt/servekit/profiles.json", "--series-dir", "/opt/servekit/patches")
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert "compiled and linked a curand kernel for sm 8.6, 8.9" in done.stdout
@@ -111,7 +111,8 @@ def test_the_cuda_image_installs_its_lock_in_layers_torch_first_then_vllm(cuda_i
     history = docker("history", "--no-trunc", "--format", "{{.CreatedBy}}\t{{.Size}}", cuda_image).stdout
     steps = [line.split("\t") for line in reversed(history.strip().splitlines())]
     index = {marker: next(i for i, (step, _) in enumerate(steps) if marker in step)
-             for marker in ("requirements-torch.txt", "requirements-serving.txt", "series.py apply", "verify.py")}
+             for marker in ("requirements-torch.txt", "requirements-serving.txt", "servekit.image.series apply",
+                           "servekit.image.verify")}
     assert list(index.values()) == sorted(index.values())
     probe = _in_image(cuda_image, "-c", "import torch, vllm, triton; print(torch.__file__, vllm.__file__)")
     assert probe.returncode == 0, probe.stderr[-2000:]

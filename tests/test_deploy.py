@@ -15,6 +15,7 @@ import pytest
 import requests
 import yaml
 from support import (
+    LAUNCHER,
     ROOT,
     TEST_PORT,
     TEST_PROJECT,
@@ -146,10 +147,10 @@ def test_a_half_prepared_model_is_redone_and_never_served(tmp_path):
     key = tmp_path / "key"
     key.write_text("sk-a-key-long-enough-to-serve\n")
     env = {"SERVEKIT_PROFILES": str(profiles), "PATH": os.environ["PATH"], "API_KEY_FILE": str(key)}
-    refused = subprocess.run([sys.executable, str(ROOT / "servekit/image/launcher.py"), "serve", "default"], env=env,
+    refused = subprocess.run([*LAUNCHER, "serve", "default"], env=env,
                              capture_output=True, text=True)
     assert refused.returncode == 2 and "missing or incomplete" in refused.stderr
-    done = subprocess.run([sys.executable, str(ROOT / "servekit/image/launcher.py"), "prepare"], env=env,
+    done = subprocess.run([*LAUNCHER, "prepare"], env=env,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert (dest / "weights").read_text() == "whole" and (dest / COMPLETE).is_file()

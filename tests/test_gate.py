@@ -8,13 +8,12 @@ import json
 import re
 import shlex
 import subprocess
-import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from support import ROOT
+from support import LAUNCHER, ROOT
 
 from servekit.config.load import load_matrix
 from servekit.config.profiles import render_profiles
@@ -365,12 +364,12 @@ def test_the_launcher_says_which_exported_variables_are_inert_once(tmp_path):
     profiles.write_text(json.dumps(CUDA))
     env = {"SERVEKIT_PROFILES": str(profiles), "SERVEKIT_ENV_READERS": str(record), "PRINT_ARGV": "1",
            "PATH": "/usr/bin:/bin"}
-    done = subprocess.run([sys.executable, str(ROOT / "servekit/image/launcher.py"), "serve", "alternative"], env=env,
+    done = subprocess.run([*LAUNCHER, "serve", "alternative"], env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert 'launcher: profile alternative: inert ["VLLM_DFLASH2_LOOKUP", "VLLM_INT4_MQ_3D"]' in done.stderr
     assert done.stderr.count("nothing in this image reads VLLM_DFLASH2_LOOKUP, VLLM_INT4_MQ_3D") == 1
-    done = subprocess.run([sys.executable, str(ROOT / "servekit/image/launcher.py"), "serve", "alternative"],
+    done = subprocess.run([*LAUNCHER, "serve", "alternative"],
                           env={k: v for k, v in env.items() if k != "SERVEKIT_ENV_READERS"}, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0 and "inert" not in done.stderr  # no record here (a checkout): no claim either way

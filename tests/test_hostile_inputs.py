@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from support import ROOT
+from support import LAUNCHER, ROOT
 
 GOOD = (ROOT / "images.yaml").read_text()
 
@@ -287,7 +287,7 @@ def test_a_hostile_token_file_stops_the_download_before_any_request(tmp_path, ki
                                               "served_name": "m", "drafters": {}}, "profiles": {}, "hosts": {}}))
     env = {"SERVEKIT_PROFILES": str(profiles), "HF_ENDPOINT": "http://127.0.0.1:9", "PATH": os.environ["PATH"],
            "HF_TOKEN_FILE": str(_hostile_file(tmp_path, kind, "hf_" + "t" * 30))}
-    done = subprocess.run([sys.executable, str(ROOT / "servekit/image/launcher.py"), "prepare"], env=env,
+    done = subprocess.run([*LAUNCHER, "prepare"], env=env,
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 1 and done.stderr.strip().splitlines()[-1].startswith("prepare: error: HF_TOKEN_FILE"), \
         done.stderr
@@ -643,7 +643,7 @@ def test_a_checkpoint_file_that_leads_out_of_its_folder_is_refused_and_nothing_w
     elif journal is not None:
         (folder / JOURNAL_FILE).write_text(journal if isinstance(journal, str) else json.dumps(journal))
     before = {p: (p.read_bytes() if p.is_file() and not p.is_fifo() else None) for p in tmp_path.rglob("*")}
-    done = subprocess.run([sys.executable, str(ROOT / "servekit/image/launcher.py"), "prepare"], env=env,
+    done = subprocess.run([*LAUNCHER, "prepare"], env=env,
                           capture_output=True, text=True, timeout=30)
     last = done.stderr.strip().splitlines()[-1]
     assert done.returncode == 1 and last.startswith("prepare: error: ") and says in last, done.stderr
@@ -658,7 +658,7 @@ def test_a_conversion_setting_that_is_neither_on_nor_off_stops_prepare_before_an
     folder, _, env = _converting_folder(tmp_path)
     (folder / ".servekit-complete").unlink()  # not prepared: a download would come next
     env = {**env, "HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9", "QUANT_EMBED": value}
-    done = subprocess.run([sys.executable, str(ROOT / "servekit/image/launcher.py"), "prepare"], env=env,
+    done = subprocess.run([*LAUNCHER, "prepare"], env=env,
                           capture_output=True, text=True, timeout=30)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 1 and len(lines) == 1, done.stderr
@@ -712,8 +712,7 @@ def test_a_model_folder_prepare_may_not_write_is_refused_in_one_line(shared_tmp)
     env = {**env, "QUANT_LM_HEAD": "0", "QUANT_EMBED": "0", "QUANT_MTP": "0"}
     (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
         "mtp.fc.weight": "model-1.safetensors"}}))  # a BF16 MTP linear: its name goes into the config's ignore
-    done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
-                           str(ROOT / "servekit/image/launcher.py"), "prepare"], env=env, capture_output=True,
+    done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *LAUNCHER, "prepare"], env=env, capture_output=True,
                           text=True, timeout=30)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
-import sys
 
 import pytest
-from support import ROOT
+from support import LAUNCHER, ROOT
 
 from servekit.config.load import load_matrix
 from servekit.config.profiles import render_profiles, resolve_knobs
@@ -110,7 +109,7 @@ def test_the_launcher_tells_wsl2_by_its_kernel_unless_told(tmp_path, release, en
     osrelease.write_text(release)
     env = {"SERVEKIT_PROFILES": str(profiles), "PRINT_ARGV": "1", "SERVEKIT_OSRELEASE": str(osrelease),
            "PATH": "/usr/bin:/bin", **environ}
-    done = subprocess.run([sys.executable, str(ROOT / "servekit/image/launcher.py"), "serve", "batch"], env=env,
+    done = subprocess.run([*LAUNCHER, "serve", "batch"], env=env,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     expected_argv, expected_env = build_command(CUDA, "batch", host, {})
@@ -139,12 +138,12 @@ def test_print_argv_masks_the_key_and_exits(tmp_path):
     key = tmp_path / "key"
     key.write_text("sk-secret-value-0123\n")
     env = {"SERVEKIT_PROFILES": str(profiles), "PRINT_ARGV": "1", "API_KEY_FILE": str(key), "PATH": "/usr/bin:/bin"}
-    done = subprocess.run([sys.executable, str(ROOT / "servekit/image/launcher.py")], env=env, capture_output=True, text=True)
+    done = subprocess.run([*LAUNCHER], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "--enforce-eager" in done.stdout and "VLLM_API_KEY=***" in done.stdout
     assert "sk-secret-value-0123" not in done.stdout + done.stderr
     env["PREFIX_CACHE"] = "maybe"
-    done = subprocess.run([sys.executable, str(ROOT / "servekit/image/launcher.py")], env=env, capture_output=True, text=True)
+    done = subprocess.run([*LAUNCHER], env=env, capture_output=True, text=True)
     assert done.returncode == 2 and "PREFIX_CACHE='maybe'" in done.stderr
 
 
@@ -160,7 +159,7 @@ def test_no_key_no_server(tmp_path, key_text, why):
         if key_text != "missing":
             key.write_text(key_text)
         env["API_KEY_FILE"] = str(key)
-    done = subprocess.run([sys.executable, str(ROOT / "servekit/image/launcher.py")], env=env, capture_output=True,
+    done = subprocess.run([*LAUNCHER], env=env, capture_output=True,
                           text=True)
     assert done.returncode == 2 and done.stdout == ""
     assert len(done.stderr.strip().splitlines()) == 1 and "refusing to start: no API key" in done.stderr
@@ -173,7 +172,7 @@ def test_print_argv_needs_no_key_and_says_that_serve_would_refuse(tmp_path):
     profiles = tmp_path / "profiles.json"
     profiles.write_text(json.dumps(CPU))
     env = {"SERVEKIT_PROFILES": str(profiles), "PRINT_ARGV": "1", "PATH": "/usr/bin:/bin"}
-    done = subprocess.run([sys.executable, str(ROOT / "servekit/image/launcher.py")], env=env, capture_output=True,
+    done = subprocess.run([*LAUNCHER], env=env, capture_output=True,
                           text=True)
     assert done.returncode == 0 and done.stdout.startswith("vllm serve ") and "VLLM_API_KEY" not in done.stdout
     assert "no API key: API_KEY_FILE is not set; serve would refuse to start without one" in done.stderr
@@ -183,7 +182,7 @@ def test_a_profile_that_says_auth_none_serves_without_a_key_and_says_so(tmp_path
     profiles = tmp_path / "profiles.json"
     profiles.write_text(json.dumps({**CPU, "without_key": ["default"]}))
     env = {"SERVEKIT_PROFILES": str(profiles), "PRINT_ARGV": "1", "PATH": "/usr/bin:/bin"}
-    done = subprocess.run([sys.executable, str(ROOT / "servekit/image/launcher.py")], env=env, capture_output=True,
+    done = subprocess.run([*LAUNCHER], env=env, capture_output=True,
                           text=True)
     assert done.returncode == 0 and "VLLM_API_KEY" not in done.stdout
     assert "serves WITHOUT an API key" in done.stderr

@@ -261,7 +261,7 @@ def test_the_dockerfile_copies_only_the_image_folder_and_what_the_build_stages()
                for src in line.split()[1:-1]]
     allowed = (f"{IMAGE_CODE}/", *(f"{path}/" for path in STAGED))
     assert sources and all(src.startswith(allowed) for src in sources), sources
-    assert f"COPY {IMAGE_CODE}/ /opt/servekit/" in dockerfile
+    assert f"COPY {IMAGE_CODE}/ /opt/servekit/{IMAGE_CODE}/" in dockerfile
     ignore = [line for line in (ROOT / ".dockerignore").read_text().splitlines() if line.startswith("!")]
     assert sorted(ignore) == sorted(f"!{a}" for a in allowed)
     inputs = build_inputs(load_matrix(ROOT / "images.yaml"), "cpu", ROOT, "3.11")
@@ -294,7 +294,7 @@ def test_the_dockerfile_installs_the_locks_layers_in_order_before_the_series():
     from servekit.build.locks import LAYERS
     dockerfile = (ROOT / "docker/Dockerfile").read_text()
     installs = [dockerfile.index(f"install_locked.sh /opt/servekit/requirements-{layer}.txt") for layer in LAYERS]
-    assert installs == sorted(installs) and installs[-1] < dockerfile.index("series.py apply")
+    assert installs == sorted(installs) and installs[-1] < dockerfile.index("servekit.image.series apply")
 
 
 def test_a_made_base_leaves_out_apts_downloads_and_docs_but_each_copyright(tmp_path):

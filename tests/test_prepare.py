@@ -8,7 +8,6 @@ import json
 import os
 import struct
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -16,9 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from standins.hub_server import COMMIT, Hub, repo_files, shard_bytes
-from support import ROOT, serving
-
-LAUNCHER = ROOT / "servekit/image/launcher.py"
+from support import LAUNCHER, ROOT, serving
 
 
 @pytest.fixture
@@ -46,7 +43,7 @@ def _profiles(tmp_path: Path, **model) -> Path:
 
 def _prepare(profiles: Path, endpoint: str, **settings: str) -> subprocess.CompletedProcess:
     env = {"SERVEKIT_PROFILES": str(profiles), "HF_ENDPOINT": endpoint, "PATH": os.environ["PATH"], **settings}
-    return subprocess.run([sys.executable, str(LAUNCHER), "prepare"], env=env, capture_output=True, text=True,
+    return subprocess.run([*LAUNCHER, "prepare"], env=env, capture_output=True, text=True,
                           timeout=120)
 
 
@@ -136,7 +133,7 @@ def test_a_branch_is_resolved_to_one_commit_and_every_file_comes_from_it(tmp_pat
 def test_two_prepares_at_once_download_once(tmp_path, hub):
     profiles = _profiles(tmp_path)
     env = {"SERVEKIT_PROFILES": str(profiles), "HF_ENDPOINT": hub, "PATH": os.environ["PATH"]}
-    procs = [subprocess.Popen([sys.executable, str(LAUNCHER), "prepare"], env=env, stderr=subprocess.PIPE, text=True)
+    procs = [subprocess.Popen([*LAUNCHER, "prepare"], env=env, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]
     errs = [p.communicate(timeout=120)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], errs
@@ -156,7 +153,7 @@ def test_a_profile_whose_drafter_is_missing_is_refused_before_vllm_starts(tmp_pa
     profiles.write_text(json.dumps(rendered))
     key.write_text("sk-a-key-long-enough-to-serve")
     env = {"SERVEKIT_PROFILES": str(profiles), "API_KEY_FILE": str(key), "PATH": os.environ["PATH"]}
-    done = subprocess.run([sys.executable, str(LAUNCHER), "serve", "alternative"], env=env, capture_output=True,
+    done = subprocess.run([*LAUNCHER, "serve", "alternative"], env=env, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip() == (f"launcher: refusing to start: the drafter this profile needs in {drafter['path']} "
@@ -177,15 +174,15 @@ def test_a_model_you_already_have_is_used_where_it_is_and_checked_whole(tmp_path
     key.write_text("sk-a-key-long-enough-to-serve")
     env = {"SERVEKIT_PROFILES": str(profiles), "API_KEY_FILE": str(key), "MODEL_DIR": str(mine),
            "PATH": os.environ["PATH"], "HF_ENDPOINT": hub}
-    printed = subprocess.run([sys.executable, str(LAUNCHER), "serve", "batch"], env={**env, "PRINT_ARGV": "1"},
+    printed = subprocess.run([*LAUNCHER, "serve", "batch"], env={**env, "PRINT_ARGV": "1"},
                              capture_output=True, text=True, timeout=60)
     assert printed.returncode == 0 and f"--model {mine} " in printed.stdout
     shard = next(mine.glob("*.safetensors"))
     shard.write_bytes(shard.read_bytes()[:-10])  # a copy cut short
-    done = subprocess.run([sys.executable, str(LAUNCHER), "serve", "batch"], env=env, capture_output=True, text=True,
+    done = subprocess.run([*LAUNCHER, "serve", "batch"], env=env, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 2 and f"the model in {mine} is missing or incomplete" in done.stderr
-    prepared = subprocess.run([sys.executable, str(LAUNCHER), "prepare"], env=env, capture_output=True, text=True,
+    prepared = subprocess.run([*LAUNCHER, "prepare"], env=env, capture_output=True, text=True,
                               timeout=60)
     assert prepared.returncode == 1 and "not a whole model" in prepared.stderr and shard.name in prepared.stderr
 
@@ -214,18 +211,18 @@ def test_a_models_folder_of_the_sources_is_served_where_it_is_and_never_fetched_
     key.write_text("sk-a-key-long-enough-to-serve")
     env = {"SERVEKIT_PROFILES": str(profiles), "API_KEY_FILE": str(key), "PATH": os.environ["PATH"],
            "HF_ENDPOINT": "http://127.0.0.1:9"}  # nothing answers: a fetch would fail
-    prepared = subprocess.run([sys.executable, str(LAUNCHER), "prepare"], env=env, capture_output=True, text=True,
+    prepared = subprocess.run([*LAUNCHER, "prepare"], env=env, capture_output=True, text=True,
                               timeout=60)
     assert prepared.returncode == 0, prepared.stderr
     assert not (models / "ours").exists() and not (models / "ours-dflash").exists()
-    printed = subprocess.run([sys.executable, str(LAUNCHER), "serve", "alternative"], env={**env, "PRINT_ARGV": "1"},
+    printed = subprocess.run([*LAUNCHER, "serve", "alternative"], env={**env, "PRINT_ARGV": "1"},
                              capture_output=True, text=True, timeout=60)
     assert printed.returncode == 0, printed.stderr
     assert f"--model {models / theirs['model']} " in printed.stdout
     assert f'"model": "{models / theirs["drafter"]}"' in printed.stdout
     shard = next((models / theirs["model"]).glob("*.safetensors"))
     shard.write_bytes(shard.read_bytes()[:-10])  # the source's download cut short: not served, not written into
-    fetched = subprocess.run([sys.executable, str(LAUNCHER), "prepare"], env={**env, "HF_ENDPOINT": hub},
+    fetched = subprocess.run([*LAUNCHER, "prepare"], env={**env, "HF_ENDPOINT": hub},
                              capture_output=True, text=True, timeout=120)
     assert fetched.returncode == 0, fetched.stderr
     assert (models / "ours" / ".servekit-complete").is_file() and not (models / "ours-dflash").exists()
@@ -247,11 +244,11 @@ def test_prepare_for_a_profile_fetches_only_what_it_serves(tmp_path, hub):
     profiles = tmp_path / "profiles.json"
     profiles.write_text(json.dumps(rendered))
     env = {"SERVEKIT_PROFILES": str(profiles), "MODEL_DIR": str(mine), "PATH": os.environ["PATH"]}
-    offline = subprocess.run([sys.executable, str(LAUNCHER), "prepare", "mtp"], capture_output=True, text=True,
+    offline = subprocess.run([*LAUNCHER, "prepare", "mtp"], capture_output=True, text=True,
                              env={**env, "HF_ENDPOINT": "http://127.0.0.1:9"}, timeout=60)
     assert offline.returncode == 0, offline.stderr
     assert not (tmp_path / "m-dflash").exists()
-    for_alternative = subprocess.run([sys.executable, str(LAUNCHER), "prepare", "alternative"], capture_output=True,
+    for_alternative = subprocess.run([*LAUNCHER, "prepare", "alternative"], capture_output=True,
                                      text=True, env={**env, "HF_ENDPOINT": hub}, timeout=60)
     assert for_alternative.returncode == 0, for_alternative.stderr
     assert (tmp_path / "m-dflash" / ".servekit-complete").is_file()
@@ -389,7 +386,7 @@ def test_profiles_that_are_missing_or_not_profiles_are_refused_in_one_line(tmp_p
     if content is not None:
         profiles.write_text(content)
     for command in ("prepare", "serve"):
-        done = subprocess.run([sys.executable, str(LAUNCHER), command], capture_output=True, text=True, timeout=60,
+        done = subprocess.run([*LAUNCHER, command], capture_output=True, text=True, timeout=60,
                               env={"SERVEKIT_PROFILES": str(profiles), "PATH": os.environ["PATH"]})
         assert done.returncode == 2
         assert _last_line(done).startswith(f"launcher: refusing to start: {profiles}: ")

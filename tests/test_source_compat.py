@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from support import ROOT, tracked_copy
+from support import LAUNCHER, ROOT, tracked_copy
 
 from servekit.errors import UserError
 from servekit.serve.deploy import Deployment, ensure_secrets, published, write_env
@@ -124,7 +124,7 @@ def test_host_is_the_address_vllm_listens_on_and_the_host_kind_has_its_own_name(
     profiles.write_text(json.dumps(render_profiles(load_matrix(ROOT / "images.yaml"), "cuda")))
     env = {"SERVEKIT_PROFILES": str(profiles), "PRINT_ARGV": "1", "PATH": "/usr/bin:/bin", "HOST": "127.0.0.1",
            "SERVEKIT_HOST": "wsl2", "VLLM_API_KEY": "sk-" + "k" * 30}
-    done = subprocess.run([sys.executable, str(ROOT / "servekit/image/launcher.py"), "serve", "alternative"], env=env,
+    done = subprocess.run([*LAUNCHER, "serve", "alternative"], env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     argv = done.stdout.splitlines()[0]

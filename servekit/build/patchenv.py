@@ -12,7 +12,7 @@ from servekit.build.builder import replace_tree, stage_components
 from servekit.build.plan import plan_for
 from servekit.config.session import Session
 from servekit.errors import UserError
-from servekit.image import CODE_DIR
+from servekit.image import module_command, module_env
 from servekit.image.components import MANIFEST
 from servekit.image.series import check_applied, read_series, settled_files, site_vllm_dir
 from servekit.layout import staged_env
@@ -43,11 +43,11 @@ def patch_environment(session: Session, target: str, python: str, say: Say = pri
     if len(unapplied) != len(mine):
         raise UserError(f"{vllm_dir}: the series is applied in part ({unapplied[0]}); reinstall vLLM there "
                         "(pip install --force-reinstall --no-deps) and run patch-env again")
-    for script, args in (("series.py", ["apply", "--series-dir", str(staged / "patches"), "--target", target]),
-                         ("components.py", ["install", "--spec", str(staged / "components" / "components.json"),
-                                            "--components-dir", str(staged / "components")])):
-        done = subprocess.run([sys.executable, str(CODE_DIR / script), *args, "--python", str(interpreter)],
-                              capture_output=True, text=True)
+    for script, args in (("series", ["apply", "--series-dir", str(staged / "patches"), "--target", target]),
+                         ("components", ["install", "--spec", str(staged / "components" / "components.json"),
+                                         "--components-dir", str(staged / "components")])):
+        done = subprocess.run([*module_command(sys.executable, script), *args, "--python", str(interpreter)],
+                              capture_output=True, text=True, env=module_env(os.environ))
         for line in (done.stdout + done.stderr).splitlines():
             say(f"patch-env: {line}")
         if done.returncode != 0:

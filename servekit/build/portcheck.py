@@ -32,7 +32,7 @@ from servekit.build.index import download_wheel
 from servekit.config.session import Session
 from servekit.errors import UserError
 from servekit.image.boundary import write_text_atomic
-from servekit.image.series import PATCH_ARGS, Patch, SeriesError, _patch, apply_series, read_series
+from servekit.image.series import PATCH_ARGS, Patch, SeriesError, apply_series, read_series, run_patch
 from servekit.output import Say
 
 IDENTIFIER = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]{3,}\b")
@@ -400,7 +400,7 @@ def applies(series_dir: Path, new: Path, target: str, versions: str) -> Report:
     for patch in read_series(series_dir):
         if not patch.applies_to(target):
             continue
-        done = _patch(PATCH_ARGS, patch.path, new)
+        done = run_patch(PATCH_ARGS, patch.path, new)
         offsets = re.findall(r"^Hunk #\d+ succeeded at \d+ \(offset (-?\d+) lines?\)", done.stdout, re.M)
         if done.returncode != 0:
             out.failures += 1

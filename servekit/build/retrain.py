@@ -1,4 +1,4 @@
-"""`demo-model`: train the shipped demo model again inside the cpu image (demomodel.py is the trainer) and swap it
+"""`demo-model`: train the shipped demo model again inside the cpu image (servekit/image/demomodel.py, the image's own, is the trainer) and swap it
 in for the shipped folder at once."""
 
 from __future__ import annotations
@@ -6,12 +6,12 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from servekit.build import demomodel
 from servekit.build.builder import ensure_built
 from servekit.config.session import Session
 from servekit.engines import local
 from servekit.engines.protocol import ImageEngine
 from servekit.errors import UserError
+from servekit.image import demomodel, module_command
 from servekit.output import Say
 
 
@@ -23,8 +23,8 @@ def regenerate(engine: ImageEngine, image: str, dest: Path, say: Say = print, st
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     try:
-        engine.run_once(image, ["/opt/venv/bin/python", "/gen/demomodel.py", "--out", "/out", "--steps", str(steps)],
-                        mounts={Path(demomodel.__file__).resolve(): "/gen/demomodel.py", work.resolve(): "/out"}, say=say)
+        engine.run_once(image, [*module_command("/opt/venv/bin/python", "demomodel"), "--out", "/out", "--steps",
+                                str(steps)], mounts={work.resolve(): "/out"}, say=say)
         for path in work.iterdir():
             path.chmod(0o644)
         old = dest.parent / f".{dest.name}.old"

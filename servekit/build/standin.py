@@ -11,6 +11,7 @@ from servekit.build.plan import plan_for
 from servekit.config.session import Session
 from servekit.engines import choice, local
 from servekit.errors import UserError
+from servekit.image import module_command
 from servekit.output import Say
 
 CONTAINER_OUT = "/out"
@@ -66,7 +67,7 @@ def write_stand_in(session: Session, out: Path, drafter: bool, seed: int, scale:
         raise UserError(f"stand-in: {image} is not here; run `python3 build.py image --target {target}` first")
     with _out_folder(out):  # made only once the image is there: a refused run leaves nothing behind
         out.mkdir(parents=True, exist_ok=True)
-    command = ["/opt/venv/bin/python", "/opt/servekit/standin.py", "--out", f"{CONTAINER_OUT}/{served.source_folder}",
+    command = [*module_command("/opt/venv/bin/python", "standin"), "--out", f"{CONTAINER_OUT}/{served.source_folder}",
                "--tokenizer", CONTAINER_TOKENIZER, "--seed", str(seed), "--scale", scale]
     if drafter_folder:
         command += ["--drafter", f"{CONTAINER_OUT}/{drafter_folder}"]

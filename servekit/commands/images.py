@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 
 from servekit import arguments
-from servekit.build.demomodel import STEPS
 from servekit.commands.console import channel, emit_json, open_session
 from servekit.commands.parsing import Commands
+from servekit.image.demomodel import STEPS
 
 # Each command imports its stage when it runs, inside its function: `--help`, completion and a refused argument
 # answer in a tenth of a second, without loading the engine's SDK, pydantic or Rich (a second and more).

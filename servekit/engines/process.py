@@ -34,7 +34,7 @@ from servekit.engines.failures import prepare_failure
 from servekit.engines.protocol import Deploying, ServerState
 from servekit.errors import EnvironmentProblem, UserError
 from servekit.gpu import NvmlUnavailable, list_gpus
-from servekit.image import CODE_DIR
+from servekit.image import module_command, module_env
 from servekit.image.boundary import write_text_atomic
 from servekit.image.components import MANIFEST
 from servekit.image.knobs import KNOBS
@@ -296,8 +296,8 @@ def _environment(engine: ProcessEngine, dep: Deploying, profiles_file: Path,
            "API_KEY_FILE": str(dep.api_key_file), "HF_TOKEN_FILE": str(dep.api_key_file.parent / "hf_token"),
            "HOST": dep.bind, "PORT": str(dep.port), "PYTHONUNBUFFERED": "1",
            "PATH": f"{engine.prefix / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", **knobs}
-    env.pop("PYTHONPATH", None)  # the launcher imports its siblings; the environment's own packages come first
-    return env
+    env.pop("PYTHONPATH", None)  # the environment's own packages, and the launcher's package from this checkout
+    return module_env(env)
 
 
 def _launched(engine: ProcessEngine, dep: Deploying, profile: str,
@@ -308,7 +308,7 @@ def _launched(engine: ProcessEngine, dep: Deploying, profile: str,
     state.mkdir(parents=True, exist_ok=True)
     profiles_file = state / "profiles" / f"{dep.target}.json"  # beside the records (*.json), not among them
     write_text_atomic(profiles_file, json.dumps(_profiles(dep, state), indent=2) + "\n")
-    launcher = [str(engine.python), str(CODE_DIR / "launcher.py")]
+    launcher = module_command(str(engine.python), "launcher")
     return launcher, _environment(engine, dep, profiles_file, knobs or {}), state / f"{profile}.log"
 
 

@@ -19,10 +19,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-try:
-    from .series import PATCH_ARGS, SeriesError, _failure, parse_patch, site_vllm_dir
-except ImportError:  # run as a script inside the image, beside series.py
-    from series import PATCH_ARGS, SeriesError, _failure, parse_patch, site_vllm_dir  # type: ignore[no-redef]
+from .series import PATCH_ARGS, SeriesError, parse_patch, patch_failure, site_vllm_dir
 
 MANIFEST = "component-manifest.json"
 
@@ -64,7 +61,7 @@ def install(name: str, source: Path, patches: list[str], vllm_dir: Path, checks:
             done = subprocess.run(["patch", *args, "-i", str(patch.path.resolve())], cwd=vllm_dir, capture_output=True,
                                   text=True)
             if done.returncode != 0:  # a hunk that did not land is an error, never skipped
-                raise SeriesError(f"component {name}: " + _failure(patch, done.stdout + done.stderr))
+                raise SeriesError(f"component {name}: " + patch_failure(patch, done.stdout + done.stderr))
         changed += patch.files
     say(f"== component {name}: {len(added)} files, {len(patches)} patches")
     return {"name": name, "files": {rel: file_sha256(vllm_dir / rel) for rel in sorted(set(added + changed))},

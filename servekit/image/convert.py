@@ -28,12 +28,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-try:
-    from .boundary import Missing, Refused, read_text, switch_setting, write_text_atomic
-    from .hub import shard_name_problem
-except ImportError:  # run as a script inside the image, beside boundary.py
-    from boundary import Missing, Refused, read_text, switch_setting, write_text_atomic  # type: ignore[no-redef]
-    from hub import shard_name_problem  # type: ignore[no-redef]
+from .boundary import Missing, Refused, read_text, switch_setting, write_text_atomic
+from .hub import shard_name_problem
 
 INDEX = "model.safetensors.index.json"
 JOURNAL = ".servekit-convert.json"
@@ -348,7 +344,7 @@ def _write_json(path: Path, doc: dict) -> None:
 
 
 
-if __name__ == "__main__":  # python convert.py FOLDER: the steps on one folder, as prepare runs them
+if __name__ == "__main__":  # python -m servekit.image.convert FOLDER: the steps on one folder, as prepare runs them
     try:
         convert(Path(sys.argv[1]), dict(os.environ))
     except ConvertError as exc:

@@ -21,10 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-try:
-    from .boundary import number_setting, read_text
-except ImportError:  # run as a script inside the image, beside boundary.py
-    from boundary import number_setting, read_text  # type: ignore[no-redef]
+from .boundary import number_setting, read_text
 
 T = TypeVar("T")
 INDEX = "model.safetensors.index.json"  # names the shards; a folder you provide is judged by it

@@ -11,10 +11,7 @@ import math
 import re
 from dataclasses import dataclass
 
-try:
-    from .boundary import FALSE_WORDS, TRUE_WORDS, control_character
-except ImportError:  # run as a script inside the image, beside boundary.py
-    from boundary import FALSE_WORDS, TRUE_WORDS, control_character  # type: ignore[no-redef]
+from .boundary import FALSE_WORDS, TRUE_WORDS, control_character
 
 # vllm serve's flags that carry a secret. EXTRA_ARGS may not hold them: the key travels in API_KEY_FILE (or
 # VLLM_API_KEY), the token in HF_TOKEN_FILE, never on a command line that a process list, the server's log, `ps`

@@ -14,26 +14,20 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-try:
-    from . import readers, recipe
-    from .boundary import Refused, argv_words, control_character, header_unsafe, read_secret, read_text
-    from .knobs import KNOBS, RENAMED, masked
-except ImportError:  # run as a script inside the image, beside knobs.py and recipe.py
-    import readers  # type: ignore[no-redef]
-    import recipe  # type: ignore[no-redef]
-    from boundary import Refused, argv_words, control_character, header_unsafe, read_secret, read_text  # type: ignore[no-redef]
-    from knobs import KNOBS, RENAMED, masked  # type: ignore[no-redef]
+from . import PACKAGE_ROOT, readers, recipe
+from .boundary import Refused, argv_words, control_character, header_unsafe, read_secret, read_text
+from .knobs import KNOBS, RENAMED, masked
 
 CONTAINER_PORT = 8000  # where vLLM listens inside the container: the Dockerfile and Compose use it (a test ties them)
 HOST_KIND_ENV = "SERVEKIT_HOST"  # which host of images.yaml this is (native, wsl2); HOST is the source's bind address
 MIN_KEY_CHARS = 16  # a shorter key (an empty file above all) is no key: the host regenerates one this short or shorter
 PROFILES_MAX_BYTES = 4 << 20
-PROFILES_FILE = Path(os.environ.get("SERVEKIT_PROFILES", Path(__file__).resolve().parent / "profiles.json"))
+PROFILES_FILE = Path(os.environ.get("SERVEKIT_PROFILES", PACKAGE_ROOT / "profiles.json"))
 # What the build found its packages read (readers.py); absent where there was no such build (the process engine)
 # The kernel's release: WSL2's names Microsoft ("5.15.167.4-microsoft-standard-WSL2"), and a container under Docker
 # Desktop runs on that kernel. SERVEKIT_OSRELEASE reads another file (a test's).
 KERNEL_RELEASE_FILE = Path(os.environ.get("SERVEKIT_OSRELEASE", "/proc/sys/kernel/osrelease"))
-READERS_FILE = Path(os.environ.get("SERVEKIT_ENV_READERS", Path(__file__).resolve().parent / readers.RECORD_NAME))
+READERS_FILE = Path(os.environ.get("SERVEKIT_ENV_READERS", PACKAGE_ROOT / readers.RECORD_NAME))
 VLLM = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
 # The flags the launcher itself adds around the recipe's.
 OWN_FLAGS = ("--model", "--served-model-name", "--host", "--port")
@@ -194,10 +188,7 @@ def read_key(key_file: str | None) -> tuple[str | None, str]:
 
 def served_parts(model: dict, argv: list[str]) -> list[dict]:
     """What a launch serves from disk: the model, and the drafter its --speculative-config names, if any."""
-    try:
-        from .prepare import parts
-    except ImportError:  # run as a script inside the image, beside prepare.py
-        from prepare import parts  # type: ignore[no-redef]
+    from .prepare import parts  # prepare's conversions load only where a launch prepares
     spec = json.loads(argv[argv.index("--speculative-config") + 1]) if "--speculative-config" in argv else {}
     return [model] + [p for p in parts(model)[1:] if spec.get("model") == p["path"]]
 
@@ -294,10 +285,7 @@ def main(argv: list[str]) -> int:
         print(f"launcher: refusing to start: {exc} (SERVEKIT_PROFILES names the file; the image bakes it)",
               file=sys.stderr)
         return 2
-    try:
-        from .prepare import PrepareError, is_complete, prepare, provided
-    except ImportError:  # run as a script inside the image, beside prepare.py
-        from prepare import PrepareError, is_complete, prepare, provided  # type: ignore[no-redef]
+    from .prepare import PrepareError, is_complete, prepare, provided  # as above
     profiles["model"] = provided(profiles["model"], dict(os.environ))
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     if command == "prepare" and len(argv) < 3:  # Compose's prepare service: the model and every drafter

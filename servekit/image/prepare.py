@@ -20,13 +20,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-try:
-    from . import convert, hub
-    from .boundary import Refused, number_setting, read_secret
-except ImportError:  # run as a script inside the image, beside hub.py
-    import convert  # type: ignore[no-redef]
-    import hub  # type: ignore[no-redef]
-    from boundary import Refused, number_setting, read_secret  # type: ignore[no-redef]
+from . import convert, hub
+from .boundary import Refused, number_setting, read_secret
 
 COMPLETE = ".servekit-complete"
 LOCK_WAIT_S_DEFAULT, LOCK_WAIT_S_MOST = 600.0, 86400.0  # PREPARE_LOCK_WAIT: how long a second prepare waits

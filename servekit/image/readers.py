@@ -14,10 +14,7 @@ import mmap
 import re
 from pathlib import Path
 
-try:
-    from .boundary import write_text_atomic
-except ImportError:  # run as a script inside the image, beside boundary.py
-    from boundary import write_text_atomic  # type: ignore[no-redef]
+from .boundary import write_text_atomic
 
 PACKAGES = ("vllm", "flashinfer", "torch")  # what the serving process runs; KVarN's files live inside vllm
 RECORD_NAME = "env-readers.json"

@@ -105,11 +105,11 @@ def parse_patch(path: Path) -> Patch:
     return Patch(path.name, path, trailers, files)
 
 
-def _patch(args: list[str], patch: Path, cwd: Path) -> subprocess.CompletedProcess:
+def run_patch(args: list[str], patch: Path, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(["patch", *args, "-i", str(patch.resolve())], cwd=cwd, capture_output=True, text=True)
 
 
-def _failure(patch: Patch, output: str) -> str:
+def patch_failure(patch: Patch, output: str) -> str:
     current, failed = None, []
     for line in output.splitlines():
         mo = re.match(r"^(?:patching|checking) file (.+)$", line)
@@ -133,12 +133,12 @@ def apply_series(series_dir: Path, vllm_dir: Path, target: str, say: Callable[[s
         if not patch.applies_to(target):
             say(f"-- {patch.name} (not for {target})")
             continue
-        check = _patch([*PATCH_ARGS, "--dry-run"], patch.path, vllm_dir)
+        check = run_patch([*PATCH_ARGS, "--dry-run"], patch.path, vllm_dir)
         if check.returncode != 0:
-            raise SeriesError(_failure(patch, check.stdout + check.stderr))
-        done = _patch(PATCH_ARGS, patch.path, vllm_dir)
+            raise SeriesError(patch_failure(patch, check.stdout + check.stderr))
+        done = run_patch(PATCH_ARGS, patch.path, vllm_dir)
         if done.returncode != 0:
-            raise SeriesError(_failure(patch, done.stdout + done.stderr))
+            raise SeriesError(patch_failure(patch, done.stdout + done.stderr))
         offsets = len(re.findall(r"^Hunk #\d+ succeeded at \d+ \(offset", done.stdout, flags=re.M))
         say(f"== {patch.name}" + (f" ({offsets} hunk{'s' if offsets != 1 else ''} at an offset)" if offsets else ""))
         applied.append((patch.name, offsets))
@@ -161,7 +161,7 @@ def check_applied(series_dir: Path, vllm_dir: Path, target: str, settled: set[st
     for patch in patches:
         if settled and settled & set(patch.files):
             continue
-        reverse = _patch(["-R", "--dry-run", *PATCH_ARGS[:1], "--fuzz", "0", "-f"], patch.path, vllm_dir)
+        reverse = run_patch(["-R", "--dry-run", *PATCH_ARGS[:1], "--fuzz", "0", "-f"], patch.path, vllm_dir)
         if reverse.returncode != 0:
             problems.append(f"patch {patch.name} is not applied in {vllm_dir}")
     return problems

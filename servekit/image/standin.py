@@ -1,7 +1,7 @@
 """Inside the image: the served checkpoint's exact architecture and file layout with random weights (seeded), and a
 DFlash2 drafter of the served size, for sizing the profiles where the hub cannot be reached.
 
-    python standin.py --out DIR --tokenizer DIR [--seed N] [--scale full|small] [--drafter DIR]
+    python -m servekit.image.standin --out DIR --tokenizer DIR [--seed N] [--scale full|small] [--drafter DIR]
 
 The layout is dbirks/Qwen3.8-27B-W4A16-AutoRound's as ../shared/served-model.md gathers it: Qwen3_5ForConditional-
 Generation, W4A16 compressed-tensors pack-quantized linears (int32 weight_packed, fp16 weight_scale per 128 inputs,
@@ -23,14 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-try:
-    from . import convert, hub
-    from .boundary import write_text_atomic
-except ImportError:  # run as a script inside the image, beside them
-    import convert  # type: ignore[no-redef]
-    import hub  # type: ignore[no-redef]
-    from boundary import write_text_atomic  # type: ignore[no-redef]
-
+from . import convert, hub
+from .boundary import write_text_atomic
 
 SHARDS = 7
 EXTRA = "model_extra_tensors.safetensors"
@@ -400,7 +394,7 @@ def _write_json(path: Path, doc: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="standin.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m servekit.image.standin", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="the model's folder (made)")
     parser.add_argument("--tokenizer", type=Path, required=True, help="a folder with tokenizer.json")
     parser.add_argument("--drafter", type=Path, help="also write a DFlash2 drafter into this folder")

@@ -23,14 +23,8 @@ import tempfile
 from importlib.metadata import PackageNotFoundError, distributions, version
 from pathlib import Path
 
-try:
-    from . import bootneeds, readers, recipe
-except ImportError:  # run as a script inside the image, beside bootneeds.py
-    import bootneeds  # type: ignore[no-redef]
-    import readers  # type: ignore[no-redef]
-    import recipe  # type: ignore[no-redef]
+from . import PACKAGE_ROOT, bootneeds, module_command, module_env, readers, recipe
 
-HERE = Path(__file__).resolve().parent
 # vLLM picks its platform at import; a build has no GPU, and the CPU platform prints the same parser.
 NO_GPU_ENV = {"VLLM_TARGET_DEVICE": "cpu"}
 # A small kernel through FlashInfer's own JIT: its include paths, nvcc, the curand headers, and the
@@ -86,7 +80,7 @@ def check_installed_set(requirement_files: list[Path]) -> list[str]:
     if extra:
         problems.append(f"installed but in no slice of the lock: {', '.join(extra)}")
     if not requirement_files:
-        problems.append(f"no requirements-*.txt in {HERE}: the build staged no slice of the lock")
+        problems.append(f"no requirements-*.txt in {PACKAGE_ROOT}: the build staged no slice of the lock")
     return problems
 
 
@@ -112,17 +106,17 @@ def check_triton_stub() -> list[str]:
 
 
 def check_series(series_dir: Path, target: str) -> list[str]:
-    done = subprocess.run([sys.executable, str(HERE / "series.py"), "check", "--series-dir", str(series_dir),
+    done = subprocess.run([*module_command(sys.executable, "series"), "check", "--series-dir", str(series_dir),
                            "--target", target, "--python", sys.executable,
-                           "--settled-by", str(HERE / "components" / "component-manifest.json")],
-                          capture_output=True, text=True)
+                           "--settled-by", str(PACKAGE_ROOT / "components" / "component-manifest.json")],
+                          capture_output=True, text=True, env=module_env(os.environ))
     return [line.removeprefix("error: ") for line in done.stderr.splitlines() if line.strip()]
 
 
 def check_components() -> list[str]:
-    done = subprocess.run([sys.executable, str(HERE / "components.py"), "verify",
-                           "--components-dir", str(HERE / "components"), "--python", sys.executable],
-                          capture_output=True, text=True)
+    done = subprocess.run([*module_command(sys.executable, "components"), "verify",
+                           "--components-dir", str(PACKAGE_ROOT / "components"), "--python", sys.executable],
+                          capture_output=True, text=True, env=module_env(os.environ))
     return [line.removeprefix("error: ") for line in done.stderr.splitlines() if line.strip()]
 
 
@@ -196,8 +190,7 @@ for label, argv in json.load(sys.stdin):
 def check_flags(accepted: set[str], profiles_file: Path, components: dict[str, str]) -> list[str]:
     """Every flag the launcher can emit, and every profile's whole command line on every host, as vLLM parses it
     (a profile that needs a component this image lacks is not available, so not asked)."""
-    sys.path.insert(0, str(HERE))
-    from launcher import build_command, flags
+    from .launcher import build_command, flags  # the launcher's code, as the image runs it
     problems = [f"the launcher can emit {flag}, which the pinned `vllm serve` does not accept"
                 for flag in flags() if flag not in accepted]
     profiles = json.loads(profiles_file.read_text())
@@ -284,8 +277,8 @@ def record_readers(profiles_file: Path) -> list[str]:
     names = sorted(set(recipe.every_variable()) | set(profiles.get("env", {}))
                    | {name for host in profiles["hosts"].values() for name in host["env"]})
     doc = readers.record(names, readers.package_roots())
-    record = HERE / readers.RECORD_NAME
-    if os.access(HERE, os.W_OK):
+    record = PACKAGE_ROOT / readers.RECORD_NAME
+    if os.access(PACKAGE_ROOT, os.W_OK):
         readers.write(record, doc)
     elif readers.load(record) != doc:
         return [f"{record} is not what this image's packages read: build the image again"]
@@ -303,7 +296,7 @@ def main() -> int:
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # notes in order with problems (stderr)
     info = json.loads(args.build_info.read_text())
     problems = check_versions(info["pins"])
-    problems += check_installed_set(sorted(HERE.glob("requirements-*.txt")))
+    problems += check_installed_set(sorted(PACKAGE_ROOT.glob("requirements-*.txt")))
     problems += check_series(args.series_dir, info["target"])
     problems += check_components()
     problems += check_imports(["vllm"] + (["flashinfer"] if "flashinfer-python" in info["pins"] else [])

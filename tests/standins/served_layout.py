@@ -2,7 +2,7 @@
 the served layout (../shared/served-model.md: Qwen3_5ForConditionalGeneration, W4A16 pack-quantized linears, BF16
 embeddings, lm_head, GDN in_proj_a/b, norms, a vision tower and the MTP head in model_extra_tensors.safetensors,
 lm_head in the last shard, the published ignore list without the MTP linears), put through the image's own
-conversions (/opt/servekit/convert.py) three ways, and the facts of each printed as JSON for the test to judge:
+conversions (servekit.image.convert) three ways, and the facts of each printed as JSON for the test to judge:
 
     python served_layout.py WORK_DIR
 """
@@ -25,7 +25,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-CONVERT = "/opt/servekit/convert.py"
+CONVERT = ["-m", "servekit.image.convert"]  # the image's package, on its PYTHONPATH
 # The served text model's shape, scaled down (hidden 5120 -> 256, vocab 248320 -> 8192, 64 layers -> 4)
 TEXT: dict[str, Any] = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1,
             head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
@@ -141,7 +141,7 @@ def write(folder: Path) -> None:
 
 
 def _run(folder: Path, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, CONVERT, str(folder)], env={**os.environ, **env}, capture_output=True,
+    return subprocess.run([sys.executable, *CONVERT, str(folder)], env={**os.environ, **env}, capture_output=True,
                           text=True, timeout=600)
 
 
@@ -200,8 +200,7 @@ KILL_AFTER_S = {"kill": 0.0, "kill-reading": 0.3, "kill-writing": 1.5}
 DIE_BEFORE_THE_INDEX = """
 import os, sys
 from pathlib import Path
-sys.path.insert(0, "/opt/servekit")
-import convert
+from servekit.image import convert
 write = convert._write_json
 convert._write_json = lambda path, doc: os._exit(137) if path.name == convert.INDEX else write(path, doc)
 convert.convert(Path(sys.argv[1]), {})
@@ -311,7 +310,7 @@ def _interrupted(folder: Path, how: str) -> dict:
     """The conversion killed mid-step (`how`: SIGKILL a given time after its journal is there, or dying right before
     its index is written), what the folder says then, and the plain run after it."""
     if how.startswith("kill"):
-        proc = subprocess.Popen([sys.executable, CONVERT, str(folder)], stdout=subprocess.DEVNULL,
+        proc = subprocess.Popen([sys.executable, *CONVERT, str(folder)], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 120
         while not (folder / ".servekit-convert.json").exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -321,8 +320,7 @@ def _interrupted(folder: Path, how: str) -> dict:
         rc = proc.wait(timeout=60)
     else:
         rc = subprocess.run([sys.executable, "-c", DIE_BEFORE_THE_INDEX, str(folder)], timeout=600).returncode
-    sys.path.insert(0, "/opt/servekit")
-    from prepare import folder_problem
+    from servekit.image.prepare import folder_problem
     problem = folder_problem(folder)
     again = _run(folder)
     return {"rc": rc, "problem_after_kill": problem, "resumed_rc": again.returncode,
@@ -338,7 +336,7 @@ def _through_prepare(folder: Path) -> dict:
     profiles.write_text(json.dumps({"model": {"source": "huggingface", "repo": "org/m", "revision": commit,
                                               "path": str(folder), "served_name": "m", "drafters": {}},
                                     "profiles": {}, "hosts": {}}))
-    done = subprocess.run([sys.executable, "/opt/servekit/launcher.py", "prepare"], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "servekit.image.launcher", "prepare"], capture_output=True, text=True,
                           env={**os.environ, "SERVEKIT_PROFILES": str(profiles), "HF_HUB_OFFLINE": "1"}, timeout=600)
     index = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
     return {"rc": done.returncode, "said": done.stdout + done.stderr,

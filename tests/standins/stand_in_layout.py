@@ -1,4 +1,4 @@
-"""Inside the cpu image: the image's own stand-in writer (/opt/servekit/standin.py) held to the served checkpoint's
+"""Inside the cpu image: the image's own stand-in writer (servekit.image.standin) held to the served checkpoint's
 layout rules (../shared/served-model.md), at full size by its shapes alone and at the small scale by the files it
 writes, read back through safetensors and vLLM's own weight iterator and compressed-tensors config. Prints one
 JSON object of facts for the test to judge:
@@ -13,11 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, "/opt/servekit")
-import standin  # noqa: E402
-import torch  # noqa: E402
-from safetensors import safe_open  # noqa: E402
-from transformers import AutoConfig  # noqa: E402
+import torch
+from safetensors import safe_open
+from transformers import AutoConfig
+
+from servekit.image import standin
 
 
 def full_size() -> dict:
@@ -89,7 +89,7 @@ def schemes(folder: Path, modules: dict) -> dict:
 def main(work: Path) -> None:
     facts: dict = {"full": full_size()}
     model, drafter = work / "model", work / "drafter"
-    subprocess.run([sys.executable, "/opt/servekit/standin.py", "--out", str(model), "--drafter", str(drafter),
+    subprocess.run([sys.executable, "-m", "servekit.image.standin", "--out", str(model), "--drafter", str(drafter),
                     "--tokenizer", "/tokenizer", "--scale", "small"], check=True, stdout=subprocess.DEVNULL)
     facts["small"] = written(model)
     facts["schemes_published"] = schemes(model, TARGET_MODULES)
@@ -110,7 +110,7 @@ def main(work: Path) -> None:
         negative, total = negative + int((tensor < 0).sum()), total + tensor.numel()
     facts["int4_scales"] = {"layers": len(scales), "negative_share": negative / total}
     again = work / "again"
-    subprocess.run([sys.executable, "/opt/servekit/standin.py", "--out", str(again), "--tokenizer", "/tokenizer",
+    subprocess.run([sys.executable, "-m", "servekit.image.standin", "--out", str(again), "--tokenizer", "/tokenizer",
                     "--scale", "small", "--convert"], check=True, stdout=subprocess.PIPE)
     facts["same_seed_same_bytes"] = all((model / n).read_bytes() == (again / n).read_bytes()
                                         for n in ("model-00002-of-00007.safetensors",))

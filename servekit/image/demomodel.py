@@ -4,8 +4,8 @@ A byte-level BPE tokenizer trained on local text, a Hermes/Qwen-style chat templ
 and random weights trained for a few CPU minutes on synthetic chats, so that the model stops,
 answers plainly without tools, and answers a forced tool call with exactly one call and `{}`.
 The model ships in the repository (images.yaml `models.demo.dir`), so no build trains it;
-`make demo-model` runs this file inside the cpu image (its torch, transformers and tokenizers; retrain.py
-drives it) and replaces the shipped copy with the result.
+`make demo-model` runs it inside the cpu image (`python -m servekit.image.demomodel`, with the image's torch,
+transformers and tokenizers; servekit/build/retrain.py drives it) and replaces the shipped copy with the result.
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-# It runs inside the image as a script of its own (the image's lock installs what it imports): the standard library
-# and the image's packages only, nothing of servekit's.
 Say = Callable[[str], None]
 
 SEED = 20261129
