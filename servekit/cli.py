@@ -20,7 +20,6 @@ from servekit.commands.console import channel
 from servekit.commands.parsing import Commands
 from servekit.errors import ServekitError, UserError
 from servekit.exclusive import exclusive
-from servekit.image.boundary import Refused
 
 EPILOG = """exit codes: 0 ok, 1 a check failed (or the machine lacks something), 2 bad input or usage.
 The matrix (images.yaml) is the single source of truth; see README.md and docs/."""
@@ -102,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             return args.func(args)
         with exclusive(Path(args.matrix).resolve().parent / ".cache", args.command, say=channel()):
             return args.func(args)
-    except (ServekitError, Refused) as exc:
+    except ServekitError as exc:  # the image's errors, Refused included, are of it too
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:

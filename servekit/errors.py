@@ -1,25 +1,17 @@
 """The errors the command line turns into one line and an exit code, never a traceback.
 
 Every error of ours is a ServekitError: its message is the line the user reads (what, where, how to fix), its
-`exit_code` the command's. The one other kind the command line reads as bad input is the boundary's `Refused`
-(exit 2), which the image's own code raises and which therefore cannot import this module.
+`exit_code` the command's. The root and UserError live in the image's package (servekit/image/errors.py), whose own
+errors are of it too; the host's kinds are here.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from servekit.image.errors import ServekitError, UserError
 
-class ServekitError(Exception):
-    """The root of our errors: the message is what the user should read; `exit_code` what the command exits with."""
-
-    exit_code = 1
-
-
-class UserError(ServekitError):
-    """Bad input or usage: exit 2. The message says what, where and how to fix it."""
-
-    exit_code = 2
+__all__ = ["BootFailed", "CheckFailed", "EnvironmentProblem", "ServekitError", "UserError"]
 
 
 class CheckFailed(ServekitError):

@@ -197,3 +197,34 @@ def test_smoke_and_wsl2_are_linked_into_servekit_as_the_names_the_code_imports()
     for name in ("smoke", "wsl2"):
         link = ROOT / "servekit" / name
         assert link.is_symlink() and link.resolve() == (ROOT / name).resolve(), name
+
+
+# Exceptions that never reach a person: each is caught where it is raised and said another way.
+INTERNAL_EXCEPTIONS = {
+    "servekit.records.fit.NotPredicted": "fit turns it into its table's 'not predicted' line",
+    "servekit.serve.boot.Stopped": "a boot's stop signal, which the run that sent it catches",
+    "servekit.serve.boot.BootInterrupted": "Ctrl-C or SIGTERM in a boot (a KeyboardInterrupt): the report says it",
+    "servekit.serve.pipeline.RunInterrupted": "the same for a run, carrying its report",
+    "servekit.smoke.core.CheckFailure": "a check's verdict, which its result in the report carries",
+    "servekit.smoke.core.NotRun": "a check that could not measure, which its result carries",
+}
+
+
+def test_every_error_a_person_can_see_has_one_root():
+    """Every exception class servekit defines, the image's own included, is a ServekitError (whose message the
+    command line prints as one line with its exit code), but the few listed as internal, each with why."""
+    import importlib
+    import inspect
+
+    from servekit.errors import ServekitError
+    strays = []
+    for name in _modules():
+        module = importlib.import_module(name)
+        for cls_name, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ == name and issubclass(cls, BaseException) and not issubclass(cls, ServekitError) \
+                    and f"{name}.{cls_name}" not in INTERNAL_EXCEPTIONS:
+                strays.append(f"{name}.{cls_name}")
+    assert strays == []
+    for listed in INTERNAL_EXCEPTIONS:  # none listed in vain
+        module_name, cls_name = listed.rsplit(".", 1)
+        assert issubclass(getattr(importlib.import_module(module_name), cls_name), BaseException), listed

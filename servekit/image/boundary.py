@@ -17,11 +17,11 @@ import unicodedata
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
+from .errors import UserError
 
-class Refused(ValueError):
+
+class Refused(ValueError, UserError):
     """A value or file that does not fit where it goes; the message says what was expected (bad input: exit 2)."""
-
-    exit_code = 2
 
 
 # --- text that becomes a line of another file or one argument of a command -------------------------------------

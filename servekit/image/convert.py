@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .boundary import Missing, Refused, read_text, switch_setting, write_text_atomic
+from .errors import ServekitError
 from .hub import shard_name_problem
 
 INDEX = "model.safetensors.index.json"
@@ -47,7 +48,7 @@ STEPS: dict[str, tuple[str, str, str]] = {
 }
 
 
-class ConvertError(Exception):
+class ConvertError(ServekitError):
     """A conversion cannot be done; the message says which step, what and how to go on."""
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .boundary import number_setting, read_text
+from .errors import ServekitError
 
 T = TypeVar("T")
 INDEX = "model.safetensors.index.json"  # names the shards; a folder you provide is judged by it
@@ -34,7 +35,7 @@ POLL_S = 2.0
 PROGRESS_S_DEFAULT = 10.0  # how often a download says how far it is (PREPARE_PROGRESS_S)
 
 
-class HubError(Exception):
+class HubError(ServekitError):
     """The repository cannot be fetched, or a file of it is not whole; the message says which and why."""
 
 

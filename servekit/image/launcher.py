@@ -16,6 +16,7 @@ from pathlib import Path
 
 from . import PACKAGE_ROOT, readers, recipe
 from .boundary import Refused, argv_words, control_character, header_unsafe, read_secret, read_text
+from .errors import UserError
 from .knobs import KNOBS, RENAMED, masked
 
 CONTAINER_PORT = 8000  # where vLLM listens inside the container: the Dockerfile and Compose use it (a test ties them)
@@ -39,7 +40,7 @@ def flags() -> list[str]:
     return [*OWN_FLAGS, TIER_FLAG, *(f for f in recipe.every_flag() if f not in OWN_FLAGS and f != TIER_FLAG)]
 
 
-class KnobError(Exception):
+class KnobError(UserError):
     pass
 
 

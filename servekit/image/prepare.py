@@ -22,12 +22,13 @@ from pathlib import Path
 
 from . import convert, hub
 from .boundary import Refused, number_setting, read_secret
+from .errors import ServekitError
 
 COMPLETE = ".servekit-complete"
 LOCK_WAIT_S_DEFAULT, LOCK_WAIT_S_MOST = 600.0, 86400.0  # PREPARE_LOCK_WAIT: how long a second prepare waits
 
 
-class PrepareError(Exception):
+class PrepareError(ServekitError):
     """The model cannot be prepared; the message says what and how to go on."""
 
     def __init__(self, message: str, abandoned: bool = False) -> None:

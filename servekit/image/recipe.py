@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import UserError
+
 # What every target's server runs with: no usage statistics leave the machine (the source's image sets both).
 PRIVACY_ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 # The variables this recipe sets that vLLM (or FlashInfer) reads as booleans, on only when `1`: each is written as 1
@@ -70,7 +72,7 @@ VISION_ARGS = ["--limit-mm-per-prompt", json.dumps({"image": {"count": 1}}),
                "--mm-processor-kwargs", json.dumps({"size": {"shortest_edge": 65536, "longest_edge": 2097152}})]
 
 
-class RecipeError(Exception):
+class RecipeError(UserError):
     """A combination the source's launchers refuse (resolve_config.sh), said in one line."""
 
 

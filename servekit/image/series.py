@@ -19,13 +19,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .errors import ServekitError
+
 TRAILERS = ("Kind", "What", "Upstream", "Cut-against", "Retires-when", "Supersedes", "Targets")
 KINDS = ("backport", "fix", "feature", "local")
 REQUIRED = ("Kind", "What", "Cut-against")
 PATCH_ARGS = ["-p1", "--forward", "--fuzz", "0", "--no-backup-if-mismatch", "--reject-file", "-"]
 
 
-class SeriesError(Exception):
+class SeriesError(ServekitError):
     """The series, a patch or its application is wrong; the message names the patch (and hunk)."""
 
 
