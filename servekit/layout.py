@@ -17,6 +17,10 @@ STAGE_DIR = ".cache/build"
 WHEELHOUSE = ".cache/wheelhouse"
 STAGED = (STAGE_DIR, WHEELHOUSE)
 
+# Where the API key and the HF token files live in a checkout (Compose mounts them as secrets; a process engine's
+# launcher reads them there).
+SECRETS_DIR = "compose/secrets"
+
 # The image's non-root user (uid and gid), and where its volumes are mounted.
 IMAGE_UID = 10001
 MODELS_MOUNT = "/app/models"

@@ -195,21 +195,22 @@ def _service(env: dict[str, str], profile: str = "default") -> dict:
 
 
 def test_the_card_reaches_the_container_through_compose(mps_host, tmp_path):
+    from servekit.config.userenv import users_settings
+    from servekit.engines.compose import compose_files, write_env
+    from servekit.engines.deployment import Deployment
     from servekit.engines.docker import DockerEngine
-    from servekit.serve.deploy import Deployment, users_settings, write_env
     (tmp_path / "compose").mkdir()
     engine = DockerEngine("unix:///var/run/docker.sock", "unix:///var/run/docker.sock")
     emulation = cards.plan(MATRIX, "rtx3090", H200)
     dep = Deployment(tmp_path, "cuda", "native", "vllm-serve:test", "127.0.0.1", 18020, engine=engine,
                      card=emulation)
-    assert [p.name for p in dep.compose_files] == ["compose.yaml", cards.COMPOSE_FILE]
-    env_file = write_env(dep)
-    assert env_file is not None
-    written = env_file.read_text()
+    assert [p.name for p in compose_files(dep)] == ["compose.yaml", cards.COMPOSE_FILE]
+    written_to = write_env(dep)
+    written = written_to.read_text()
     env = {k: v for k, v in (line.split("=", 1) for line in written.splitlines() if "=" in line and
                              not line.startswith("#"))}
     assert env["SERVEKIT_CARD"] == "rtx3090" and env["COMPOSE_FILE"].endswith(cards.COMPOSE_FILE)
-    assert users_settings(dep.env_file) == {}  # the card's lines are servekit's block: a later `up` rewrites them
+    assert users_settings(written_to) == {}  # the card's lines are servekit's block: a later `up` rewrites them
     service = _service(env)
     environment = service["environment"]
     assert environment["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=24125M"

@@ -157,8 +157,9 @@ def test_a_half_prepared_model_is_redone_and_never_served(tmp_path):
 
 
 def test_a_key_that_is_empty_short_or_a_link_is_made_again_and_the_link_target_left_alone(tmp_path):
+    from servekit.engines.deployment import Deployment
     from servekit.image.launcher import MIN_KEY_CHARS
-    from servekit.serve.deploy import Deployment, ensure_secrets
+    from servekit.serve.deploy import ensure_secrets
     dep = Deployment(tmp_path, "cpu", "native", "x", "127.0.0.1", 18000)
     key = dep.api_key_file
     key.parent.mkdir(parents=True)
@@ -244,12 +245,13 @@ def test_knobs_pass_through_only_when_set(compose_env):
 
 
 def test_wsl2_env_file_selects_the_wsl2_overrides(tmp_path, monkeypatch):
-    from servekit.serve.deploy import Deployment, write_env
+    from servekit.engines.compose import write_env
+    from servekit.engines.deployment import Deployment
     (tmp_path / "compose").mkdir()
     dep = Deployment(tmp_path, "cuda", "wsl2", "vllm-serve:x", "127.0.0.1", 8000)
-    text = write_env(dep).read_text()  # type: ignore[union-attr]
+    text = write_env(dep).read_text()
     assert "COMPOSE_FILE=compose.yaml:compose.wsl2.yaml" in text and "SERVEKIT_HOST=wsl2" in text
-    assert "COMPOSE_FILE=compose.yaml:compose.cpu.yaml\n" in write_env(  # type: ignore[union-attr]
+    assert "COMPOSE_FILE=compose.yaml:compose.cpu.yaml\n" in write_env(
         Deployment(tmp_path, "cpu", "native", "x", "127.0.0.1", 8000, overrides=("compose.cpu.yaml",))).read_text()
 
 
@@ -257,7 +259,8 @@ def test_the_env_file_names_its_path_separator_for_compose_on_windows(tmp_path):
     """Compose on Windows splits COMPOSE_FILE at ';' by default; the env file says ':' itself, so `docker compose up`
     from PowerShell reads both files. Compose takes COMPOSE_PATH_SEPARATOR from the env file: shown here by the
     Windows spelling, which Linux's Compose then follows too."""
-    from servekit.serve.deploy import Deployment, write_env
+    from servekit.engines.compose import write_env
+    from servekit.engines.deployment import Deployment
     root = tracked_copy(tmp_path)
     env_file = write_env(Deployment(root, "cuda", "wsl2", "vllm-serve:x", "127.0.0.1", 8000))
     assert env_file is not None
@@ -286,7 +289,9 @@ def test_the_env_file_names_its_path_separator_for_compose_on_windows(tmp_path):
 def test_a_users_env_lines_survive_image_and_up(tmp_path):
     """compose/.env is the user's as much as servekit's: the source's way of setting knobs (MAX_SEQS=4 there) and any
     comment stay through every rewrite; servekit's block changes with the deployment and comes last."""
-    from servekit.serve.deploy import ENV_END, Deployment, write_env
+    from servekit.config.userenv import ENV_END
+    from servekit.engines.compose import write_env
+    from servekit.engines.deployment import Deployment
     (tmp_path / "compose").mkdir()
     env_file = tmp_path / "compose" / ".env"
     mine = ["# my box", "MAX_SEQS=4", "VLLM_WSL2_ENABLE_PIN_MEMORY=1", "", "PREFIX_CACHE=0"]
@@ -303,7 +308,9 @@ def test_what_compose_file_names_needs_is_saved_beside_it(tmp_path):
     """A later plain `docker compose ps` reads only compose/.env: every variable the named files require is there
     (MODEL_DIR for compose.model-dir.yaml, the key files), a user's compose.override.yaml is named last (so it wins),
     and a key file the user's lines name stays theirs."""
-    from servekit.serve.deploy import Deployment, users_settings, write_env
+    from servekit.config.userenv import users_settings
+    from servekit.engines.compose import write_env
+    from servekit.engines.deployment import Deployment
     root = tracked_copy(tmp_path)
     env_file = write_env(Deployment(root, "cpu", "native", "x", "127.0.0.1", 8000, overrides=("compose.cpu.yaml",),
                                     model_dir="/srv/models/mine"))
@@ -319,7 +326,7 @@ def test_what_compose_file_names_needs_is_saved_beside_it(tmp_path):
     (root / "compose" / "compose.override.yaml").write_text("services:\n  default:\n    environment:\n"
                                                             "      MY_SETTING: mine\n")
     env_file.write_text("SERVEKIT_API_KEY_FILE=/etc/my-key\n")
-    text = write_env(Deployment(root, "cpu", "native", "x", "127.0.0.1", 8000,  # type: ignore[union-attr]
+    text = write_env(Deployment(root, "cpu", "native", "x", "127.0.0.1", 8000,
                                 overrides=("compose.cpu.yaml",))).read_text()
     assert "COMPOSE_FILE=compose.yaml:compose.cpu.yaml:compose.override.yaml\n" in text and "MODEL_DIR" not in text
     assert text.count("SERVEKIT_API_KEY_FILE=") == 1 and "SERVEKIT_HF_TOKEN_FILE=./secrets/hf_token" in text
@@ -334,8 +341,9 @@ def test_what_compose_file_names_needs_is_saved_beside_it(tmp_path):
 def test_a_models_dir_that_compose_would_take_for_a_named_volume_is_refused(tmp_path, monkeypatch, value, refused):
     """MODELS_DIR=models would mount a named volume called models, not the folder the docs promise: refused with the
     spelling that is a folder (./models)."""
+    from servekit.engines.compose import write_env
+    from servekit.engines.deployment import Deployment
     from servekit.errors import UserError
-    from servekit.serve.deploy import Deployment, write_env
     monkeypatch.delenv("MODELS_DIR", raising=False)
     (tmp_path / "compose").mkdir()
     (tmp_path / "compose" / ".env").write_text(f"MODELS_DIR={value}\n")
@@ -350,17 +358,20 @@ def test_a_models_dir_that_compose_would_take_for_a_named_volume_is_refused(tmp_
 def test_env_lines_that_reach_nothing_are_named(tmp_path):
     """A line of the source's .env that nothing reads (a vLLM variable, a typo) is named, once, by `up`; knobs,
     the settings the Compose files read and Compose's own are not."""
-    from servekit.serve.deploy import Deployment, unread_settings, write_env
+    from servekit.config.userenv import unread_names
+    from servekit.engines.compose import env_file, write_env
+    from servekit.engines.deployment import Deployment
     (tmp_path / "compose").mkdir()
     (tmp_path / "compose" / ".env").write_text("MAX_SEQS=4\nVLLM_API_KEY=sk-0123456789abcdef0123\nHF_TOKEN=hf_x\n"
                                                "COMPOSE_PARALLEL_LIMIT=1\nVLLM_WSL2_ENABLE_PIN_MEMORY=1\nMAX_SEQ=4\n")
     dep = Deployment(tmp_path, "cuda", "native", "x", "127.0.0.1", 8000)
     write_env(dep)
-    assert unread_settings(dep) == ["VLLM_WSL2_ENABLE_PIN_MEMORY", "MAX_SEQ"]
+    assert unread_names(env_file(dep)) == ["VLLM_WSL2_ENABLE_PIN_MEMORY", "MAX_SEQ"]
 
 
 def test_an_env_file_from_before_the_block_keeps_the_users_lines_and_drops_servekits(tmp_path):
-    from servekit.serve.deploy import Deployment, write_env
+    from servekit.engines.compose import write_env
+    from servekit.engines.deployment import Deployment
     (tmp_path / "compose").mkdir()
     env_file = tmp_path / "compose" / ".env"
     env_file.write_text("# Written by `python3 build.py image` / `up`; edit by hand if you like.\nSERVEKIT_IMAGE=old\n"
@@ -372,7 +383,8 @@ def test_an_env_file_from_before_the_block_keeps_the_users_lines_and_drops_serve
 
 def test_a_knob_in_the_users_env_file_reaches_the_container(tmp_path):
     """A bare knob name in compose.yaml takes its value from the shell or the env file, as the source's env_file did."""
-    from servekit.serve.deploy import Deployment, write_env
+    from servekit.engines.compose import write_env
+    from servekit.engines.deployment import Deployment
     root = tracked_copy(tmp_path)
     env_file = root / "compose" / ".env"
     env_file.write_text("MAX_SEQS=4\n")

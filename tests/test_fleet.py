@@ -75,19 +75,20 @@ def test_a_tcp_engine_elsewhere_needs_ssh_or_a_bind_it_can_reach():
 
 
 def test_another_engine_gets_its_own_env_file_and_no_bind_mounted_secrets(tmp_path):
-    from servekit.serve.deploy import Deployment, write_env
+    from servekit.engines.compose import compose_files, write_env
+    from servekit.engines.deployment import Deployment
     (tmp_path / "compose").mkdir()
     dep = Deployment(tmp_path, "cpu", "native", "vllm-serve:x", "127.0.0.1", 8001,
                      engine=resolve("ssh://me@gpu1"), overrides=("compose.cpu.yaml",))
     path = write_env(dep)
     assert path is not None and path == tmp_path / ".cache/engines/ssh-gpu1.env" and not (tmp_path / "compose/.env").exists()
     assert "SERVEKIT_PORT=8001" in path.read_text() and "SERVEKIT_UID" not in path.read_text()
-    assert [p.name for p in dep.compose_files] == ["compose.yaml", "compose.cpu.yaml", "compose.remote.yaml"]
+    assert [p.name for p in compose_files(dep)] == ["compose.yaml", "compose.cpu.yaml", "compose.remote.yaml"]
 
 
 def test_the_summary_has_a_row_per_engine_and_fails_with_any(tmp_path):
+    from servekit.engines.deployment import Deployment
     from servekit.records.models import RunReport
-    from servekit.serve.deploy import Deployment
     from servekit.serve.fleet import EngineRun, summary
     report = RunReport.model_validate({
         "run_id": "r", "created": "2026-12-01T00:00:00+00:00", "profile": "default", "target": "cpu", "host": "native",

@@ -26,6 +26,8 @@ from support import ROOT
 
 from servekit.config.load import load_matrix
 from servekit.config.profiles import render_profiles
+from servekit.config.userenv import users_settings
+from servekit.engines.compose import check_models_dir
 from servekit.errors import UserError
 from servekit.image import boundary, convert, hub, prepare
 from servekit.image.launcher import KnobError, build_command
@@ -33,7 +35,7 @@ from servekit.image.standin import SMALL, VISION_SMALL, model_config
 from servekit.records.models import SCHEMA_VERSION, ReleaseManifest, RunReport, SweepReport, load
 from servekit.records.report import compare, load_report, render_markdown
 from servekit.release.naming import registry_path
-from servekit.serve.deploy import check_models_dir, published, users_settings
+from servekit.serve.deploy import published
 
 MATRIX_TEXT = (ROOT / "images.yaml").read_text()
 MATRIX = load_matrix(ROOT / "images.yaml")

@@ -94,13 +94,14 @@ def test_the_devices_compose_file_gives_every_gpu_profile_the_nodes_and_driver_f
 
 
 def test_a_deployment_by_devices_names_the_file_in_compose_env(tmp_path):
+    from servekit.engines.compose import compose_files, write_env
+    from servekit.engines.deployment import Deployment
     from servekit.engines.docker import DockerEngine
-    from servekit.serve.deploy import Deployment, write_env
     (tmp_path / "compose").mkdir()
     engine = DockerEngine("unix:///var/run/docker.sock", "unix:///var/run/docker.sock")
     dep = Deployment(tmp_path, "cuda", "native", "vllm-serve:test", "127.0.0.1", 18020, engine=engine,
                      gpu_devices=True)
-    assert [p.name for p in dep.compose_files] == ["compose.yaml", gpuaccess.COMPOSE_FILE]
+    assert [p.name for p in compose_files(dep)] == ["compose.yaml", gpuaccess.COMPOSE_FILE]
     written = write_env(dep)
     assert written and f"COMPOSE_FILE=compose.yaml:{gpuaccess.COMPOSE_FILE}\n" in written.read_text()
 
@@ -165,7 +166,7 @@ def test_engine_help_names_the_carried_packages():
 
 
 def test_a_model_folder_of_this_machine_is_mounted_read_only_for_prepare_and_every_profile(tmp_path, monkeypatch):
-    from servekit.serve.deploy import MODEL_DIR_COMPOSE
+    from servekit.engines.compose import MODEL_DIR_COMPOSE
     monkeypatch.setenv("MODEL_DIR", str(tmp_path))
     for service in ("prepare", "default", "alternative"):
         config = _compose_config(["compose.yaml", MODEL_DIR_COMPOSE], service)
@@ -181,7 +182,7 @@ def test_a_model_folder_of_this_machine_is_mounted_read_only_for_prepare_and_eve
 
 
 def test_a_drafter_folder_of_this_machine_is_mounted_beside_the_model_folder(tmp_path, monkeypatch):
-    from servekit.serve.deploy import DRAFTER_DIR_COMPOSE, MODEL_DIR_COMPOSE
+    from servekit.engines.compose import DRAFTER_DIR_COMPOSE, MODEL_DIR_COMPOSE
     model, drafter = tmp_path / "model", tmp_path / "drafter"
     monkeypatch.setenv("MODEL_DIR", str(model))
     monkeypatch.setenv("DRAFTER_DIR", str(drafter))

@@ -544,8 +544,8 @@ def test_accepting_an_exception_keeps_every_line_a_reviewer_wrote(tmp_path):
     ("１２", None, "SERVEKIT_UID='１２'"), ("1000", "wheel", "SERVEKIT_GID='wheel'"),
     ("1000", "1000:0", "SERVEKIT_GID='1000:0'")])
 def test_a_user_or_group_id_that_is_no_number_is_refused_in_one_line(monkeypatch, uid, gid, says):
+    from servekit.engines.runas import run_as
     from servekit.errors import UserError
-    from servekit.serve.deploy import run_as
     monkeypatch.setenv("SERVEKIT_UID", uid)
     if gid is not None:
         monkeypatch.setenv("SERVEKIT_GID", gid)
@@ -555,7 +555,7 @@ def test_a_user_or_group_id_that_is_no_number_is_refused_in_one_line(monkeypatch
 
 
 def test_a_numeric_user_and_group_id_are_taken(monkeypatch):
-    from servekit.serve.deploy import run_as
+    from servekit.engines.runas import run_as
     monkeypatch.setenv("SERVEKIT_UID", "4321")
     monkeypatch.delenv("SERVEKIT_GID", raising=False)
     assert run_as() == (4321, 4321)

@@ -11,6 +11,8 @@ from types import SimpleNamespace
 import pytest
 from support import ROOT, TEST_PORT, project_containers, run_build_py, tracked_copy, work_dir
 
+from servekit.engines.deployment import Deployment
+
 pytestmark = pytest.mark.engine
 
 
@@ -122,7 +124,7 @@ def test_a_signal_that_ends_a_boot_keeps_the_budget_its_log_gave(repo, monkeypat
     from servekit.errors import BootFailed
     from servekit.serve import boot, deploy, pipeline
     matrix = load_matrix(repo / "images.yaml")
-    dep = deploy.Deployment(repo, "cpu", "native", "unused", "127.0.0.1", TEST_PORT,
+    dep = Deployment(repo, "cpu", "native", "unused", "127.0.0.1", TEST_PORT,
                             engine=resolve(f"venv:{repo / 'venv'}"), matrix=matrix)
     server = SimpleNamespace(memory=lambda: iter(()), image_id=None, state=lambda: {})
 
@@ -157,7 +159,7 @@ def test_a_boot_that_ends_on_an_unexpected_error_still_gets_its_report(repo, mon
     from servekit.engines import resolve
     from servekit.serve import deploy, pipeline
     matrix = load_matrix(repo / "images.yaml")
-    dep = deploy.Deployment(repo, "cpu", "native", "unused", "127.0.0.1", TEST_PORT,
+    dep = Deployment(repo, "cpu", "native", "unused", "127.0.0.1", TEST_PORT,
                             engine=resolve(f"venv:{repo / 'venv'}"), matrix=matrix)
 
     def up(*args, **kwargs):

@@ -11,8 +11,10 @@ import sys
 import pytest
 from support import LAUNCHER, ROOT, tracked_copy
 
+from servekit.engines.compose import write_env
+from servekit.engines.deployment import Deployment
 from servekit.errors import UserError
-from servekit.serve.deploy import Deployment, ensure_secrets, published, write_env
+from servekit.serve.deploy import ensure_secrets, published
 
 
 @pytest.fixture
@@ -231,7 +233,7 @@ def test_the_sources_key_in_env_is_read_as_compose_reads_it(tmp_path, clean_env,
 
 
 def test_a_block_that_lost_its_end_line_keeps_the_lines_after_it(tmp_path):
-    from servekit.serve.deploy import ENV_BEGIN, ENV_BEGIN_2, ENV_END
+    from servekit.config.userenv import ENV_BEGIN, ENV_BEGIN_2, ENV_END
     root = _root(tmp_path, f"MAX_SEQS=4\n{ENV_BEGIN}\n{ENV_BEGIN_2}\nSERVEKIT_IMAGE=old\nSERVEKIT_PORT=8000\n"
                            "PREFIX_CACHE=0\n# my note\nSPEC=dflash2\n")
     write_env(Deployment(root, "cuda", "native", "vllm-serve:new", "127.0.0.1", 8000))
@@ -252,7 +254,7 @@ def test_a_users_own_servekit_setting_outside_the_block_is_theirs(tmp_path):
 
 
 def test_every_key_the_block_writes_is_one_it_knows_as_its_own(tmp_path):
-    from servekit.serve.deploy import OWN_KEYS
+    from servekit.config.userenv import OWN_KEYS
     root = _root(tmp_path)
     env_file = write_env(Deployment(root, "cuda", "wsl2", "vllm-serve:new", "127.0.0.1", 8000))
     assert env_file is not None
@@ -324,8 +326,8 @@ def test_env_example_names_every_setting_the_compose_files_read():
     import re
 
     from servekit.config.derived import USER_SETTINGS
+    from servekit.config.userenv import OWN_KEYS
     from servekit.image.knobs import KNOBS
-    from servekit.serve.deploy import OWN_KEYS
     read = {m for path in (ROOT / "compose").glob("*.yaml") for m in re.findall(r"\$\{([A-Z_]+)", path.read_text())}
     ours = {name for name in read if OWN_KEYS.match(f"{name}=")} | {"SERVEKIT_PROFILE"}
     assert read - ours - set(KNOBS) - set(USER_SETTINGS) == set()

@@ -57,8 +57,8 @@ def test_a_boot_reads_the_adapter_images_yaml_names(repo, monkeypatch, named):
     """The same choice as monitor's: the matrix's hosts.wsl2.adapter, here the iGPU by its LUID or by its name,
     wins over dedicated memory."""
     from servekit.config.load import load_matrix
+    from servekit.engines.deployment import Deployment
     from servekit.serve.boot import Boot
-    from servekit.serve.deploy import Deployment
     from servekit.wsl2.shared_usage import SharedUsageSampler
     matrix_path = repo / "images.yaml"
     matrix_path.write_text(matrix_path.read_text().replace('    card: rtx4090-wsl2\n',

@@ -23,6 +23,7 @@ from servekit.engines.gpuaccess import driver_dir
 from servekit.errors import EnvironmentProblem, UserError
 from servekit.gpu import GpuInfo, NvmlUnavailable, list_gpus
 from servekit.output import Say
+from servekit.records.models import CardUsed
 from servekit.waiting import until
 
 MPS_CONTROL = "nvidia-cuda-mps-control"
@@ -81,7 +82,7 @@ class Emulation:
                 "SERVEKIT_CARD_FLASH_ATTN_VERSION": forced.get("VLLM_FLASH_ATTN_VERSION", ""),
                 "SERVEKIT_CARD_FLASHINFER_AUTOTUNE": forced.get("VLLM_FLASHINFER_AUTOTUNE", "")}
 
-    def to_json(self) -> dict:
+    def to_json(self) -> CardUsed:
         return {"card": self.card, "description": self.description, "total_bytes": self.total_bytes,
                 "cap_bytes": self.cap_bytes,
                 "cuda_arch": self.cuda_arch, "emulated_on": {"name": self.gpu_name, "total_bytes": self.gpu_total_bytes,

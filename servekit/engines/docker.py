@@ -25,6 +25,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
+from servekit.engines.compose import PROJECT, compose_dir, compose_files, env_file, write_env
 from servekit.engines.dockercli import docker_cli
 from servekit.engines.failures import prepare_failure
 from servekit.engines.gpuaccess import GpuAccess, decide
@@ -44,13 +45,7 @@ if TYPE_CHECKING:  # the clients' types alone: each client is imported where it 
 
     from docker import DockerClient
 
-# The Compose project every command acts on; another name (the tests use their own) keeps two sets of
-# servers, volumes and `down`s apart on one engine.
-PROJECT = os.environ.get("SERVEKIT_PROJECT") or "servekit"
 PREPARE_WAIT_S = 24 * 3600  # its log has ended when this wait begins: the container is exiting, not downloading
-if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", PROJECT):
-    raise SystemExit(f"error: SERVEKIT_PROJECT={PROJECT!r}: a Compose project name is lowercase letters, digits, "
-                     "'-' and '_'")
 
 
 class EngineError(EnvironmentProblem):
@@ -268,6 +263,12 @@ class DockerEngine:
     # --- serving a profile: the process engine (process.py) is the other implementation of these ------------
     serves_images = True  # builds, sends and runs images; Compose starts its profiles
 
+    def write_settings(self, dep: Deploying) -> Path:
+        return write_env(dep)
+
+    def settings_file(self, dep: Deploying) -> Path:
+        return env_file(dep)
+
     def compose_for(self, dep: Deploying, profiles: list[str] | None = None,
                     knobs: dict[str, str] | None = None) -> WhalesClient:
         """Compose for deployment `dep` on this engine; `knobs` go into that one process's environment, where they
@@ -275,8 +276,8 @@ class DockerEngine:
         # BIND and PORT (the source's spellings, which compose.yaml reads first) as this deployment resolved them
         setting = {**(knobs or {}), "BIND": dep.bind, "PORT": str(dep.port)}
         call = ["env", *(f"{k}={v}" for k, v in setting.items()), "docker"]
-        return self.compose(compose_files=dep.compose_files, compose_project_name=PROJECT,
-                            compose_project_directory=dep.compose_dir, compose_env_files=[dep.env_file],
+        return self.compose(compose_files=compose_files(dep), compose_project_name=PROJECT,
+                            compose_project_directory=compose_dir(dep), compose_env_files=[env_file(dep)],
                             compose_profiles=profiles or [], client_call=call)
 
     def prepare(self, dep: Deploying, profile: str, knobs: dict[str, str] | None = None, on_line: Callable[[str], None] | None = None) -> list[str]:
@@ -315,7 +316,10 @@ class DockerEngine:
         return None
 
     def down(self, dep: Deploying, profile: str | None = None) -> None:
-        """Stop and remove the profile's container (every one of the project's when None); volumes stay."""
+        """Stop and remove the profile's container (every one of the project's when None); volumes stay. Compose
+        reads the env file even to take a project down: one never written is written first."""
+        if not env_file(dep).exists():
+            write_env(dep)
         client = self.compose_for(dep, ["*"])
         with docker_errors(f"down {profile or ''} on engine {self.given}".replace("  ", " ")):
             if profile:

@@ -28,6 +28,7 @@ from pathlib import Path
 import psutil
 from packaging.utils import canonicalize_name
 
+from servekit.config.matrix import Matrix
 from servekit.config.profiles import render_profiles
 from servekit.engines.docker import PROJECT, EngineError
 from servekit.engines.failures import prepare_failure
@@ -95,6 +96,12 @@ class ProcessEngine:
     same_machine = True  # its servers publish on this machine's addresses
     hostname = "127.0.0.1"
     scheme = SCHEME
+
+    def write_settings(self, dep: Deploying) -> None:
+        return None  # no tool of its own reads a file: the launcher's environment is made at each start
+
+    def settings_file(self, dep: Deploying) -> None:
+        return None
 
     def prepare(self, dep: Deploying, profile: str, knobs: dict[str, str] | None = None, on_line: Callable[[str], None] | None = None) -> list[str]:
         return prepare(self, dep, profile, knobs, on_line)
@@ -258,10 +265,18 @@ class ProcessServer:
 
 # --- starting and stopping ---------------------------------------------------------------------
 
+def _matrix(dep: Deploying) -> Matrix:
+    """The matrix the deployment serves from, which a process engine renders the image's files from."""
+    if dep.matrix is None:
+        raise UserError(f"engine {dep.engine.given}: a process engine serves from images.yaml, and this deployment "
+                        "names none")
+    return dep.matrix
+
+
 def _profiles(dep: Deploying, state: Path) -> dict:
     """profiles.json as the image has it, with the model's folders under this engine's and the generated model
     read from the repository (where the image has it baked)."""
-    matrix = dep.matrix
+    matrix = _matrix(dep)
     rendered = render_profiles(matrix, dep.target)
     spec = matrix.targets[dep.target]
     model = rendered["model"]
@@ -283,7 +298,7 @@ def check_environment(engine: ProcessEngine, dep: Deploying) -> None:
     if wrong:
         raise UserError(f"engine {engine.given}: not the {dep.target} target's stack: {'; '.join(wrong)}; install "
                         "it as docs/install.md says")
-    unapplied = check_applied(dep.root / dep.matrix.series.dir, site_vllm_dir(str(engine.python)), dep.target,
+    unapplied = check_applied(dep.root / _matrix(dep).series.dir, site_vllm_dir(str(engine.python)), dep.target,
                               settled_files(staged_env(dep.root, dep.target) / "components" / MANIFEST))
     if unapplied:
         raise UserError(f"engine {engine.given}: {unapplied[0]}; apply the series with `python3 build.py patch-env "

@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from servekit.config.matrix import Matrix
+from servekit.engines.card import Emulation
 from servekit.engines.registry import RegistryDoor
 
 
 class Deploying(Protocol):
-    """What an engine reads of a deployment (serve/deploy.py's Deployment, made above the engines): what it serves,
-    where, and the files that say how."""
+    """What an engine reads of a deployment (engines/deployment.py's record): what it serves, from where, at which
+    address, and what it asks for beside (model folders, the GPU by its devices, an emulated card)."""
 
     @property
     def root(self) -> Path: ...
@@ -39,17 +40,21 @@ class Deploying(Protocol):
     @property
     def engine(self) -> Engine: ...
     @property
-    def matrix(self) -> Matrix: ...
+    def matrix(self) -> Matrix | None: ...
     @property
     def pins(self) -> dict[str, str]: ...
     @property
     def api_key_file(self) -> Path: ...
     @property
-    def env_file(self) -> Path: ...
+    def overrides(self) -> tuple[str, ...]: ...
     @property
-    def compose_dir(self) -> Path: ...
+    def gpu_devices(self) -> bool: ...
     @property
-    def compose_files(self) -> list[Path]: ...
+    def model_dir(self) -> str | None: ...
+    @property
+    def drafter_dir(self) -> str | None: ...
+    @property
+    def card(self) -> Emulation | None: ...
 
 
 @dataclass(frozen=True)
@@ -151,6 +156,13 @@ class Engine(Protocol):
     def serving(self, tag: str, pins: dict[str, str]) -> tuple[str, dict[str, str]]:
         """What a deployment names as its image, and the pins the engine's own stack must hold (an image carries its
         own: none)."""
+
+    def write_settings(self, dep: Deploying) -> Path | None:
+        """Write what a later plain command of the engine's own tool reads to serve `dep` as servekit does (the
+        Docker engine: compose/.env, or the engine's own env file); that file, or None where there is none."""
+
+    def settings_file(self, dep: Deploying) -> Path | None:
+        """The file write_settings writes for `dep`, whose other lines are the person's; None where there is none."""
 
     def prepare(self, dep: Deploying, profile: str, knobs: dict[str, str] | None = None,
                 on_line: Callable[[str], None] | None = None) -> list[str]:

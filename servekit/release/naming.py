@@ -8,9 +8,9 @@ from pathlib import Path
 
 from servekit.build.plan import TargetPlan
 from servekit.config.matrix import Matrix
+from servekit.config.userenv import source_settings
 from servekit.errors import UserError
 from servekit.image.boundary import REGISTRY
-from servekit.serve.deploy import source_settings
 
 ENV_REGISTRY = "SERVEKIT_REGISTRY"
 

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from servekit.engines import EngineError, Server
+from servekit.engines.deployment import Deployment
 from servekit.errors import BootFailed
 from servekit.gpu import NvmlSampler, NvmlUnavailable
 from servekit.output import Say, as_output
@@ -72,7 +73,7 @@ def prepare_figures(lines: list[str]) -> dict[str, float]:
 
 @dataclass
 class Boot:
-    dep: deploy.Deployment
+    dep: Deployment
     profile: str
     record: BootRecord = field(default_factory=lambda: BootRecord(started=time.time()))
     gpu: NvmlSampler | None = None
@@ -148,7 +149,7 @@ class Boot:
                 "notes": self.notes + said}
 
 
-def boot(dep: deploy.Deployment, profile: str, timeout_s: float, say: Say | None = None, knobs: dict | None = None,
+def boot(dep: Deployment, profile: str, timeout_s: float, say: Say | None = None, knobs: dict | None = None,
          stop: threading.Event | None = None) -> Boot:
     """Start the samplers, then the profile, and watch it to healthy; on any failure take it down.
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from servekit import engines
 from servekit.config.session import Session
+from servekit.config.userenv import unread_names
 from servekit.engines import Engine, choice, transfer
 from servekit.errors import UserError
 from servekit.image.boundary import Missing, Refused, read_secret
@@ -63,8 +64,9 @@ def up_profile(session: Session, profile: str, target: str | None = None, host: 
     target, dep = ready.target, ready.deployments[0]
     arrived = transfer.ensure_image(engine, dep.image, say=lambda line: say(f"up: {line}"))
     deploy.check_bind(dep.bind, say)
-    if unread := deploy.unread_settings(dep):
-        say(f"up: note: {', '.join(unread)} in {dep.env_file.name} reach nothing: neither knobs nor settings that "
+    settings = engine.settings_file(dep)
+    if settings and (unread := unread_names(settings)):
+        say(f"up: note: {', '.join(unread)} in {settings.name} reach nothing: neither knobs nor settings that "
             "Compose or servekit read (compose/.env.example lists those); to hand one to the server, name it under "
             "`environment:` in compose/compose.override.yaml")
     where = "" if engine.is_local else f" on engine {engine.given} (image {arrived})"

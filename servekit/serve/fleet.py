@@ -18,6 +18,7 @@ from typing import Any
 from servekit.config.matrix import Matrix
 from servekit.config.session import Session
 from servekit.engines import Engine
+from servekit.engines.deployment import Deployment
 from servekit.image.boundary import write_text_atomic
 from servekit.output import Say, as_output
 from servekit.records.models import FleetEngine, FleetSummary, ReleaseRecord, RunReport, Table, save
@@ -32,7 +33,7 @@ STOP_WAIT_S = 60  # after Ctrl-C, how long the engines' threads get to take thei
 
 @dataclass
 class EngineRun:
-    dep: deploy.Deployment
+    dep: Deployment
     reports: list[tuple[RunReport, Path]] = field(default_factory=list)
     error: str | None = None
 
@@ -60,7 +61,7 @@ def _run_one(run: EngineRun, matrix: Matrix, profiles: list[str], key_file: Path
         tell(f"failed: {run.error}")
 
 
-def run_fleet(matrix: Matrix, deps: list[deploy.Deployment], profiles: list[str], key_file: Path, out: Path,
+def run_fleet(matrix: Matrix, deps: list[Deployment], profiles: list[str], key_file: Path, out: Path,
               release: ReleaseRecord | None = None,
               say: Say = print, only: list[str] | None = None) -> list[EngineRun]:
     """Run `profiles` on every deployment's engine in parallel (`only` those checks, where given); Ctrl-C takes

@@ -11,6 +11,7 @@ from pathlib import Path
 from servekit import engines
 from servekit.config.matrix import Matrix
 from servekit.engines import transfer
+from servekit.engines.deployment import Deployment
 from servekit.errors import BootFailed
 from servekit.image.boundary import read_secret
 from servekit.output import Say
@@ -31,7 +32,7 @@ class RunInterrupted(KeyboardInterrupt):
         self.written: list[Path] = []  # the run's report folders, this one's last (set by run_profiles)
 
 
-def _new_report(matrix: Matrix, dep: deploy.Deployment, profile: str) -> RunReport:
+def _new_report(matrix: Matrix, dep: Deployment, profile: str) -> RunReport:
     """The report of a run about to start: what runs where, the image's ID and what the reader must know of it."""
     created = dt.datetime.now(dt.UTC)
     report = RunReport(run_id=f"{created:%Y%m%d-%H%M%S}-{profile}-{dep.target}",
@@ -70,7 +71,7 @@ def _record_memory(report: RunReport, b: Boot | None) -> dict:
     return series
 
 
-def run_profile(matrix: Matrix, dep: deploy.Deployment, profile: str, key_file: Path, say: Say = print, knobs: dict | None = None,
+def run_profile(matrix: Matrix, dep: Deployment, profile: str, key_file: Path, say: Say = print, knobs: dict | None = None,
                 only: list[str] | None = None, stop: threading.Event | None = None,
                 boot_timeout_s: float | None = None) -> tuple[RunReport, dict]:
     """Boot, smoke, down: (the report, the series for its plot). Never raises for a failed boot or check; raises
@@ -155,7 +156,7 @@ def _with_notes(exc: BaseException) -> str:
     return "; ".join([str(exc), *getattr(exc, "__notes__", [])])
 
 
-def run_profiles(matrix: Matrix, dep: deploy.Deployment, profiles: list[str], key_file: Path,
+def run_profiles(matrix: Matrix, dep: Deployment, profiles: list[str], key_file: Path,
                  write: Callable[[RunReport, dict], Path], say: Say = print,
                  release: ReleaseRecord | None = None, stop: threading.Event | None = None,
                  knobs: dict | None = None, only: list[str] | None = None,

@@ -12,9 +12,10 @@ from servekit.build.builder import ensure_built
 from servekit.build.plan import TargetPlan, installed_pins, plan_for
 from servekit.config.session import Session
 from servekit.engines import Engine, choice, local
+from servekit.engines.deployment import Deployment
 from servekit.output import Say
 from servekit.serve.checks import checks_to_run
-from servekit.serve.deploy import Deployment, ensure_secrets, published, write_env
+from servekit.serve.deploy import ensure_secrets, published
 
 
 def deployment(session: Session, target: str, engine: Engine, host: str | None = "auto", port: int | None = None,
@@ -40,7 +41,7 @@ def ready_for_compose(session: Session, target: str, tag: str) -> None:
     compose/ needs (what `image` leaves behind)."""
     dep = deployment(session, target, local(), tag=tag)
     ensure_secrets(dep)
-    write_env(dep)
+    dep.engine.write_settings(dep)
 
 
 @dataclass(frozen=True)
@@ -80,5 +81,5 @@ def ready_to_serve(session: Session, engines: list[Engine], command: str, profil
                        tag=plan.tag if plan else None, card=card) for i, engine in enumerate(engines)]
     for dep in deps:  # here, not in the threads that boot them: the key file is one for all, each env file written once
         key_file = ensure_secrets(dep)
-        write_env(dep)
+        dep.engine.write_settings(dep)
     return Ready(target, profiles, plan, deps, key_file)

@@ -17,13 +17,13 @@ from servekit.config.matrix import Matrix
 from servekit.config.profiles import render_profiles
 from servekit.config.session import Session
 from servekit.engines import Engine, resolve
+from servekit.engines.deployment import Deployment
 from servekit.errors import UserError
 from servekit.image.boundary import write_text_atomic
 from servekit.image.launcher import build_command
 from servekit.output import Say
 from servekit.records.models import RunReport, SweepCell, SweepReport, Table, save
 from servekit.records.report import markdown_table, quiet_matplotlib
-from servekit.serve.deploy import Deployment
 from servekit.serve.pipeline import run_profile
 from servekit.serve.ready import ready_to_serve
 
