@@ -1,6 +1,6 @@
-"""Compose, as the Docker engine serves a deployment with it: the files it names (compose.yaml and the overrides the
-deployment asks for), the env file a plain `docker compose` in compose/ reads too (servekit's block in it, the
-person's lines kept, config/userenv.py), and the client. Only the Docker engine calls this module."""
+"""Compose, as the Docker engine serves a deployment with it: the project, the files a deployment names (compose.yaml
+and the overrides it asks for) and the env file a plain `docker compose` in compose/ reads too (servekit's block in
+it, the person's lines kept: config/userenv.py). Only the Docker engine calls this module; its client is docker.py's."""
 
 from __future__ import annotations
 
