@@ -282,7 +282,7 @@ def test_an_image_reaches_another_engine_by_stream_then_by_registry(second, tmp_
 
 @pytest.mark.engine
 @pytest.mark.slow
-def test_up_smoke_and_down_on_another_engine(second):
+def test_up_smoke_and_down_on_another_engine(second, cpu_image):  # `up` serves what is built: the session's image
     """Buys a server on another engine end to end: the image sent there, `up`, `smoke`, `ps`, `logs -f` and `down`
     through --engine, nothing left behind."""
     from servekit.engines.docker import free_port

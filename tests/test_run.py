@@ -91,7 +91,7 @@ def test_two_runs_at_once_both_finish_with_their_own_reports():
 
 
 @pytest.mark.slow
-def test_run_leaves_a_server_started_by_up_alone():
+def test_run_leaves_a_server_started_by_up_alone(cpu_image):  # `up` serves what is built: the session's image
     """Buys the rule that a run never restarts or stops somebody's server: a real `up`, then a run of the same profile
     refused, the server untouched."""
     up = run_build_py("up", "default", "--target", "cpu", "--json", timeout=3000)

@@ -76,7 +76,7 @@ def test_markdown_shows_the_plot_escapes_cells_and_a_failed_boot_with_its_tail()
 
 
 @pytest.fixture(scope="module")
-def server():
+def server(cpu_image):  # `up` serves what is built: the session's image
     up = run_build_py("up", "default", "--target", "cpu", "--json", timeout=3000)
     assert up.returncode == 0, up.stderr[-3000:]
     info = json.loads(up.stdout)

@@ -157,7 +157,8 @@ def write_text_atomic(path: str | os.PathLike, text: str, mode: int | None = Non
     old file's, else 0600. The one atomic writer, the host's and the image's."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, staging = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    # ".NAME.XXXX.tmp": a name of its own for each writer, and one that prepare's resume removes where a kill left it
+    fd, staging = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "w") as out:
             out.write(text)
