@@ -52,19 +52,26 @@ checked() {
 # parts_named DIR PREFIX: the names SHA256SUMS gives the parts that start with PREFIX, in its order (pack's).
 parts_named() { awk -v p="$2" '{ n = $2; sub(/^\*/, "", n) } index(n, p) == 1 { print n }' "$1/SHA256SUMS"; }
 
-# arrived DIR NAME: with FOLLOW seconds, wait until NAME is in DIR (giving up FOLLOW s after the last part came), then
-# check it against SHA256SUMS; without, it was checked with the others before anything was used.
 FOLLOW=0
 last_arrival=$SECONDS
-arrived() {
+
+# present DIR NAME: wait until NAME is in DIR, giving up FOLLOW s after the last part came.
+present() {
     local dir=$1 name=$2
-    (( FOLLOW > 0 )) || return 0
     [ -f "$dir/$name" ] || say "waiting for $name"
     until [ -f "$dir/$name" ]; do
         (( SECONDS - last_arrival < FOLLOW )) || { say "$dir/$name: not there after $FOLLOW s; copy it and run setup again"; exit 1; }
         sleep 1
     done
     last_arrival=$SECONDS
+}
+
+# arrived DIR NAME: with FOLLOW seconds, NAME once present, checked against SHA256SUMS; without, it was checked with
+# the others before anything was used.
+arrived() {
+    local dir=$1 name=$2
+    (( FOLLOW > 0 )) || return 0
+    present "$dir" "$name"
     (cd "$dir" && named "$name" SHA256SUMS | sha256sum --check --quiet) || { say "$dir/$name: damaged; copy it again"; exit 1; }
 }
 
@@ -88,10 +95,8 @@ setup)
     started=$(date +%s)
     if [ $# -eq 4 ]; then
         FOLLOW=$4
-        until [ -f "$parts/SHA256SUMS" ] && [ -f "$parts/IMAGE" ]; do
-            (( SECONDS - last_arrival < FOLLOW )) || { say "$parts: no SHA256SUMS and IMAGE after $FOLLOW s"; exit 1; }
-            sleep 1
-        done
+        present "$parts" SHA256SUMS
+        present "$parts" IMAGE
     else
         checked "$parts"
     fi
