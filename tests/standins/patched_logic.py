@@ -17,6 +17,19 @@ from pathlib import Path
 import torch
 
 
+@contextlib.contextmanager
+def replaced(owner, **attributes):
+    """Each named attribute of owner replaced while the block runs, then put back."""
+    saved = {name: getattr(owner, name) for name in attributes}
+    for name, value in attributes.items():
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(owner, name, value)
+
+
 def card_patch() -> dict:
     """The emulated-card patch as vLLM runs it: the memory snapshot and the platform's device total read the card's
     VLLM_DEVICE_TOTAL_MEMORY, VLLM_FLASH_ATTN_VERSION picks the FlashAttention version and VLLM_FLASHINFER_AUTOTUNE=0
@@ -199,6 +212,55 @@ def gdn_accepted_bounds() -> dict:
     return sites
 
 
+def signed_scales() -> dict:
+    """marlin-int8-signed-scales.patch: Marlin's own weight preparation for int8 activations (its CUDA repack and scale
+    permutation, layout shuffles the cpu image cannot run, made identities) over codes and group scales of either
+    sign, as AutoRound writes them; the weights the kernel then holds are decoded the way it reads them (each int16
+    scale as unsigned) and compared with the checkpoint's. Released, as the patch's header says, a negative scale
+    comes out as a huge positive one."""
+    from vllm import _custom_ops as ops
+    from vllm.model_executor.kernels.linear.mixed_precision import marlin
+    from vllm.model_executor.kernels.linear.mixed_precision.MPLinearKernel import MPLinearLayerConfig
+    from vllm.model_executor import parameter
+    from vllm.scalar_type import scalar_types
+
+    generator = torch.Generator().manual_seed(0)
+    size_k, size_n, group = 512, 64, 128
+    codes = torch.randint(0, 16, (size_n, size_k), generator=generator, dtype=torch.int32)
+    sign = torch.where(torch.rand(size_n, size_k // group, generator=generator) < 0.5, -1.0, 1.0)
+    scales = ((torch.rand(size_n, size_k // group, generator=generator) * 0.02 + 0.005) * sign).half()
+    checkpoint = (codes - 8).float() * scales.float().repeat_interleave(group, dim=1)  # [out, in]
+    packed = torch.zeros(size_n, size_k // 8, dtype=torch.int32)
+    for nibble in range(8):
+        packed |= codes[:, nibble::8] << (4 * nibble)
+
+    layer = torch.nn.Module()
+    with replaced(parameter, get_tensor_model_parallel_rank=lambda: 0, get_tensor_model_parallel_world_size=lambda: 1):
+        layer.register_parameter("weight_packed", parameter.PackedvLLMParameter(
+            data=packed, input_dim=1, output_dim=0, packed_dim=1, packed_factor=8, weight_loader=lambda *a: None))
+        layer.register_parameter("weight_scale", parameter.GroupQuantScaleParameter(
+            data=scales.clone(), input_dim=1, output_dim=0, weight_loader=lambda *a: None))
+    config = MPLinearLayerConfig(full_weight_shape=(size_k, size_n), partition_weight_shape=(size_k, size_n),
+                                 weight_type=scalar_types.uint4b8, act_type=torch.int8, group_size=group,
+                                 zero_points=False, out_type=torch.float16)
+    kernel = marlin.MarlinLinearKernel(config, "weight_packed", "weight_scale")
+    with replaced(ops, gptq_marlin_repack=lambda x, **kwargs: x), \
+            replaced(marlin, marlin_permute_scales=lambda s, **kwargs: s):
+        kernel.process_weights_after_loading(layer)
+    held = layer.weight_packed.data  # [in / 8, out]
+    held_codes = torch.stack([(held >> (4 * nibble)) & 0xF for nibble in range(8)], dim=1).reshape(size_k, size_n)
+    as_read = (layer.weight_scale.data.view(torch.int16).int() & 0xFFFF).float() * layer.input_global_scale.float()
+    kernel_weights = ((held_codes - 8).float() * as_read.repeat_interleave(group, dim=0)).t()
+    error = (kernel_weights - checkpoint).abs()
+    step = scales.float().abs().repeat_interleave(group, dim=1)  # one code's worth of each weight
+    clamped = (codes == 0) & (sign.repeat_interleave(group, dim=1) < 0)  # -8 x a negative scale: +8, four bits hold 7
+    return {"negative_scales": int((sign < 0).sum()), "groups": sign.numel(),
+            "worst_error_in_steps": float((error / step).max()),
+            "worst_unclamped_error_in_steps": float((error / step)[~clamped].max()),
+            "clamped": int(clamped.sum()), "weights": codes.numel()}
+
+
 if __name__ == "__main__":
     print(json.dumps({"card_patch": card_patch(), "marlin_include": marlin_include(), "profile_order": profile_order(),
-                      "kv_groups": kv_groups(), "gdn_accepted_bounds": gdn_accepted_bounds()}))
+                      "kv_groups": kv_groups(), "gdn_accepted_bounds": gdn_accepted_bounds(),
+                      "signed_scales": signed_scales()}))
