@@ -5,8 +5,9 @@ The KV arithmetic is vLLM 0.31.0's for this hybrid model (../shared/served-model
 source's published pools): the attention page per token and layer from the KV dtype, the GDN state per layer and
 sequence (the conv rows grow with the drafts), the block size that makes one attention page hold a GDN state, a
 request holding cdiv(MAX_LEN, block) attention blocks plus 1 + drafts (+1 with prefix caching) blocks per GDN group
-and, beside a DFlash drafter, its sliding-window layers' window less one and every token in flight; the kinds'
-layers grouped as the series' kv-group-by-request picks (the smaller kind's count for Qwen3.5 alone: the MTP layer
+and, beside a DFlash drafter, its sliding-window layers' window less one and every token in flight; every page
+evened to the largest (with int4 KV the drafter's per-head scales, for twice the heads, make its page the largest,
+and the rest are padded to it); the kinds' layers grouped as the series' kv-group-by-request picks (the smaller kind's count for Qwen3.5 alone: the MTP layer
 makes 17, with padding), a block id costing one page per layer of a group. What vLLM keeps for itself (weights,
 activation peak, memory outside torch, CUDA graphs) does not come out of one constant (served-model.md 3.10): it is
 taken per profile from its newest full-size report's budget, as requested less available, and a profile without
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,16 +140,23 @@ def need(layout: Layout, flags: Flags) -> Need:
     drafts = flags.drafts if flags.method else 0  # every drafter's verify step widens the GDN conv state
     gdn_page = (layout.conv_rows + drafts) * layout.conv_dim * 2 + layout.ssm_elements * flags.ssm_bytes
     block = flags.block or ALIGN * math.ceil(gdn_page / (ALIGN * attention_page))
-    # (layers, blocks one request of max_len holds) per kind: vLLM's max_memory_usage_bytes over the page
-    kinds = [(layout.attention_layers + (1 if flags.method == "mtp" else 0),  # the MTP head's one attention layer
-              math.ceil(flags.max_len / block)),
-             (layout.gdn_layers, 1 + drafts + (1 if flags.prefix_caching else 0))]  # align mode keeps one more
+    # (layers, the bytes one token takes in one of them, the blocks one request of max_len holds at a block size)
+    # per kind: vLLM's max_memory_usage_bytes over the page
+    specs: list[tuple[int, int | None, Callable[[int], int]]] = [
+        (layout.attention_layers + (1 if flags.method == "mtp" else 0),  # the MTP head's one attention layer
+         attention_page, lambda size: math.ceil(flags.max_len / size)),
+        (layout.gdn_layers, None, lambda size: 1 + drafts + (1 if flags.prefix_caching else 0))]  # align mode: +1
     if flags.method == "dflash":
-        kinds.append(_window_kind(layout, flags, block, attention_page))
+        specs.append(_window_spec(layout, flags))
+    # vLLM evens the pages to the largest (unify_kv_cache_spec_page_size): an attention kind whose page divides it
+    # takes blocks that many times longer, any other (the GDN state, a drafter's page of per-head scales for twice
+    # the heads) is padded to it
+    page = max(block * token if token else gdn_page for _, token, _ in specs)
+    kinds = [(layers, held(block * page // (block * token) if token and page % (block * token) == 0 else block))
+             for layers, token, held in specs]
     group = _group_size(kinds)
     per_request = sum(math.ceil(layers / group) * blocks for layers, blocks in kinds)
-    return Need(block, group, sum(math.ceil(layers / group) for layers, _ in kinds), group * block * attention_page,
-                per_request)
+    return Need(block, group, sum(math.ceil(layers / group) for layers, _ in kinds), group * page, per_request)
 
 
 def _token_page(kv_dtype: str, kv_heads: int, head_dim: int) -> int:
@@ -156,18 +165,14 @@ def _token_page(kv_dtype: str, kv_heads: int, head_dim: int) -> int:
     return int(2 * kv_heads * (head_dim * per_element + per_head))
 
 
-def _window_kind(layout: Layout, flags: Flags, block: int, attention_page: int) -> tuple[int, int]:
-    """The DFlash drafter's sliding-window layers: the window less one and every token in flight (two batches under
-    async scheduling), in blocks, and one more for a window that starts mid-block."""
+def _window_spec(layout: Layout, flags: Flags) -> tuple[int, int, Callable[[int], int]]:
+    """The DFlash drafter's sliding-window layers: their page a token, and in blocks the window less one and every
+    token in flight (two batches under async scheduling), and one more for a window that starts mid-block."""
     d = layout.drafter
     if d is None:
         raise NotPredicted("dflash drafting: no drafter config to size its window layers from")
-    if (page := _token_page(flags.kv_dtype, d.kv_heads, d.head_dim)) != attention_page:
-        raise NotPredicted(f"dflash drafting with {flags.kv_dtype} KV: the drafter's page ({page} B a token and "
-                           f"layer) is not the target's ({attention_page} B), and how vLLM evens them is not in this "
-                           "arithmetic")
-    in_flight = (2 if flags.async_scheduling else 1) * flags.batched_tokens
-    return d.window_layers, math.ceil(min(d.window - 1 + in_flight, flags.max_len) / block) + 1
+    held = min(d.window - 1 + (2 if flags.async_scheduling else 1) * flags.batched_tokens, flags.max_len)
+    return d.window_layers, _token_page(flags.kv_dtype, d.kv_heads, d.head_dim), lambda size: math.ceil(held / size) + 1
 
 
 def _group_size(kinds: list[tuple[int, int]]) -> int:

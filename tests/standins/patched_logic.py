@@ -219,9 +219,9 @@ def signed_scales() -> dict:
     scale as unsigned) and compared with the checkpoint's. Released, as the patch's header says, a negative scale
     comes out as a huge positive one."""
     from vllm import _custom_ops as ops
+    from vllm.model_executor import parameter
     from vllm.model_executor.kernels.linear.mixed_precision import marlin
     from vllm.model_executor.kernels.linear.mixed_precision.MPLinearKernel import MPLinearLayerConfig
-    from vllm.model_executor import parameter
     from vllm.scalar_type import scalar_types
 
     generator = torch.Generator().manual_seed(0)
