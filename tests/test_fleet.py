@@ -408,7 +408,7 @@ def test_run_on_an_ssh_engine_goes_through_a_tunnel(ssh_engine, second):
     assert done.returncode == 0, done.stderr[-3000:]
     [folder] = map(Path, json.loads(done.stdout)["reports"])
     report = json.loads((folder / "report.json").read_text())
-    assert report["engine"] == url and report["passed"]
+    assert report["engine"] == url and report["served_from"] == "image" and report["passed"]
     # the checks reached the port on the engine's loopback through a tunnel from another port of this machine's
     assert report["url"].startswith("http://127.0.0.1:") and not report["url"].endswith(f":{port}")
     assert any("on another machine" in note for note in report["notes"])

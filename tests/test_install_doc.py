@@ -107,7 +107,7 @@ def test_the_cpu_section_serves_the_demo_through_the_process_engine(doc_home):
                 assert json.loads(answered.stdout)["choices"][0]["message"], answered.stdout[-500:]
         [report_dir] = [p for p in set(reports.iterdir()) - before if not p.is_symlink()]
         report = json.loads((report_dir / "report.json").read_text())
-        assert report["passed"] and report["engine"] == "venv:~/vllm-cpu", report
+        assert report["passed"] and report["engine"] == "venv:~/vllm-cpu" and report["served_from"] == "environment", report
         assert report["image"]["tag"].startswith(str(environment)) and report["boot"]["kv_pool_tokens"] > 0
         assert report["memory"]["container"]["peak_bytes"] > 100e6  # the process group's memory was sampled
         ps = next(text for command, text in outputs.items() if " ps " in f"{command} ")

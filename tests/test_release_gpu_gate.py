@@ -89,13 +89,17 @@ def test_committed_gpu_reports_of_this_image_pass_the_gate(matrix, tmp_path):
         gate(matrix, "cuda", "sha256:" + "cd" * 32, tmp_path)
 
 
-@pytest.mark.parametrize("engine,gpus,said", [
-    ("venv:/root/vllm-cuda", True, "served by the process engine (venv:/root/vllm-cuda), not by the image"),
-    ("local", False, "no GPU memory samples"),
+@pytest.mark.parametrize("engine,served_from,gpus,said", [
+    # written at run time by the engine that served it; a report from before the field, by the engine's name
+    ("venv:/root/vllm-cuda", "environment", True, "served from an environment (venv:/root/vllm-cuda), not by the image"),
+    ("venv:/root/vllm-cuda", None, True, "served from an environment (venv:/root/vllm-cuda), not by the image"),
+    ("local", "image", False, "no GPU memory samples"),
 ])
-def test_a_passing_report_that_is_no_gpu_proof_is_refused(matrix, tmp_path, engine, gpus, said):
+def test_a_passing_report_that_is_no_gpu_proof_is_refused(matrix, tmp_path, engine, served_from, gpus, said):
     for profile in _required(matrix):
-        _write(tmp_path, "reports", f"run-{profile}", _passing(profile, engine, gpus))
+        report = _passing(profile, engine, gpus)
+        report.pop("served_from", None)
+        _write(tmp_path, "reports", f"run-{profile}", {**report, **({"served_from": served_from} if served_from else {})})
     with pytest.raises(CheckFailed, match="proves nothing") as refused:
         gate(matrix, "cuda", IMAGE_ID, tmp_path)
     assert said in str(refused.value)

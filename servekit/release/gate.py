@@ -9,7 +9,6 @@ from pathlib import Path
 
 from servekit.config.matrix import Matrix
 from servekit.engines.card import mps_cap_bytes
-from servekit.engines.process import SCHEME as PROCESS_SCHEME
 from servekit.errors import CheckFailed, UserError
 from servekit.records.models import OtherKind, ProfileGate, RunReport
 from servekit.records.report import load_report, report_files
@@ -73,8 +72,8 @@ def gpu_proof_problem(report: RunReport) -> str | None:
     """Why a passing report of a GPU target does not prove the image on a GPU, or None: it must come from a Docker
     engine (a process engine serves a venv, not the image) and carry NVML's memory samples of a GPU, each entry with
     its total, its sample count and its peak (whole numbers: the report's reader holds them so) fitting the card."""
-    if report.engine.startswith(f"{PROCESS_SCHEME}:"):
-        return f"it was served by the process engine ({report.engine}), not by the image in a container"
+    if report.served_from != "image":
+        return f"it was served from an environment ({report.engine}), not by the image in a container"
     if not report.memory.gpus:
         return "it holds no GPU memory samples (NVML did not answer where it ran)"
     for i, entry in enumerate(report.memory.gpus):
