@@ -282,6 +282,29 @@ def test_an_image_reaches_another_engine_by_stream_then_by_registry(second, tmp_
 
 @pytest.mark.engine
 @pytest.mark.slow
+def test_reading_a_file_of_an_image_leaves_none_of_its_volumes_behind(second, tmp_path):
+    """An image that declares VOLUMEs (the serving image declares /cache and /app/models) gets an anonymous volume for
+    each in every container made of it: the throwaway container that reads one file of it (the SBOM check, `release
+    --verify`) takes them with it. On the second engine, which only this group's worker uses, so that nothing else
+    makes or removes volumes meanwhile."""
+    (tmp_path / "f").write_text("x")
+    (tmp_path / "Dockerfile").write_text("FROM scratch\nCOPY f /f\nVOLUME /data /more\n")
+    image = f"servekit-test-volumes:{SLOT}"
+    built = subprocess.run(["docker", "--host", second, "build", "-q", "-t", image, str(tmp_path)],
+                           capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+
+    def volumes() -> set[str]:
+        return set(subprocess.run(["docker", "--host", second, "volume", "ls", "-q"], capture_output=True, text=True,
+                                  check=True, timeout=60).stdout.split())
+    try:
+        before = volumes()
+        assert docker_engine(second).registries().read_file(image, "/f") == b"x"
+        assert volumes() == before
+    finally:
+        subprocess.run(["docker", "--host", second, "image", "rm", image], capture_output=True, timeout=60)
+
+
 def test_up_smoke_and_down_on_another_engine(second, cpu_image):  # `up` serves what is built: the session's image
     """Buys a server on another engine end to end: the image sent there, `up`, `smoke`, `ps`, `logs -f` and `down`
     through --engine, nothing left behind."""

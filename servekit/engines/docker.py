@@ -228,9 +228,19 @@ class DockerEngine:
 
     def output_of(self, image: str, entrypoint: str, args: list[str]) -> bytes:
         """What `entrypoint ARGS` prints in a throwaway container of `image`, without a network."""
+        import docker  # the SDK takes a third of a second to import: only what talks to an engine pays for it
         with docker_errors(f"engine {self.given}: run {entrypoint} in {image}"):
-            return self.sdk(timeout=300).containers.run(image, args, entrypoint=entrypoint, remove=True,
-                                                        network_mode="none")
+            container = self.sdk(timeout=300).containers.run(image, args, entrypoint=entrypoint, detach=True,
+                                                             network_mode="none")
+            try:
+                code = container.wait(timeout=300)["StatusCode"]
+                out = container.logs(stdout=True, stderr=False)
+                if code != 0:  # as the SDK's own run says it
+                    raise docker.errors.ContainerError(container, code, args, image,
+                                                       container.logs(stdout=False, stderr=True))
+                return out
+            finally:
+                container.remove(force=True, v=True)  # the image's VOLUMEs go with it, as `docker run --rm` does
 
     def versions(self) -> tuple[dict, dict]:
         """The engine's `docker version` and `docker info`."""
@@ -340,7 +350,7 @@ class DockerEngine:
                     say(line.decode(errors="replace").rstrip())
                 code = container.wait(timeout=3600)["StatusCode"]
             finally:
-                container.remove(force=True)
+                container.remove(force=True, v=True)  # the image's VOLUMEs go with it, as `docker run --rm` does
         if code != 0:
             raise EngineError(f"engine {self.given}: {' '.join(command[:2])} in {image} exited {code}", f"exit {code}")
 

@@ -272,4 +272,4 @@ class RegistryDoor:
         except docker.errors.NotFound:
             raise FileNotFoundError(path) from None
         finally:
-            container.remove(force=True)
+            container.remove(force=True, v=True)  # the anonymous volumes of the image's VOLUMEs with it
