@@ -151,8 +151,11 @@ def need(layout: Layout, flags: Flags) -> Need:
     # vLLM evens the pages to the largest (unify_kv_cache_spec_page_size): an attention kind whose page divides it
     # takes blocks that many times longer, any other (the GDN state, a drafter's page of per-head scales for twice
     # the heads) is padded to it
-    page = max(block * token if token else gdn_page for _, token, _ in specs)
-    kinds = [(layers, held(block * page // (block * token) if token and page % (block * token) == 0 else block))
+    def page_of(token: int | None) -> int:
+        return block * token if token else gdn_page
+
+    page = max(page_of(token) for _, token, _ in specs)
+    kinds = [(layers, held(block * page // page_of(token) if token and page % page_of(token) == 0 else block))
              for layers, token, held in specs]
     group = _group_size(kinds)
     per_request = sum(math.ceil(layers / group) * blocks for layers, blocks in kinds)

@@ -42,11 +42,6 @@ def card_patch() -> dict:
     from vllm.platforms import cuda as cuda_platform
     from vllm.v1.attention.backends import fa_utils
     gib = 2**30
-    accel = torch.accelerator
-    saved = {n: getattr(accel, n) for n in ("memory_stats", "get_memory_info", "memory_reserved")}
-    accel.memory_stats = lambda device=None: {}
-    accel.get_memory_info = lambda device=None: (23 * gib + gib // 2, 139 * gib + gib * 4 // 5)  # MPS: free capped
-    accel.memory_reserved = lambda device=None: 0
     mem_utils.current_platform.is_integrated_gpu = lambda index=None: False
     torch.cuda.get_device_properties = lambda device=0: types.SimpleNamespace(total_memory=139 * gib)
     sys.modules["vllm.vllm_flash_attn"] = types.ModuleType("vllm.vllm_flash_attn")
@@ -58,20 +53,20 @@ def card_patch() -> dict:
     fa_utils.current_platform = types.SimpleNamespace(is_xpu=lambda: False, is_rocm=lambda: False,
                                                       get_device_capability=lambda: types.SimpleNamespace(major=9, minor=0))
     out = {}
-    for name, env in (("unset", {}), ("card", {"VLLM_DEVICE_TOTAL_MEMORY": str(round(23.56 * gib)),
-                                               "VLLM_FLASH_ATTN_VERSION": "2", "VLLM_FLASHINFER_AUTOTUNE": "0"})):
-        for key in ("VLLM_DEVICE_TOTAL_MEMORY", "VLLM_FLASH_ATTN_VERSION", "VLLM_FLASHINFER_AUTOTUNE"):
-            os.environ.pop(key, None)
-        os.environ.update(env)
-        if hasattr(envs, "disable_envs_cache"):
-            envs.disable_envs_cache()
-        snap = mem_utils.MemorySnapshot(device=torch.device("cpu"), auto_measure=False)
-        snap.measure()
-        out[name] = {"total": snap.total_memory, "free": snap.free_memory, "cuda_memory": snap.cuda_memory,
-                     "platform_total": cuda_platform.NonNvmlCudaPlatform.get_device_total_memory(),
-                     "fa_version": fa_utils.get_flash_attn_version(), "autotune": envs.VLLM_FLASHINFER_AUTOTUNE}
-    for n, f in saved.items():
-        setattr(accel, n, f)
+    with replaced(torch.accelerator, memory_stats=lambda device=None: {}, memory_reserved=lambda device=None: 0,
+                  get_memory_info=lambda device=None: (23 * gib + gib // 2, 139 * gib + gib * 4 // 5)):  # MPS: free capped
+        for name, env in (("unset", {}), ("card", {"VLLM_DEVICE_TOTAL_MEMORY": str(round(23.56 * gib)),
+                                                   "VLLM_FLASH_ATTN_VERSION": "2", "VLLM_FLASHINFER_AUTOTUNE": "0"})):
+            for key in ("VLLM_DEVICE_TOTAL_MEMORY", "VLLM_FLASH_ATTN_VERSION", "VLLM_FLASHINFER_AUTOTUNE"):
+                os.environ.pop(key, None)
+            os.environ.update(env)
+            if hasattr(envs, "disable_envs_cache"):
+                envs.disable_envs_cache()
+            snap = mem_utils.MemorySnapshot(device=torch.device("cpu"), auto_measure=False)
+            snap.measure()
+            out[name] = {"total": snap.total_memory, "free": snap.free_memory, "cuda_memory": snap.cuda_memory,
+                         "platform_total": cuda_platform.NonNvmlCudaPlatform.get_device_total_memory(),
+                         "fa_version": fa_utils.get_flash_attn_version(), "autotune": envs.VLLM_FLASHINFER_AUTOTUNE}
     return out
 
 
@@ -120,14 +115,12 @@ def profile_order() -> dict:
         yield
 
     runner = types.SimpleNamespace(profile_run=lambda **kwargs: steps.append("forward"), model_memory_usage=0)
-    saved = (gpu_worker.memory_profiling, gpu_worker.maybe_apply_startup_plan, gpu_worker.reserve_mm_ipc_gpu_memory,
-             torch.accelerator.empty_cache)
-    gpu_worker.memory_profiling = window
-    gpu_worker.maybe_apply_startup_plan = lambda worker: None
-    gpu_worker.reserve_mm_ipc_gpu_memory = lambda size, *args: size
-    torch.accelerator.empty_cache = lambda: steps.append("cache emptied")
     out = {}
-    try:
+    with replaced(gpu_worker, memory_profiling=window, maybe_apply_startup_plan=lambda worker: None,
+                  reserve_mm_ipc_gpu_memory=lambda size, *args: size), \
+            replaced(torch.accelerator, empty_cache=lambda: steps.append("cache emptied")), \
+            contextlib.ExitStack() as cleanup:
+        cleanup.callback(os.environ.pop, "VLLM_PROFILE_WARMUP", None)
         for name, env, pinned in (("profiled", {}, None), ("profiled_warmup_off", {"VLLM_PROFILE_WARMUP": "0"}, None),
                                   ("pinned", {}, 5 << 30)):
             os.environ.pop("VLLM_PROFILE_WARMUP", None)
@@ -141,10 +134,6 @@ def profile_order() -> dict:
             with contextlib.suppress(Measured):
                 gpu_worker.Worker.determine_available_memory(worker)
             out[name] = list(steps)
-    finally:
-        os.environ.pop("VLLM_PROFILE_WARMUP", None)
-        (gpu_worker.memory_profiling, gpu_worker.maybe_apply_startup_plan, gpu_worker.reserve_mm_ipc_gpu_memory,
-         torch.accelerator.empty_cache) = saved
     return out
 
 
@@ -177,10 +166,10 @@ def kv_groups() -> dict:
     layouts = {"dflash2": {**{f"full.{i}": full for i in range(16)}, **{f"gdn.{i}": gdn for i in range(48)},
                            **{f"drafter.{i}": window for i in range(5)}},
                "mtp": {**{f"full.{i}": full for i in range(17)}, **{f"gdn.{i}": gdn for i in range(48)}}}
-    saved = kv_cache_utils.create_kv_cache_group_specs
-    kv_cache_utils.create_kv_cache_group_specs = lambda specs, grouped: grouped
     out = {}
-    try:
+    with replaced(kv_cache_utils, create_kv_cache_group_specs=lambda specs, grouped: grouped), \
+            contextlib.ExitStack() as cleanup:
+        cleanup.callback(os.environ.pop, "VLLM_KV_GROUP_BY_REQUEST", None)
         for env in ({}, {"VLLM_KV_GROUP_BY_REQUEST": "0"}):
             os.environ.pop("VLLM_KV_GROUP_BY_REQUEST", None)
             os.environ.update(env)
@@ -190,9 +179,6 @@ def kv_groups() -> dict:
                 pages = len(grouped) and sum(size * layout[group[0]].blocks for group in grouped)
                 out[f"{name}{'_released' if env else ''}"] = {"group_size": size, "groups": len(grouped),
                                                               "pages_per_request": pages}
-    finally:
-        os.environ.pop("VLLM_KV_GROUP_BY_REQUEST", None)
-        kv_cache_utils.create_kv_cache_group_specs = saved
     return out
 
 
