@@ -10,7 +10,7 @@ maps the names used in images.yaml to the functions.
 from __future__ import annotations
 
 # Importing the check modules registers their checks (they import .core, never this package: no cycle).
-from . import api, cache, load, logs, spec, spill, tools  # noqa: F401
+from . import agreement, api, cache, load, logs, spec, spill, tools  # noqa: F401
 from .core import (
     AFTER_TRAFFIC,
     CHECK_DEADLINE_S,

@@ -80,7 +80,8 @@ def repo(tmp_path: Path) -> Path:
     if cache.is_dir():
         shutil.copytree(cache, tmp_path / ".cache" / "metadata")  # a copy: tests delete from it
     pristine = ROOT / ".cache" / "pristine"
-    if pristine.is_dir():
+    if pristine.is_dir():  # (it can appear mid-run, fetched by another test, where no metadata came before it)
+        (tmp_path / ".cache").mkdir(exist_ok=True)
         (tmp_path / ".cache" / "pristine").symlink_to(pristine)  # read only, and large
     return tmp_path
 

@@ -10,7 +10,8 @@ from support import run_build_py
 
 from servekit.records.models import RunReport
 from servekit.records.report import compare, render_markdown
-from servekit.smoke import CHECKS, Context, run_check
+from servekit.smoke import CHECKS, Context, Result, run_check
+from servekit.smoke.agreement import AGREEMENT_FLOOR, agreement
 
 pytestmark = pytest.mark.engine
 
@@ -119,6 +120,39 @@ def test_smoke_command_against_the_running_server(server):
     assert by_name["logs"]["status"] == "not_run"  # a remote server's log cannot be read
     assert by_name["knobs"]["status"] == "not_run"
     assert remote.returncode == 1  # a required check that did not run fails the command
+
+
+@pytest.mark.slow
+def test_two_reads_of_a_fixed_text_agree_and_a_scrambled_one_does_not(server):
+    """Buys prompt_logprobs against vLLM's own answer shape (the prompt's token ids from /tokenize keyed into each
+    position's logprobs), which the W4A8 against W4A16 comparison at size stands on."""
+    ctx = Context(server["url"], Path(server["api_key_file"]).read_text().strip(), "servekit-demo")
+    first, second = (run_check("prompt_logprobs", ctx, {"chars": 1200}) for _ in range(2))
+    assert first.status == second.status == "passed", (first.reason, second.reason)
+    figures = first.figures
+    assert figures["tokens"] == len(figures["logprobs"]) == len(figures["top1"]) > 100
+    assert all(v <= 0 for v in figures["logprobs"]) and len(set(figures["logprobs"])) > 10
+    same = agreement(figures, second.figures)
+    assert same is not None and same["agrees"] and same["pearson_r"] > 0.999 and same["top1_same"] == 1.0
+    scrambled = dict(figures, logprobs=figures["logprobs"][1:] + figures["logprobs"][:1])  # each token's off by one
+    assert not agreement(figures, scrambled)["agrees"]  # type: ignore[index]
+
+
+def test_compare_gives_the_agreement_of_two_reports_prompt_logprobs():
+    def with_logprobs(run_id: str, logprobs: list[float]) -> RunReport:
+        report = _report(run_id, 30.0, 500.0)
+        report.checks.append(Result(name="prompt_logprobs", status="passed",
+                                    figures={"tokens": len(logprobs), "logprobs": logprobs, "top1": [1] * len(logprobs)}))
+        return report
+    spread = [-0.1 * (i % 37) - 0.05 * (i % 11) for i in range(400)]
+    near = [v + 0.01 * ((i * 7) % 5 - 2) for i, v in enumerate(spread)]  # rounding noise: a small part of the spread
+    rows = {m: (a, d) for m, a, _, d in compare(with_logprobs("a", spread), with_logprobs("b", near))}
+    key = f"prompt_logprobs: Pearson r (floor {AGREEMENT_FLOOR})"
+    assert float(rows[key][0] or 0) > 0.99 and not rows[key][1]
+    unrelated = [-0.1 * ((i * 13) % 37) for i in range(400)]
+    rows = {m: (a, d) for m, a, _, d in compare(with_logprobs("a", spread), with_logprobs("b", unrelated))}
+    assert float(rows[key][0] or 0) < AGREEMENT_FLOOR and rows[key][1]
+    assert not any(m.startswith("prompt_logprobs:") for m, *_ in compare(_report("a", 1, 1), _report("b", 1, 1)))
 
 
 def test_the_kv_tier_counters_are_read_from_vllms_exposition():

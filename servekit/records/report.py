@@ -11,6 +11,7 @@ from typing import Any
 from servekit.image.boundary import write_text_atomic
 from servekit.records.budget import FIELDS
 from servekit.records.models import RunReport, load, save
+from servekit.smoke.agreement import agreement
 
 GiB = 2**30
 
@@ -301,4 +302,18 @@ def compare(a: RunReport, b: RunReport, threshold: float = 0.10) -> list[tuple[s
         else:
             differs = va != vb
         rows.append((key, va, vb, differs))
-    return rows
+    return rows + _agreement_rows(a, b)
+
+
+def _agreement_rows(a: RunReport, b: RunReport) -> list[tuple[str, float | str | None, float | str | None, bool]]:
+    """Where both reports read the same text's prompt logprobs: how they agree, one value for the pair (in both
+    columns), marked where the correlation is under the floor."""
+    figures = [next((c.figures for c in r.checks if c.name == "prompt_logprobs" and c.status == "passed"), None)
+               for r in (a, b)]
+    found = agreement(figures[0], figures[1]) if figures[0] and figures[1] else None
+    if found is None:
+        return []
+    return [(f"prompt_logprobs: Pearson r (floor {found['floor']})", found["pearson_r"], found["pearson_r"],
+             not found["agrees"]),
+            ("prompt_logprobs: same first choice (share)", found["top1_same"], found["top1_same"], False),
+            ("prompt_logprobs: mean |difference|", found["mean_abs_difference"], found["mean_abs_difference"], False)]
