@@ -43,10 +43,10 @@ def _shared_options() -> argparse.ArgumentParser:
     machine.add_argument("--base", default=argparse.SUPPRESS, metavar="NAME", help="build on this base where the "
                          "target lists it instead of its first, e.g. cuda-devel (nvidia/cuda's devel image) "
                          "(SERVEKIT_BASE)")
-    machine.add_argument("--without", action="append", default=argparse.SUPPRESS, metavar="PIN", help="leave out a "
+    machine.add_argument("--without", action="append", default=argparse.SUPPRESS, metavar="NAME", help="leave out a "
                          "pin listed under may_omit, e.g. flashinfer-cubin where a target installs it and its index cannot "
-                         "be reached "
-                         "(SERVEKIT_WITHOUT; repeatable)")
+                         "be reached, or a patch of the series to measure what it does, e.g. marlin-int8-signed-scales "
+                         "(never released) (SERVEKIT_WITHOUT; repeatable)")
     machine.add_argument("--wheels", default=argparse.SUPPRESS, metavar="DIR[:DIR]", help="folders of wheels offered "
                          "to the build, exact pinned versions only (SERVEKIT_WHEELS; default: the find-links your pip "
                          "is configured with)")

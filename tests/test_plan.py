@@ -13,11 +13,12 @@ import pytest
 import yaml
 from support import ROOT, tracked_copy, with_prebuilt_cubins
 
-from servekit.build.builder import offered_wheels
+from servekit.build.builder import offered_wheels, stage_series
 from servekit.build.plan import plan_targets
 from servekit.config.load import load_matrix
 from servekit.config.settings import BuildSettings, _pip_find_links
 from servekit.errors import UserError
+from servekit.image.series import read_series
 
 
 def _tag(root: Path, target: str, settings: BuildSettings | None = None) -> str:
@@ -95,6 +96,26 @@ def test_the_base_and_the_pins_left_out_move_the_tag_and_say_so(tmp_path):
     # --base names a base the cpu target does not list: the cpu target keeps its own.
     assert plan_targets(matrix, ROOT, ["cpu"], settings=BuildSettings(base="cuda-local"))[0].base_name == \
         "bookworm-local"
+
+
+def test_a_patch_left_out_is_another_tag_staged_without_it_and_never_released(cli, tmp_path):
+    """--without NAME of the series builds the image as released vLLM behaves there, to measure what the patch does:
+    its own tag, build-info naming it left out, the staged series without its file or line, and release refusing."""
+    matrix = load_matrix(ROOT / "images.yaml")
+    name = "marlin-int8-signed-scales"
+    default = plan_targets(matrix, ROOT, ["cuda"])[0]
+    without = plan_targets(matrix, ROOT, ["cuda"], settings=BuildSettings(without=(name,)))[0]
+    assert without.tag != default.tag and f"{name}.patch" in default.build_info["series"]
+    assert f"{name}.patch" not in without.build_info["series"] and f"{name}.patch" in without.build_info["omitted"]
+    staged = tmp_path / "patches"
+    stage_series(staged, ROOT / matrix.series.dir, [f"{name}.patch"])
+    assert [p.name for p in read_series(staged)] == [p.name for p in read_series(ROOT / matrix.series.dir)
+                                                     if p.name != f"{name}.patch"]
+    assert not (staged / f"{name}.patch").exists() and name not in (staged / "series").read_text()
+    code, _, err = cli("--without", name, "release", "--dry-run")
+    assert code == 2 and f"--without {name}: a patch of the series left out" in err
+    code, _, err = cli("--without", "no-such-patch", "plan")
+    assert code == 2 and "neither a pin listed under may_omit" in err and "Traceback" not in err
 
 
 def test_the_plan_command_shows_base_and_what_is_left_out(cli, tmp_path):

@@ -183,7 +183,8 @@ def _prepare_context(matrix: Matrix, plan: TargetPlan, root: Path, wheels: dict[
     model_dir = plan.build_info["model"]["dir"]
     writers: dict[str, Callable[[Path], None]] = {  # one per entry of STAGED_FILES
         **{f"requirements-{layer}.txt": partial(_write, text=text) for layer, text in layers(lock).items()},
-        "patches": lambda path: replace_tree(path, root / matrix.series.dir),
+        "patches": lambda path: stage_series(path, root / matrix.series.dir,
+                                             [name for name in plan.omitted if name.endswith(".patch")]),
         "components": lambda path: stage_components(matrix, plan, root, path),
         "model": lambda path: replace_tree(path, root / model_dir if model_dir else None),
         "profiles.json": lambda path: _write(path, json.dumps(plan.profiles, indent=2) + "\n"),
@@ -207,6 +208,17 @@ def replace_tree(dest: Path, source: Path | None) -> None:
         dest.mkdir(parents=True)
     else:
         shutil.copytree(source, dest, ignore=shutil.ignore_patterns("__pycache__"))
+
+
+def stage_series(dest: Path, source: Path, left_out: list[str]) -> None:
+    """dest becomes the series folder less the patches the build leaves out (--without): their files gone and their
+    lines out of the series file, so that the image applies, verifies and lists what it holds."""
+    replace_tree(dest, source)
+    for name in left_out:
+        (dest / name).unlink()
+    series = dest / "series"
+    kept = [line for line in series.read_text().splitlines() if line.split("#", 1)[0].strip() not in left_out]
+    series.write_text("".join(f"{line}\n" for line in kept))
 
 
 def component_digest(matrix: Matrix, name: str, root: Path) -> str:

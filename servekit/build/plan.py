@@ -32,6 +32,8 @@ STAGED_FILES = (*(f"requirements-{layer}.txt" for layer in LAYERS), "patches", "
                 "build-info.json", "sbom.cdx.json")
 # Files of this repository that shape every image besides that folder and what the build stages.
 COMMON_INPUTS = ("docker/Dockerfile", ".dockerignore")
+# What build-info's `omitted` says of a patch of the series left out (--without): the release refuses such an image.
+PATCH_LEFT_OUT = "left out of the series to measure what it does: the image behaves as released vLLM does there"
 
 
 @dataclass
@@ -102,19 +104,22 @@ def build_facts(matrix: Matrix, target: str, root: Path, settings: BuildSettings
     """What the image is, as build-info.json records it inside the image (less its digest and tag)."""
     spec = matrix.targets[target]
     base_name = settings.base_for(matrix, target)
-    omitted = settings.omitted(matrix, target)
+    pins_left_out = settings.omitted(matrix, target)
     pins = installed_pins(matrix, target, settings)
     try:
-        series = [p.name for p in read_series(root / matrix.series.dir) if p.applies_to(target)]
+        applying = [p.name for p in read_series(root / matrix.series.dir) if p.applies_to(target)]
     except SeriesError:  # reported by the build's preflight, in one line
-        series = []
+        applying = []
+    series = [name for name in applying if not settings.leaves_out_patch(name)]
+    omitted = {**{name: matrix.may_omit[name] for name in pins_left_out},
+               **{name: PATCH_LEFT_OUT for name in applying if settings.leaves_out_patch(name)}}
     archs = sorted({matrix.cards[h.card].cuda_arch for h in matrix.hosts.values() if h.card}) if spec.gpu else []
     lock = root / lock_file(target, matrix.bases[base_name].python)
     return {"target": target, "vllm": matrix.vllm, "image": matrix.image.name, "pins": pins,
             # what the image's labels say of it (builder.labels): a new description is a new image
             "about": matrix.image.model_dump(include={"title", "description", "licenses", "source"}),
             "epoch": matrix.image.source_date_epoch, "canonical_format": CANONICAL_FORMAT,
-            "omitted": {name: matrix.may_omit[name] for name in omitted},
+            "omitted": omitted,
             "base": {"name": base_name, **matrix.bases[base_name].model_dump(),
                      **({"made": definition_digest(matrix.bases[base_name])} if matrix.bases[base_name].debootstrap
                         else {})},

@@ -25,7 +25,9 @@ class Session:
              without: list[str] | None = None, wheels: str | None = None) -> Session:
         """Load the matrix and this machine's settings: each given here, else from the environment."""
         matrix = load_matrix(matrix_path)
-        return cls(Path(matrix_path).resolve(), matrix, BuildSettings.resolve(matrix, base, without, wheels))
+        path = Path(matrix_path).resolve()
+        patches = [p.stem for p in (path.parent / matrix.series.dir).glob("*.patch")]
+        return cls(path, matrix, BuildSettings.resolve(matrix, base, without, wheels, patches))
 
     @property
     def root(self) -> Path:

@@ -1,8 +1,9 @@
-"""Per-machine build settings: which base, which pins to leave out, which folders of wheels to offer.
+"""Per-machine build settings: which base, which pins or patches to leave out, which folders of wheels to offer.
 
 None of them is a fact of the product, so none lives in images.yaml: each comes from a global flag,
-else from the environment. The base and the pins left out change what an image holds, so they
-are part of its digest; a folder of wheels offers only exact pinned versions, so it is not.
+else from the environment. The base and what is left out change what an image holds, so they
+are part of its digest; a folder of wheels offers only exact pinned versions, so it is not. A patch
+of the series is left out to measure what it does (the image as released vLLM behaves without it).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Collection
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -30,18 +32,19 @@ class BuildSettings:
 
     @classmethod
     def resolve(cls, matrix: Matrix, base: str | None = None, without: list[str] | None = None,
-                wheels: str | None = None) -> BuildSettings:
-        """Each setting as given (command-line flags), else from the environment; checked against the matrix."""
+                wheels: str | None = None, patches: Collection[str] = ()) -> BuildSettings:
+        """Each setting as given (command-line flags), else from the environment; checked against the matrix and
+        the series' patch names (`patches`)."""
         base = base or os.environ.get(ENV_BASE) or None
         without_text = without or [os.environ.get(ENV_WITHOUT, "")]
         omitted = tuple(sorted({w.strip() for text in without_text for w in text.split(",") if w.strip()}))
         wheels_text = wheels or os.environ.get(ENV_WHEELS)
         folders = tuple(w for w in wheels_text.split(os.pathsep) if w) if wheels_text else None
         settings = cls(base, omitted, folders)
-        settings.check(matrix)
+        settings.check(matrix, patches)
         return settings
 
-    def check(self, matrix: Matrix) -> None:
+    def check(self, matrix: Matrix, patches: Collection[str] = ()) -> None:
         if self.base is not None:
             if self.base not in matrix.bases:
                 raise UserError(f"--base {self.base} ({ENV_BASE}): no such base; expected one of "
@@ -50,10 +53,11 @@ class BuildSettings:
                 raise UserError(f"--base {self.base}: no target lists it in its bases; add it to a target's "
                                 "bases in images.yaml")
         for name in self.without:
-            if name not in matrix.may_omit:
+            if name not in matrix.may_omit and name not in patches:
                 allowed = ", ".join(matrix.may_omit) or "none"
-                raise UserError(f"--without {name} ({ENV_WITHOUT}): only pins listed under may_omit in images.yaml "
-                                f"can be left out ({allowed})")
+                raise UserError(f"--without {name} ({ENV_WITHOUT}): neither a pin listed under may_omit in images.yaml "
+                                f"({allowed}) nor a patch of the series ({matrix.series.dir}/series, named without "
+                                ".patch)")
         for folder in self.wheels or ():
             if not Path(folder).is_dir():
                 raise UserError(f"--wheels {folder} ({ENV_WHEELS}): not a folder; name a folder of .whl files or "
@@ -67,6 +71,10 @@ class BuildSettings:
     def omitted(self, matrix: Matrix, target: str) -> list[str]:
         """The pins of `target` this build leaves out."""
         return [name for name in matrix.targets[target].packages if name in self.without]
+
+    def leaves_out_patch(self, patch_file: str) -> bool:
+        """Whether this build leaves out the series' patch `patch_file` (NAME.patch)."""
+        return patch_file.removesuffix(".patch") in self.without
 
     @cached_property
     def wheel_dirs(self) -> list[Path]:

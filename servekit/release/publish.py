@@ -26,7 +26,7 @@ from servekit.config.session import Session
 from servekit.engines import local
 from servekit.engines.protocol import ImageEngine
 from servekit.engines.registry import PushProgress, RegistryDoor, TransientRegistryError
-from servekit.errors import CheckFailed, EnvironmentProblem
+from servekit.errors import CheckFailed, EnvironmentProblem, UserError
 from servekit.image.boundary import number_setting
 from servekit.image.launcher import build_command, served_parts
 from servekit.image.prepare import identity
@@ -184,6 +184,9 @@ def release(session: Session, registry: str | None = None, targets: list[str] | 
     engine.check()
     names = [session.check_target(t) for t in (targets or list(matrix.targets))]
     plans = {p.target: p for p in plans_for(session, names)}
+    if left_out := sorted({name for p in plans.values() for name in p.omitted if name.endswith(".patch")}):
+        raise UserError(f"--without {', '.join(n.removesuffix('.patch') for n in left_out)}: a patch of the series "
+                        "left out builds an image to measure, never one to release; unset it (and SERVEKIT_WITHOUT)")
     releases = release_targets(matrix, root, engine, registry_path(matrix, registry, root), plans,
                                explicit=bool(targets), dry_run=dry_run, say=say)
     if dry_run:
