@@ -93,3 +93,18 @@ def test_marlin_int8_activations_hold_the_checkpoints_weights_whatever_the_sign_
     assert 0.3 < signed["negative_scales"] / signed["groups"] < 0.7 and signed["clamped"] > 0, signed
     assert signed["worst_unclamped_error_in_steps"] < 0.01, signed
     assert signed["worst_error_in_steps"] <= 1.01, signed
+
+
+def test_the_profile_run_sends_the_gdn_prefill_kernels_the_largest_step_the_scheduler_can_form(facts):
+    """gdn-profile-worst-prefill.patch: in a forward of the profile run's size without attention metadata, each GDN
+    layer sends its prefill kernels max_num_seqs sequences in max_num_batched_tokens tokens split for the most chunks
+    (batch: 64 in 2,048, 95 chunks), with an initial state per sequence in the cache's dtype; a smaller forward (a
+    compile warm-up) and VLLM_GDN_PROFILE_WORST_PREFILL=0 (as released) send nothing."""
+    worst = facts["gdn_worst_prefill"]
+    budget = worst["budget"]
+    [step] = worst["profile"]
+    assert len(step["cu_seqlens"]) == budget["seqs"] + 1 and step["cu_seqlens"][-1] == budget["tokens"]
+    assert step["q"][1] == budget["tokens"] and step["initial_state"][0] == budget["seqs"]
+    assert step["state_dtype"] == "torch.float16"  # the SSM cache's dtype (batch's --mamba-ssm-cache-dtype float16)
+    assert step["chunks"] == worst["most_chunks"] == 95
+    assert worst["smaller"] == [] and worst["off"] == []

@@ -246,7 +246,59 @@ def signed_scales() -> dict:
             "clamped": int(clamped.sum()), "weights": codes.numel()}
 
 
+def gdn_worst_prefill() -> dict:
+    """gdn-profile-worst-prefill.patch: what a GDN layer of the installed vLLM sends its prefill kernels in a forward
+    without attention metadata (the profile run's), at the profile run's size and below it, with the variable unset
+    and at 0. The kernels are Triton's, which the cpu image does not carry: they are made recorders of what they are
+    given, and the layer is built bare (its shapes set, no weights): the choice of the step is what runs here."""
+    import math
+
+    from vllm.model_executor.layers.mamba.gdn import qwen_gdn_linear_attn as gdn
+
+    tokens, seqs, hk, hv, dk, dv = 2048, 64, 2, 4, 8, 8  # batch's budget and batch size; small heads suffice
+    layer = gdn.QwenGatedDeltaNetAttention.__new__(gdn.QwenGatedDeltaNetAttention)
+    torch.nn.Module.__init__(layer)
+    sent: list[dict] = []
+
+    def kernels(**kwargs):
+        sent.append({"cu_seqlens": kwargs["cu_seqlens"].tolist(), "initial_state": list(kwargs["initial_state"].shape),
+                     "state_dtype": str(kwargs["initial_state"].dtype), "q": list(kwargs["q"].shape)})
+        return kwargs["v"], torch.zeros(kwargs["initial_state"].shape, dtype=torch.float32)
+
+    def post_conv(conv_output, a, b, **kwargs):
+        n = conv_output.shape[0]
+        return (torch.zeros(n, hk, dk), torch.zeros(n, hk, dk), torch.zeros(n, hv, dv), torch.zeros(n, hv),
+                torch.zeros(n, hv))
+
+    for name, value in {"_worst_prefill_shape": (tokens, seqs), "num_v_heads": hv, "num_k_heads": hk, "tp_size": 1,
+                        "head_k_dim": dk, "head_v_dim": dv, "gdn_prefill_backend": "triton",
+                        "chunk_gated_delta_rule": kernels, "A_log": torch.zeros(hv), "dt_bias": torch.zeros(hv),
+                        "get_state_dtype": lambda: (torch.bfloat16, torch.float16),
+                        "get_state_shape": lambda: ((2 * hk * dk + hv * dv, 3), (hv, dv, dk))}.items():
+        object.__setattr__(layer, name, value)
+    conv_dim = 2 * hk * dk + hv * dv
+    out = {}
+    with replaced(gdn, fused_post_conv_prep=post_conv):
+        for case, forward_tokens, setting in (("profile", tokens, None), ("smaller", tokens // 2, None),
+                                              ("off", tokens, "0")):
+            sent.clear()
+            os.environ.pop("VLLM_GDN_PROFILE_WORST_PREFILL", None)
+            if setting is not None:
+                os.environ["VLLM_GDN_PROFILE_WORST_PREFILL"] = setting
+            layer._profile_worst_prefill(torch.zeros(forward_tokens, conv_dim))
+            out[case] = [dict(step, chunks=sum(math.ceil((end - start) / 64) for start, end in
+                                               zip(step["cu_seqlens"], step["cu_seqlens"][1:], strict=False)))
+                         for step in sent]
+    os.environ.pop("VLLM_GDN_PROFILE_WORST_PREFILL", None)
+    # The most chunks any split of the budget into that many sequences can make, by brute force over where the
+    # tokens go: every sequence but one as short as can be is the worst, and nothing exceeds (tokens + 63 seqs) / 64.
+    out["most_chunks"] = max((seqs - 1) * math.ceil(short / 64) + math.ceil((tokens - (seqs - 1) * short) / 64)
+                             for short in range(1, tokens // seqs + 1))
+    out["budget"] = {"tokens": tokens, "seqs": seqs}
+    return out
+
+
 if __name__ == "__main__":
     print(json.dumps({"card_patch": card_patch(), "marlin_include": marlin_include(), "profile_order": profile_order(),
                       "kv_groups": kv_groups(), "gdn_accepted_bounds": gdn_accepted_bounds(),
-                      "signed_scales": signed_scales()}))
+                      "signed_scales": signed_scales(), "gdn_worst_prefill": gdn_worst_prefill()}))
