@@ -183,8 +183,7 @@ def _prepare_context(matrix: Matrix, plan: TargetPlan, root: Path, wheels: dict[
     model_dir = plan.build_info["model"]["dir"]
     writers: dict[str, Callable[[Path], None]] = {  # one per entry of STAGED_FILES
         **{f"requirements-{layer}.txt": partial(_write, text=text) for layer, text in layers(lock).items()},
-        "patches": lambda path: stage_series(path, root / matrix.series.dir,
-                                             [name for name in plan.omitted if name.endswith(".patch")]),
+        "patches": lambda path: stage_series(path, root / matrix.series.dir, plan.patches_left_out),
         "components": lambda path: stage_components(matrix, plan, root, path),
         "model": lambda path: replace_tree(path, root / model_dir if model_dir else None),
         "profiles.json": lambda path: _write(path, json.dumps(plan.profiles, indent=2) + "\n"),

@@ -61,6 +61,11 @@ class TargetPlan:
     def notes(self) -> list[str]:
         return [f"{name} left out: {what}" for name, what in self.omitted.items()]
 
+    @property
+    def patches_left_out(self) -> list[str]:
+        """The series' patches (NAME.patch) this build leaves out (--without)."""
+        return [name for name in self.omitted if name.endswith(".patch")]
+
 
 def _files_under(path: Path) -> list[Path]:
     if path.is_file():

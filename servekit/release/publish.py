@@ -184,7 +184,7 @@ def release(session: Session, registry: str | None = None, targets: list[str] | 
     engine.check()
     names = [session.check_target(t) for t in (targets or list(matrix.targets))]
     plans = {p.target: p for p in plans_for(session, names)}
-    if left_out := sorted({name for p in plans.values() for name in p.omitted if name.endswith(".patch")}):
+    if left_out := sorted({name for p in plans.values() for name in p.patches_left_out}):
         raise UserError(f"--without {', '.join(n.removesuffix('.patch') for n in left_out)}: a patch of the series "
                         "left out builds an image to measure, never one to release; unset it (and SERVEKIT_WITHOUT)")
     releases = release_targets(matrix, root, engine, registry_path(matrix, registry, root), plans,

@@ -277,7 +277,7 @@ def gdn_worst_prefill() -> dict:
                         "get_state_shape": lambda: ((2 * hk * dk + hv * dv, 3), (hv, dv, dk))}.items():
         object.__setattr__(layer, name, value)
     conv_dim = 2 * hk * dk + hv * dv
-    out = {}
+    out: dict = {}
     with replaced(gdn, fused_post_conv_prep=post_conv):
         for case, forward_tokens, setting in (("profile", tokens, None), ("smaller", tokens // 2, None),
                                               ("off", tokens, "0")):
