@@ -6,9 +6,10 @@ from __future__ import annotations
 import math
 import statistics
 
+from .cache import document
 from .core import CheckFailure, Context, check, ensure
 
-# Plain prose, then numbered lines: the same text on every run and for every model. Written for this check.
+# Plain prose, before the numbered lines: the same text on every run and for every model. Written for this check.
 PROSE = (
     "The ferry left the harbour an hour before dawn, when the water was still dark and the gulls had not yet "
     "woken. On the lower deck a man sorted letters into canvas sacks, one for each island, reading the names "
@@ -21,14 +22,8 @@ PROSE = (
 
 
 def text(chars: int) -> str:
-    """The check's prompt: the prose, then numbered lines of plain words up to `chars` characters."""
-    words = ["river", "stone", "cobalt", "lantern", "meadow", "harbour", "signal", "copper", "willow", "orbit"]
-    out = PROSE
-    i = 0
-    while len(out) < chars:
-        i += 1
-        out += f"{i:04d} " + " ".join(words[(i * 7 + j * 3) % len(words)] for j in range(8)) + "\n"
-    return out[:max(chars, len(PROSE))]
+    """The check's prompt: the prose, then the residue sweep's numbered lines up to `chars` characters."""
+    return PROSE + document(chars - len(PROSE))
 
 
 @check("prompt_logprobs", bounds={"chars": (len(PROSE), 200_000)})

@@ -26,8 +26,7 @@ class Session:
         """Load the matrix and this machine's settings: each given here, else from the environment."""
         matrix = load_matrix(matrix_path)
         path = Path(matrix_path).resolve()
-        patches = [p.stem for p in (path.parent / matrix.series.dir).glob("*.patch")]
-        return cls(path, matrix, BuildSettings.resolve(matrix, base, without, wheels, patches))
+        return cls(path, matrix, BuildSettings.resolve(matrix, base, without, wheels, path.parent / matrix.series.dir))
 
     @property
     def root(self) -> Path:

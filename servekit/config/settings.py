@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Collection
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -32,19 +31,19 @@ class BuildSettings:
 
     @classmethod
     def resolve(cls, matrix: Matrix, base: str | None = None, without: list[str] | None = None,
-                wheels: str | None = None, patches: Collection[str] = ()) -> BuildSettings:
+                wheels: str | None = None, series_dir: Path | None = None) -> BuildSettings:
         """Each setting as given (command-line flags), else from the environment; checked against the matrix and
-        the series' patch names (`patches`)."""
+        the patches of the series in `series_dir`."""
         base = base or os.environ.get(ENV_BASE) or None
         without_text = without or [os.environ.get(ENV_WITHOUT, "")]
         omitted = tuple(sorted({w.strip() for text in without_text for w in text.split(",") if w.strip()}))
         wheels_text = wheels or os.environ.get(ENV_WHEELS)
         folders = tuple(w for w in wheels_text.split(os.pathsep) if w) if wheels_text else None
         settings = cls(base, omitted, folders)
-        settings.check(matrix, patches)
+        settings.check(matrix, series_dir)
         return settings
 
-    def check(self, matrix: Matrix, patches: Collection[str] = ()) -> None:
+    def check(self, matrix: Matrix, series_dir: Path | None = None) -> None:
         if self.base is not None:
             if self.base not in matrix.bases:
                 raise UserError(f"--base {self.base} ({ENV_BASE}): no such base; expected one of "
@@ -53,7 +52,7 @@ class BuildSettings:
                 raise UserError(f"--base {self.base}: no target lists it in its bases; add it to a target's "
                                 "bases in images.yaml")
         for name in self.without:
-            if name not in matrix.may_omit and name not in patches:
+            if name not in matrix.may_omit and not (series_dir and (series_dir / f"{name}.patch").is_file()):
                 allowed = ", ".join(matrix.may_omit) or "none"
                 raise UserError(f"--without {name} ({ENV_WITHOUT}): neither a pin listed under may_omit in images.yaml "
                                 f"({allowed}) nor a patch of the series ({matrix.series.dir}/series, named without "

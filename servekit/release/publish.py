@@ -175,6 +175,9 @@ def release(session: Session, registry: str | None = None, targets: list[str] | 
     """Push each target's checked image (all targets, or those named); (the manifest written, the records)."""
     matrix, root = session.matrix, session.root
     _attempts()  # a bad setting is refused before anything is looked at, not between two pushes
+    if left_out := [name for name in session.settings.without if name not in matrix.may_omit]:  # (checked: patches)
+        raise UserError(f"--without {', '.join(left_out)}: a patch of the series left out builds an image to "
+                        "measure, never one to release; unset it (and SERVEKIT_WITHOUT)")
     if tag_git and not dry_run:
         changes = dirty(root)
         if changes:
@@ -184,9 +187,6 @@ def release(session: Session, registry: str | None = None, targets: list[str] | 
     engine.check()
     names = [session.check_target(t) for t in (targets or list(matrix.targets))]
     plans = {p.target: p for p in plans_for(session, names)}
-    if left_out := sorted({name for p in plans.values() for name in p.patches_left_out}):
-        raise UserError(f"--without {', '.join(n.removesuffix('.patch') for n in left_out)}: a patch of the series "
-                        "left out builds an image to measure, never one to release; unset it (and SERVEKIT_WITHOUT)")
     releases = release_targets(matrix, root, engine, registry_path(matrix, registry, root), plans,
                                explicit=bool(targets), dry_run=dry_run, say=say)
     if dry_run:

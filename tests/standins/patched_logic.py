@@ -30,6 +30,20 @@ def replaced(owner, **attributes):
             setattr(owner, name, value)
 
 
+@contextlib.contextmanager
+def variables(name: str, value: str | None):
+    """The process's environment variable `name` set to `value` (None: unset) while the block runs, then as it was."""
+    saved = os.environ.pop(name, None)
+    if value is not None:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)
+        if saved is not None:
+            os.environ[name] = saved
+
+
 def card_patch() -> dict:
     """The emulated-card patch as vLLM runs it: the memory snapshot and the platform's device total read the card's
     VLLM_DEVICE_TOTAL_MEMORY, VLLM_FLASH_ATTN_VERSION picks the FlashAttention version and VLLM_FLASHINFER_AUTOTUNE=0
@@ -118,20 +132,16 @@ def profile_order() -> dict:
     out = {}
     with replaced(gpu_worker, memory_profiling=window, maybe_apply_startup_plan=lambda worker: None,
                   reserve_mm_ipc_gpu_memory=lambda size, *args: size), \
-            replaced(torch.accelerator, empty_cache=lambda: steps.append("cache emptied")), \
-            contextlib.ExitStack() as cleanup:
-        cleanup.callback(os.environ.pop, "VLLM_PROFILE_WARMUP", None)
-        for name, env, pinned in (("profiled", {}, None), ("profiled_warmup_off", {"VLLM_PROFILE_WARMUP": "0"}, None),
-                                  ("pinned", {}, 5 << 30)):
-            os.environ.pop("VLLM_PROFILE_WARMUP", None)
-            os.environ.update(env)
+            replaced(torch.accelerator, empty_cache=lambda: steps.append("cache emptied")):
+        for name, warmup, pinned in (("profiled", None, None), ("profiled_warmup_off", "0", None),
+                                     ("pinned", None, 5 << 30)):
             worker = types.SimpleNamespace(
                 model_runner=runner, randomize_dummy_inputs=False, _scoped_allocator_max_split=split_limit,
                 cache_config=types.SimpleNamespace(kv_cache_memory_bytes=pinned),
                 init_snapshot=types.SimpleNamespace(free_memory=20 << 30),
                 model_config=types.SimpleNamespace(multimodal_config=None), parallel_config=types.SimpleNamespace())
             steps.clear()
-            with contextlib.suppress(Measured):
+            with variables("VLLM_PROFILE_WARMUP", warmup), contextlib.suppress(Measured):
                 gpu_worker.Worker.determine_available_memory(worker)
             out[name] = list(steps)
     return out
@@ -167,18 +177,15 @@ def kv_groups() -> dict:
                            **{f"drafter.{i}": window for i in range(5)}},
                "mtp": {**{f"full.{i}": full for i in range(17)}, **{f"gdn.{i}": gdn for i in range(48)}}}
     out = {}
-    with replaced(kv_cache_utils, create_kv_cache_group_specs=lambda specs, grouped: grouped), \
-            contextlib.ExitStack() as cleanup:
-        cleanup.callback(os.environ.pop, "VLLM_KV_GROUP_BY_REQUEST", None)
-        for env in ({}, {"VLLM_KV_GROUP_BY_REQUEST": "0"}):
-            os.environ.pop("VLLM_KV_GROUP_BY_REQUEST", None)
-            os.environ.update(env)
-            for name, layout in layouts.items():
-                grouped = kv_cache_utils._get_kv_cache_groups_uniform_page_size(layout, types.SimpleNamespace())
-                size = max(len(group) for group in grouped)
-                pages = len(grouped) and sum(size * layout[group[0]].blocks for group in grouped)
-                out[f"{name}{'_released' if env else ''}"] = {"group_size": size, "groups": len(grouped),
-                                                              "pages_per_request": pages}
+    with replaced(kv_cache_utils, create_kv_cache_group_specs=lambda specs, grouped: grouped):
+        for setting in (None, "0"):
+            with variables("VLLM_KV_GROUP_BY_REQUEST", setting):
+                for name, layout in layouts.items():
+                    grouped = kv_cache_utils._get_kv_cache_groups_uniform_page_size(layout, types.SimpleNamespace())
+                    size = max(len(group) for group in grouped)
+                    pages = len(grouped) and sum(size * layout[group[0]].blocks for group in grouped)
+                    out[f"{name}{'_released' if setting else ''}"] = {"group_size": size, "groups": len(grouped),
+                                                                      "pages_per_request": pages}
     return out
 
 
@@ -282,14 +289,11 @@ def gdn_worst_prefill() -> dict:
         for case, forward_tokens, setting in (("profile", tokens, None), ("smaller", tokens // 2, None),
                                               ("off", tokens, "0")):
             sent.clear()
-            os.environ.pop("VLLM_GDN_PROFILE_WORST_PREFILL", None)
-            if setting is not None:
-                os.environ["VLLM_GDN_PROFILE_WORST_PREFILL"] = setting
-            layer._profile_worst_prefill(torch.zeros(forward_tokens, conv_dim))
+            with variables("VLLM_GDN_PROFILE_WORST_PREFILL", setting):
+                layer._profile_worst_prefill(torch.zeros(forward_tokens, conv_dim))
             out[case] = [dict(step, chunks=sum(math.ceil((end - start) / 64) for start, end in
                                                zip(step["cu_seqlens"], step["cu_seqlens"][1:], strict=False)))
                          for step in sent]
-    os.environ.pop("VLLM_GDN_PROFILE_WORST_PREFILL", None)
     # The most chunks any split of the budget into that many sequences can make, by brute force over where the
     # tokens go: every sequence but one as short as can be is the worst, and nothing exceeds (tokens + 63 seqs) / 64.
     out["most_chunks"] = max((seqs - 1) * math.ceil(short / 64) + math.ceil((tokens - (seqs - 1) * short) / 64)
