@@ -13,7 +13,9 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import re
+import tempfile
 import threading
 import zipfile
 from collections.abc import Callable, Iterable
@@ -272,14 +274,20 @@ def download_wheel(name: str, version: str, index_url: str, dest: Path, platform
     dest.mkdir(parents=True, exist_ok=True)
     given = wheel.get("size")
     size = given if isinstance(given, int) else 0
-    partial = path.with_suffix(".part")
-    within(WHEEL_DEADLINE_S + size / WHEEL_MIN_RATE, f"{index_url}: {wheel['filename']}", index_url,
-           lambda: _fetch(session, wheel["url"], partial))
-    if sha256 and file_sha256(partial) != sha256:
-        partial.unlink()
-        raise IndexUnreachable(f"{index_url} served a {wheel['filename']} whose sha256 is not the one its listing "
-                               "names; removed, not used")
-    partial.rename(path)  # only a whole, checked file gets the wheel's name
+    # A partial file of this download's own: two processes fetching one wheel (two test workers, two commands)
+    # must not write, check or rename each other's (one renamed it away while the other read it: FileNotFoundError).
+    fd, name = tempfile.mkstemp(dir=dest, prefix=f".{wheel['filename']}.", suffix=".part")
+    os.close(fd)
+    partial = Path(name)
+    try:
+        within(WHEEL_DEADLINE_S + size / WHEEL_MIN_RATE, f"{index_url}: {wheel['filename']}", index_url,
+               lambda: _fetch(session, wheel["url"], partial))
+        if sha256 and file_sha256(partial) != sha256:
+            raise IndexUnreachable(f"{index_url} served a {wheel['filename']} whose sha256 is not the one its "
+                                   "listing names; removed, not used")
+        os.replace(partial, path)  # only a whole, checked file gets the wheel's name (atomically, whoever is last)
+    finally:
+        partial.unlink(missing_ok=True)
     return path
 
 
