@@ -54,7 +54,10 @@ ROWS: dict[str, list[Row]] = {
     # single-user: int8 activations in mlp, linear_attn and self_attn; batch (its default): mlp only
     "INT8_ACT": [Row("default", {"INT8_ACT": "int8"}, env={"VLLM_MARLIN_INPUT_DTYPE": "int8",
                                                            "VLLM_MARLIN_INT8_INCLUDE_RE": "mlp|linear_attn|self_attn"}),
-                 Row("batch", {}, env={"VLLM_MARLIN_INPUT_DTYPE": "int8", "VLLM_MARLIN_INT8_INCLUDE_RE": "mlp"})],
+                 Row("batch", {}, env={"VLLM_MARLIN_INPUT_DTYPE": "int8", "VLLM_MARLIN_INT8_INCLUDE_RE": "mlp"}),
+                 Row("batch", {"INT8_ACT": "emulated"}, env={"VLLM_MARLIN_INPUT_DTYPE": "int8",
+                                                             "VLLM_MARLIN_INT8_INCLUDE_RE": "mlp",
+                                                             "VLLM_MARLIN_INT8_EMULATE": "1"})],
     "INT4_MQ_3D": [Row("alternative", {"INT4_MQ_3D": "0"}, env={"VLLM_INT4_MQ_3D": "0"})],
     "VISION": [Row("default", {"VISION": "1"}, has=(("--limit-mm-per-prompt", '{"image": {"count": 1}}'),),
                    lacks=("--language-model-only",), env={"VLLM_VISION_CPU_OFFLOAD_GB": "1"})],

@@ -214,9 +214,11 @@ def command(k: dict[str, str], host: str, model: dict, batch_defaults: dict[str,
     args += _prefix_caching(k, mode, spec, drafts, env)
     if mode == "alternative":
         env["VLLM_INT4_MQ_3D"] = _bit(k.get("INT4_MQ_3D"), True)
-    if k.get("INT8_ACT") == "int8":
+    if k.get("INT8_ACT") in ("int8", "emulated"):
         env["VLLM_MARLIN_INPUT_DTYPE"] = "int8"
         env["VLLM_MARLIN_INT8_INCLUDE_RE"] = "mlp" if mode == "batch" else "mlp|linear_attn|self_attn"
+    if k.get("INT8_ACT") == "emulated":
+        env["VLLM_MARLIN_INT8_EMULATE"] = "1"
     if _on(k.get("VISION")):
         env["VLLM_VISION_CPU_OFFLOAD_GB"] = "1"
     return args, env
@@ -228,7 +230,7 @@ FLAG_VARIANTS: list[dict[str, str]] = [
     {}, {"VISION": "1"}, {"PREFIX_CACHE": "1"}, {"PREFIX_CACHE": "0"}, {"ASYNC_SCHED": "0"}, {"ASYNC_SCHED": "1"},
     {"TOOLS": "0"}, {"ENFORCE_EAGER": "1"}, {"DTYPE": "auto"}, {"ENABLE_THINKING": "1"}, {"CUDAGRAPH_MODE": "FULL"},
     {"MAX_LEN": "1024", "MAX_SEQS": "1", "GPU_UTIL": "0.5", "API_SERVERS": "1"}, {"KV_OFFLOAD_GB": "1"},
-    {"SSE_KEEP_ALIVE": "0"}, {"KV_MEM": "0"}, {"DRAFT_TOKENS": "15"}, {"INT8_ACT": "int8"},
+    {"SSE_KEEP_ALIVE": "0"}, {"KV_MEM": "0"}, {"DRAFT_TOKENS": "15"}, {"INT8_ACT": "int8"}, {"INT8_ACT": "emulated"},
     {"DRAFT_TOKENS": "15", "PREFIX_CACHE": "1"}]
 
 

@@ -205,6 +205,21 @@ def gdn_accepted_bounds() -> dict:
     return sites
 
 
+def marlin_layer(packed: torch.Tensor, scales: torch.Tensor, prefix: str = "") -> torch.nn.Module:
+    """A linear layer as compressed-tensors loads a W4A16 one ([out, in / 8] codes, [out, in / group] scales), for
+    Marlin's weight preparation to run on."""
+    from vllm.model_executor import parameter
+
+    layer = torch.nn.Module()
+    layer.prefix = prefix
+    with replaced(parameter, get_tensor_model_parallel_rank=lambda: 0, get_tensor_model_parallel_world_size=lambda: 1):
+        layer.register_parameter("weight_packed", parameter.PackedvLLMParameter(
+            data=packed, input_dim=1, output_dim=0, packed_dim=1, packed_factor=8, weight_loader=lambda *a: None))
+        layer.register_parameter("weight_scale", parameter.GroupQuantScaleParameter(
+            data=scales, input_dim=1, output_dim=0, weight_loader=lambda *a: None))
+    return layer
+
+
 def signed_scales() -> dict:
     """marlin-int8-signed-scales.patch: Marlin's own weight preparation for int8 activations (its CUDA repack and scale
     permutation, layout shuffles the cpu image cannot run, made identities) over codes and group scales of either
@@ -212,7 +227,6 @@ def signed_scales() -> dict:
     scale as unsigned) and compared with the checkpoint's. Released, as the patch's header says, a negative scale
     comes out as a huge positive one."""
     from vllm import _custom_ops as ops
-    from vllm.model_executor import parameter
     from vllm.model_executor.kernels.linear.mixed_precision import marlin
     from vllm.model_executor.kernels.linear.mixed_precision.MPLinearKernel import MPLinearLayerConfig
     from vllm.scalar_type import scalar_types
@@ -227,12 +241,7 @@ def signed_scales() -> dict:
     for nibble in range(8):
         packed |= codes[:, nibble::8] << (4 * nibble)
 
-    layer = torch.nn.Module()
-    with replaced(parameter, get_tensor_model_parallel_rank=lambda: 0, get_tensor_model_parallel_world_size=lambda: 1):
-        layer.register_parameter("weight_packed", parameter.PackedvLLMParameter(
-            data=packed, input_dim=1, output_dim=0, packed_dim=1, packed_factor=8, weight_loader=lambda *a: None))
-        layer.register_parameter("weight_scale", parameter.GroupQuantScaleParameter(
-            data=scales.clone(), input_dim=1, output_dim=0, weight_loader=lambda *a: None))
+    layer = marlin_layer(packed, scales.clone())
     config = MPLinearLayerConfig(full_weight_shape=(size_k, size_n), partition_weight_shape=(size_k, size_n),
                                  weight_type=scalar_types.uint4b8, act_type=torch.int8, group_size=group,
                                  zero_points=False, out_type=torch.float16)
@@ -302,7 +311,68 @@ def gdn_worst_prefill() -> dict:
     return out
 
 
+def int8_emulated() -> dict:
+    """marlin-int8-emulated.patch: with VLLM_MARLIN_INT8_EMULATE=1 beside batch's int8 activations, the layers the
+    include rule gives int8 keep the 16-bit kernel and its weights (what the W4A16 scheme asks of marlin_int8_emulated)
+    and are marked as Marlin's weight preparation runs (its CUDA repack and scale permutation made identities), and a marked layer's input
+    reaches the kernel rounded as the int8 path rounds it. vLLM's per-token quantization is a Triton kernel the cpu
+    image cannot run: here it is its arithmetic (scale = largest magnitude / 127, round) in torch."""
+    from vllm import _custom_ops as ops
+    from vllm import envs
+    from vllm.model_executor.kernels.linear.mixed_precision import marlin
+    from vllm.model_executor.kernels.linear.mixed_precision.MPLinearKernel import MPLinearLayerConfig
+    from vllm.model_executor.layers.quantization.utils import marlin_utils
+    from vllm.scalar_type import scalar_types
+
+    def per_token_quant_int8(x):
+        largest = x.float().abs().amax(dim=-1, keepdim=True).clamp(min=1e-10)
+        return torch.round(x.float() * (127 / largest)).to(torch.int8), largest / 127
+
+    size_k, size_n, group = 256, 64, 128
+    config = MPLinearLayerConfig(full_weight_shape=(size_k, size_n), partition_weight_shape=(size_k, size_n),
+                                 weight_type=scalar_types.uint4b8, act_type=torch.bfloat16, group_size=group,
+                                 zero_points=False, out_type=torch.bfloat16)
+    x = torch.randn(3, size_k, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    q, scale = per_token_quant_int8(x)
+    expected = (q.float() * scale).to(torch.bfloat16)
+    with replaced(marlin_utils, per_token_quant_int8=per_token_quant_int8):
+        out: dict = {"rounding_changes_the_input": not torch.equal(expected, x),
+                     "rounded_as_the_int8_path": torch.equal(marlin_utils.marlin_round_input_as_int8(x), expected)}
+    seen: list[torch.Tensor] = []
+
+    def handed(input: torch.Tensor, **kwargs) -> torch.Tensor:  # the kernel, made a recorder of its input
+        seen.append(input)
+        return input
+
+    for case, emulate in (("int8", None), ("emulated", "1")):
+        with variables("VLLM_MARLIN_INPUT_DTYPE", "int8"), variables("VLLM_MARLIN_INT8_INCLUDE_RE", "mlp"), \
+                variables("VLLM_MARLIN_INT8_EMULATE", emulate):
+            facts: dict = {"compile_factor": envs.compile_factors().get("VLLM_MARLIN_INT8_EMULATE"), "layers": {}}
+            for prefix in ("model.language_model.layers.0.mlp.down_proj",
+                           "model.language_model.layers.3.self_attn.o_proj", "lm_head"):
+                layer = marlin_layer(torch.zeros(size_n, size_k // 8, dtype=torch.int32),
+                                     torch.ones(size_n, size_k // group, dtype=torch.bfloat16), prefix)
+                kernel = marlin.MarlinLinearKernel(config, "weight_packed", "weight_scale")
+                seen.clear()
+                with replaced(ops, gptq_marlin_repack=lambda w, **kwargs: w), \
+                        replaced(marlin, marlin_permute_scales=lambda s, **kwargs: s,
+                                 apply_gptq_marlin_linear=handed), \
+                        replaced(marlin_utils, per_token_quant_int8=per_token_quant_int8):
+                    kernel.process_weights_after_loading(layer)
+                    kernel.apply_weights(layer, x)
+                facts["layers"][prefix] = {
+                    "input_dtype": str(marlin_utils.get_marlin_input_dtype(prefix)),
+                    "kept_16_bit": marlin_utils.marlin_int8_emulated(prefix),  # what the W4A16 scheme asks
+                    "marked": bool(getattr(layer, "marlin_int8_emulated", False)),
+                    "input_as_given": bool(torch.equal(seen[0], x)),
+                    "input_as_int8_rounds_it": bool(torch.equal(seen[0], expected)),
+                }
+            out[case] = facts
+    return out
+
+
 if __name__ == "__main__":
     print(json.dumps({"card_patch": card_patch(), "marlin_include": marlin_include(), "profile_order": profile_order(),
                       "kv_groups": kv_groups(), "gdn_accepted_bounds": gdn_accepted_bounds(),
-                      "signed_scales": signed_scales(), "gdn_worst_prefill": gdn_worst_prefill()}))
+                      "signed_scales": signed_scales(), "gdn_worst_prefill": gdn_worst_prefill(),
+                      "int8_emulated": int8_emulated()}))
