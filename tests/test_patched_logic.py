@@ -128,3 +128,17 @@ def test_the_int8_emulation_keeps_16_bit_kernels_and_rounds_the_inputs_int8_acti
                              "input_as_int8_rounds_it": False}, layer
     assert off[mlp]["input_dtype"] == "torch.int8" and not any(f["kept_16_bit"] or f["marked"] for f in off.values())
     assert emulated["emulated"]["compile_factor"] != emulated["int8"]["compile_factor"]
+
+
+def test_two_requests_in_flight_keep_their_heads_in_the_cpu_tier(facts):
+    """offload-rank-running-tail-first.patch: two requests store 40 chunks each, four at a time in turn, into a CPU
+    tier of 60, then finish. Released (and with VLLM_KV_OFFLOAD_RANK_RUNNING=0), the tier evicts in the order chunks
+    were stored, heads first, and neither request finds a single leading chunk again (the source's 0% and 0% turn-2
+    reuse); patched, each running request's chunks are ranked tail first as it stores, and both find most of their
+    prefix, the two runs together most of what the tier holds."""
+    ranking = facts["tier_ranking"]
+    assert ranking["released"] == {"leading_chunks": {"a": 0, "b": 0}, "refused_stores": 0}, ranking
+    patched = ranking["patched"]
+    assert patched["refused_stores"] == 0 and all(run >= ranking["chunks"] // 2 for run in
+                                                  patched["leading_chunks"].values()), ranking
+    assert sum(patched["leading_chunks"].values()) >= 0.8 * ranking["capacity"], ranking

@@ -371,8 +371,51 @@ def int8_emulated() -> dict:
     return out
 
 
+def tier_ranking() -> dict:
+    """offload-rank-running-tail-first.patch: two requests in flight store their chunks into a CPU tier that holds
+    three quarters of both, a few chunks a step each, in turn (two long conversations prefilling side by side), then
+    finish; what a second turn of each finds is the leading run of its chunks the tier still holds (a lookup can use
+    no chunk after a missing one). With VLLM_KV_OFFLOAD_RANK_RUNNING=0 (as released) and unset."""
+    from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
+    from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
+
+    chunks, step, capacity = 40, 4, 60
+    out: dict = {}
+    for case, setting in (("released", "0"), ("patched", None)):
+        with variables("VLLM_KV_OFFLOAD_RANK_RUNNING", setting):
+            manager = CPUOffloadingManager(num_chunks=capacity, cache_policy="lru")
+        requests = {name: ReqContext(req_id=name) for name in ("a", "b")}
+        keys = {name: [make_offload_key(f"{name}{i:03d}".encode(), 0) for i in range(chunks)] for name in requests}
+        for name, context in requests.items():
+            manager.on_new_request(context)
+            for i, key in enumerate(keys[name]):
+                context.set_offload_key_position(key, (i + 1) * 16)
+        refused = 0
+        for start in range(0, chunks, step):
+            for name, context in requests.items():
+                offer = keys[name][start:start + step]
+                prepared = manager.prepare_store(offer, context)
+                if prepared is None:
+                    refused += 1
+                    continue
+                manager.complete_store(prepared.keys_to_store, context)
+        for context in requests.values():
+            manager.on_request_finished(context)
+        leading = {}
+        for name in requests:
+            run = 0
+            for key in keys[name]:
+                if manager.lookup(key, ReqContext(req_id=name + "-turn-2")) != LookupResult.HIT:
+                    break
+                run += 1
+            leading[name] = run
+        out[case] = {"leading_chunks": leading, "refused_stores": refused}
+    out["chunks"], out["capacity"] = chunks, capacity
+    return out
+
+
 if __name__ == "__main__":
     print(json.dumps({"card_patch": card_patch(), "marlin_include": marlin_include(), "profile_order": profile_order(),
                       "kv_groups": kv_groups(), "gdn_accepted_bounds": gdn_accepted_bounds(),
                       "signed_scales": signed_scales(), "gdn_worst_prefill": gdn_worst_prefill(),
-                      "int8_emulated": int8_emulated()}))
+                      "int8_emulated": int8_emulated(), "tier_ranking": tier_ranking()}))
