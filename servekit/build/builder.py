@@ -192,7 +192,7 @@ def _prepare_context(matrix: Matrix, plan: TargetPlan, root: Path, wheels: dict[
             plan, lock, sbom.debian_packages(local(), plan.base),
             sbom.series_files(root / matrix.series.dir, plan.build_info["series"]),
             {name: component_digest(matrix, name, root) for name, state in plan.components.items()
-             if state != "absent"}, matrix.image.source_date_epoch)),
+             if state != "absent"}, matrix.image.source_date_epoch, matrix.targets[plan.target].vllm_distribution)),
     }
     for name in STAGED_FILES:
         writers[name](out / name)

@@ -3,7 +3,7 @@
 The digest covers everything the image holds, by construction: the facts written into the image
 (build-info.json: pins, base and how it is made, pins left out, series, components, the archs
 verify compiles for), the rendered profiles (profiles.json: every knob, host default and env),
-and every repository file the build context carries. An image already tagged with that digest
+every repository file the build context carries, and the code that writes its SBOM. An image already tagged with that digest
 is not built again; anything it bakes that changes gives a new tag.
 """
 
@@ -31,7 +31,9 @@ from servekit.layout import IMAGE_CODE
 STAGED_FILES = (*(f"requirements-{layer}.txt" for layer in LAYERS), "patches", "components", "model", "profiles.json",
                 "build-info.json", "sbom.cdx.json")
 # Files of this repository that shape every image besides that folder and what the build stages.
-COMMON_INPUTS = ("docker/Dockerfile", ".dockerignore")
+# The Dockerfile, what the context holds, and the code that writes the SBOM the image carries (sbom.cdx.json): a
+# change to how it is written is a change to the image.
+COMMON_INPUTS = ("docker/Dockerfile", ".dockerignore", "servekit/build/sbom.py")
 # What build-info's `omitted` says of a patch of the series left out (--without): the release refuses such an image.
 PATCH_LEFT_OUT = "left out of the series to measure what it does: the image behaves as released vLLM does there"
 

@@ -1,6 +1,7 @@
 """The image's software bill of materials (CycloneDX 1.6 JSON, made with cyclonedx-python-lib): every Python
-distribution the lock installs with its version and hashes, every Debian package of the base, and the patch
-series and components with their SHA-256. Baked into the image at SBOM_PATH; `release` pushes it beside it.
+distribution the lock installs with its version and hashes, vLLM with its pedigree (each patch of the series
+applied to it, with its diff), every Debian package of the base, and the patch series and components with their
+SHA-256. Baked into the image at SBOM_PATH; `release` pushes it beside it.
 
 The same inputs give the same bytes (a serial number derived from the content digest, the matrix's epoch as its
 time), so the SBOM does not make two builds of one tag differ.
@@ -14,9 +15,9 @@ import re
 import uuid
 from pathlib import Path
 
-from cyclonedx.model import HashAlgorithm, HashType, Property
+from cyclonedx.model import AttachedText, HashAlgorithm, HashType, Property
 from cyclonedx.model.bom import Bom, BomMetaData
-from cyclonedx.model.component import Component, ComponentType
+from cyclonedx.model.component import Component, ComponentType, Diff, Patch, PatchClassification, Pedigree
 from cyclonedx.output.json import JsonV1Dot6
 from packageurl import PackageURL
 from packaging.utils import canonicalize_name
@@ -24,6 +25,7 @@ from packaging.utils import canonicalize_name
 from servekit.build.plan import TargetPlan
 from servekit.engines.protocol import ImageEngine
 from servekit.errors import EnvironmentProblem
+from servekit.image.series import trailer
 
 SBOM_PATH = "/opt/servekit/sbom.cdx.json"
 MEDIA_TYPE = "application/vnd.cyclonedx+json"
@@ -61,22 +63,40 @@ def _sha256(text_or_bytes: bytes) -> HashType:
     return HashType(alg=HashAlgorithm.SHA_256, content=hashlib.sha256(text_or_bytes).hexdigest())
 
 
+def pedigree(series: dict[str, bytes]) -> Pedigree | None:
+    """The series as CycloneDX patches of the distribution it is applied to: each its diff (the patch file, header
+    and all) and its kind (a `Kind: backport` one a backport, the rest unofficial). CycloneDX's library writes them
+    sorted; the order they were applied in is each patch file component's `servekit:applied`."""
+    patches = []
+    for data in series.values():
+        text = data.decode()
+        kinds = [found[1] for line in text.partition("\n--- ")[0].splitlines() if (found := trailer(line))
+                 and found[0] == "Kind"]
+        patches.append(Patch(type=PatchClassification.BACKPORT if kinds == ["backport"] else
+                             PatchClassification.UNOFFICIAL,
+                             diff=Diff(text=AttachedText(content=text, content_type="text/x-diff"))))
+    return Pedigree(patches=patches) if patches else None
+
+
 def document(plan: TargetPlan, lock_text: str, debian: list[tuple[str, str, str]], series: dict[str, bytes],
-             components: dict[str, str], epoch: str) -> str:
-    """The SBOM of the image `plan` builds. `series`: patch file name -> its bytes; `components`: name -> the
-    SHA-256 of its source (builder.component_digest)."""
+             components: dict[str, str], epoch: str, patched: str) -> str:
+    """The SBOM of the image `plan` builds. `series`: patch file name -> its bytes, in the order applied to the
+    distribution `patched` (the target's vLLM); `components`: name -> the SHA-256 of its source
+    (builder.component_digest)."""
     parts: list[Component] = []
     for name, (version, hashes) in sorted(locked_distributions(lock_text).items()):
         purl = PackageURL(type="pypi", name=name, version=version)
         parts.append(Component(name=name, version=version, purl=purl, bom_ref=purl.to_string(),
-                               hashes=[HashType(alg=HashAlgorithm.SHA_256, content=h) for h in hashes]))
+                               hashes=[HashType(alg=HashAlgorithm.SHA_256, content=h) for h in hashes],
+                               pedigree=pedigree(series) if name == canonicalize_name(patched) else None))
     for name, version, arch in debian:
         purl = PackageURL(type="deb", namespace="debian", name=name, version=version, qualifiers={"arch": arch})
         parts.append(Component(name=name, version=version, purl=purl, bom_ref=purl.to_string(),
                                properties=[Property(name="servekit:layer", value="base")]))
-    for name, data in series.items():
+    for applied, (name, data) in enumerate(series.items(), 1):  # CycloneDX sorts the pedigree: the order is here
         parts.append(Component(name=name, type=ComponentType.FILE, bom_ref=f"patch:{name}", hashes=[_sha256(data)],
-                               properties=[Property(name="servekit:layer", value="patch series")]))
+                               properties=[Property(name="servekit:layer", value="patch series"),
+                                           Property(name="servekit:applied", value=str(applied))]))
     for name, digest in sorted(components.items()):
         parts.append(Component(name=name, type=ComponentType.LIBRARY, bom_ref=f"component:{name}",
                                hashes=[HashType(alg=HashAlgorithm.SHA_256, content=digest)],
