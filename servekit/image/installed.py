@@ -20,7 +20,7 @@ import re
 import sys
 from pathlib import Path
 
-from servekit.image.errors import ServekitError
+from .errors import ServekitError
 
 PYPI = "pkg:pypi/"
 
