@@ -25,7 +25,7 @@ from packaging.utils import canonicalize_name
 from servekit.build.plan import TargetPlan
 from servekit.engines.protocol import ImageEngine
 from servekit.errors import EnvironmentProblem
-from servekit.image.series import trailer
+from servekit.image.series import preamble_trailers
 
 SBOM_PATH = "/opt/servekit/sbom.cdx.json"
 MEDIA_TYPE = "application/vnd.cyclonedx+json"
@@ -70,10 +70,8 @@ def pedigree(series: dict[str, bytes]) -> Pedigree | None:
     patches = []
     for data in series.values():
         text = data.decode()
-        kinds = [found[1] for line in text.partition("\n--- ")[0].splitlines() if (found := trailer(line))
-                 and found[0] == "Kind"]
-        patches.append(Patch(type=PatchClassification.BACKPORT if kinds == ["backport"] else
-                             PatchClassification.UNOFFICIAL,
+        patches.append(Patch(type=PatchClassification.BACKPORT if preamble_trailers(text).get("Kind") == "backport"
+                             else PatchClassification.UNOFFICIAL,
                              diff=Diff(text=AttachedText(content=text, content_type="text/x-diff"))))
     return Pedigree(patches=patches) if patches else None
 

@@ -34,11 +34,9 @@ def record(downloaded: Path) -> dict[str, dict[str, str]]:
     """name -> {file, sha256} of every wheel in the folder a slice was installed from."""
     out = {}
     for wheel in sorted(downloaded.glob("*.whl")):
-        digest = hashlib.sha256()
         with wheel.open("rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-        out[canonical(wheel.name.split("-", 1)[0])] = {"file": wheel.name, "sha256": digest.hexdigest()}
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        out[canonical(wheel.name.split("-", 1)[0])] = {"file": wheel.name, "sha256": digest}
     return out
 
 

@@ -88,16 +88,16 @@ def trailer(line: str) -> tuple[str, str] | None:
     return (mo[1], mo[2].strip()) if mo and mo[1] in TRAILERS else None
 
 
+def preamble_trailers(text: str) -> dict[str, str]:
+    """The trailers of a patch's preamble (what precedes its first `--- ` line), by key."""
+    return dict(found for line in text.partition("\n--- ")[0].splitlines() if (found := trailer(line)))
+
+
 def parse_patch(path: Path) -> Patch:
     text = path.read_text()
-    head, sep, _ = text.partition("\n--- ")
-    if not sep:
+    if "\n--- " not in text:
         raise SeriesError(f"{path.name}: no hunks (expected a unified diff after the preamble)")
-    trailers: dict[str, str] = {}
-    for line in head.splitlines():
-        found = trailer(line)
-        if found:
-            trailers[found[0]] = found[1]
+    trailers = preamble_trailers(text)
     for key in REQUIRED:
         if key not in trailers:
             raise SeriesError(f"{path.name}: missing trailer {key}: (expected {', '.join(REQUIRED)})")
