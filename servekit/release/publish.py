@@ -1,5 +1,5 @@
-"""Release: each target's image that passed the gate (gate.py) pushed under its tags (naming.py), its SBOM beside
-it (attach.py), and the manifest written; with --git-tag, recorded in git (gitrecord.py).
+"""Release: each target's image that passed the gate (gate.py) pushed under its tags (naming.py), its SBOM attached
+to it as an OCI referrer (attach.py), and the manifest written; with --git-tag, recorded in git (gitrecord.py).
 
 Each push is retried on transient errors and its digest read back from the
 registry; the manifest (releases/v<vllm>.json) is written only after every push of the release
@@ -12,7 +12,9 @@ import hashlib
 import os
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from packaging.version import Version
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
@@ -38,6 +40,8 @@ from servekit.release.gate import gate
 from servekit.release.gitrecord import commit_manifest, dirty, git_tag, head_revision
 from servekit.release.naming import registry_path, release_tags
 
+T = TypeVar("T")
+
 
 def _attempts() -> int:
     """SERVEKIT_PUSH_ATTEMPTS: how many times a push is tried (default 5), a whole number from 1 to 100."""
@@ -49,9 +53,6 @@ def push(door: RegistryDoor, image_id: str, repository: str, tag: str, say: Say)
     registry's digest read back through the engine."""
     door.tag(image_id, repository, tag)
 
-    @retry(retry=retry_if_exception_type(TransientRegistryError), stop=stop_after_attempt(_attempts()),
-           wait=wait_exponential(multiplier=1, max=20), reraise=True,
-           before_sleep=lambda state: say(f"  push {tag}: {state.outcome and state.outcome.exception()}; retrying"))
     def attempt() -> str:
         shown = PushProgress(tag, lambda text, live: _show(say, text, live), sys.stderr.isatty())
         pushed = door.push(repository, tag, progress=shown)
@@ -60,7 +61,20 @@ def push(door: RegistryDoor, image_id: str, repository: str, tag: str, say: Say)
         if not pushed or confirmed != pushed:
             raise TransientRegistryError(f"pushed {pushed}, the registry serves {confirmed}")
         return pushed
-    return attempt()
+    return retried(f"push {tag}", say)(attempt)
+
+
+def retried(what: str, say: Say) -> Callable[[Callable[[], T]], T]:
+    """Call a registry write, again with backoff on a transient error (never on refused credentials), up to
+    SERVEKIT_PUSH_ATTEMPTS times."""
+    def run(call: Callable[[], T]) -> T:
+        @retry(retry=retry_if_exception_type(TransientRegistryError), stop=stop_after_attempt(_attempts()),
+               wait=wait_exponential(multiplier=1, max=20), reraise=True,
+               before_sleep=lambda state: say(f"  {what}: {state.outcome and state.outcome.exception()}; retrying"))
+        def attempt() -> T:
+            return call()
+        return attempt()
+    return run
 
 
 def _show(say: Say, text: str, live: bool) -> None:
@@ -155,7 +169,7 @@ def release_targets(matrix: Matrix, root: Path, engine: ImageEngine, registry_pa
         released = next(iter(digests.values()))
         try:
             sbom = attach.attach_sbom(door, image.id, repository, released, epoch_seconds(matrix.image.source_date_epoch),
-                               push, say)
+                                      retried("attach the SBOM", say))
         except TransientRegistryError as exc:
             raise EnvironmentProblem(f"{target}: pushing its SBOM failed after {_attempts()} attempts ({exc}); no "
                                      "manifest written: run release again to complete it") from None
@@ -166,7 +180,9 @@ def release_targets(matrix: Matrix, root: Path, engine: ImageEngine, registry_pa
                                       series=series_hashes(matrix, root, plan.build_info["series"]),
                                       components=component_digests(matrix, root, plan), smoke=smoke,
                                       models=served_models(matrix, root, target)))
-        say(f"release: {target}: pushed {len(tags)} tags, {repository}@{released}, its SBOM as {sbom.tag}")
+        listed = f"listed by the tag {sbom.referrers_tag}" if sbom.referrers_tag else "listed by the referrers API"
+        say(f"release: {target}: pushed {len(tags)} tags, {repository}@{released}; its SBOM refers to it as "
+            f"{repository}@{sbom.registry_digest} ({listed})")
     return releases
 
 
