@@ -205,9 +205,15 @@ class Calibration:
     host: str
 
 
+# The one knob a calibrating run may set: it moves what vLLM is given, not what it keeps for itself. Any other
+# (INT8_ACT's kernels, MAX_LEN's buffers, KV_MEM's pin, ...) measured another configuration than the profile's own.
+CALIBRATING_KNOBS = {"GPU_UTIL"}
+
+
 def calibrations(root: Path) -> dict[tuple[str, str], Calibration]:
-    """(profile, host) -> its newest full-size report's overhead (a report of an emulated card with vLLM's budget),
-    from the checkout's report folders (each run's named for its start time, so the newest sorts last)."""
+    """(profile, host) -> its newest full-size report's overhead (a report of an emulated card with vLLM's budget,
+    the profile as shipped but for GPU_UTIL), from the checkout's report folders (each run's named for its start
+    time, so the newest sorts last)."""
     out: dict[tuple[str, str], Calibration] = {}
     for path in sorted(report_files(root), key=lambda p: p.parent.name):
         try:  # a report of another shape (an older one, a process engine's) calibrates nothing
@@ -217,7 +223,7 @@ def calibrations(root: Path) -> dict[tuple[str, str], Calibration]:
             key = (str(doc["profile"]), str(doc["host"]))
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
-        if doc.get("card"):
+        if doc.get("card") and not set(doc.get("knobs") or {}) - CALIBRATING_KNOBS:
             out[key] = Calibration(round(overhead, 2), path.parent.name, key[1])
     return out
 
