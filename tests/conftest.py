@@ -28,6 +28,12 @@ LEFT_ALONE = "test_left_alone.py::test_the_checkout_and_its_servers_are_as_the_t
 
 def pytest_configure(config):
     from servekit.engines.card import MPS_DIR_ENV
+    # the whole suite, as `make test` and CI run it (test-fast builds no image, one module rarely more than one)
+    whole = {Path(arg).resolve() for arg in config.args} <= {ROOT / "tests"}
+    if not support.WORKER and whole and "not slow" not in (config.option.markexpr or ""):
+        short = support.disk_shortfall()
+        if short:
+            pytest.exit(short, returncode=pytest.ExitCode.USAGE_ERROR)
     support.STATE_AT_START.update(support.checkout_state())
     os.environ["SERVEKIT_PROJECT"] = TEST_PROJECT  # for the commands run in-process and in subprocesses alike
     os.environ[MPS_DIR_ENV] = str(support.MPS_DIR)  # never the machine's own MPS folder

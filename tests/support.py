@@ -94,6 +94,27 @@ def cleanup() -> None:
         shutil.rmtree(compose_dir().parent, ignore_errors=True)
 
 
+# What a whole run writes where the engine keeps images, at its peak (the cuda image built from a cache pruned to
+# nothing, the cpu image rebuilt from nothing, registries' storage): 22.6 GB on `.ci/run` from a fresh clone of
+# c53045c, an engine that had built before. Free disk is the machine's; the run checks it once, before any build can
+# run out of it.
+SUITE_DISK_GB = 23
+
+
+def disk_shortfall(need_gb: float = SUITE_DISK_GB) -> str | None:
+    """One line when the filesystem holding the engine's images has less than `need_gb` free; None when it has
+    enough, or when no engine answers (the tests that need one say so themselves)."""
+    try:
+        root = docker("info", "--format", "{{.DockerRootDir}}", timeout=30).stdout.strip()
+        free = shutil.disk_usage(root).free / 1e9
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if free >= need_gb:
+        return None
+    return (f"the suite writes up to about {need_gb:.0f} GB where the engine keeps images, and {root} has "
+            f"{free:.0f} GB free: free some (`docker builder prune -f`, `docker image prune`) and run it again")
+
+
 def docker(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
 
