@@ -130,6 +130,11 @@ class OciRegistry:
         return self._request("PUT", f"/manifests/{reference}", f"writing {self.repository}:{reference}", (201,),
                              data=body, headers={"Content-Type": media_type})
 
+    def tag_listing(self, subject: str) -> list[dict]:
+        """The descriptors the referrers tag of `subject` lists (none where there is no such tag)."""
+        index = self.get_manifest(referrers_tag(subject), INDEX)
+        return [d for d in (json.loads(index[0]).get("manifests") or []) if isinstance(d, dict)] if index else []
+
     def referrers(self, subject: str, artifact_type: str) -> list[dict]:
         """The descriptors of the artifacts of `artifact_type` whose subject is `subject`: the referrers API's
         answer, or where the registry has none, the referrers tag's index."""
@@ -138,8 +143,7 @@ class OciRegistry:
         if resp.status_code == 200 and resp.headers.get("Content-Type", "").startswith(INDEX):
             found = resp.json().get("manifests") or []
         else:
-            index = self.get_manifest(referrers_tag(subject), INDEX)
-            found = (json.loads(index[0]).get("manifests") or []) if index else []
+            found = self.tag_listing(subject)
         return [d for d in found if isinstance(d, dict) and d.get("artifactType") == artifact_type]
 
 
@@ -178,9 +182,7 @@ def attach(registry: OciRegistry, subject: str, document: bytes, media_type: str
     if answer.headers.get("OCI-Subject") == subject:  # the registry indexes referrers itself
         return Attached(digest, None)
     tag = referrers_tag(subject)
-    index = registry.get_manifest(tag, INDEX)
-    listed = [d for d in ((json.loads(index[0]).get("manifests") or []) if index else [])
-              if isinstance(d, dict) and d.get("digest") != digest]
+    listed = [d for d in registry.tag_listing(subject) if d.get("digest") != digest]
     listed.append({"mediaType": MANIFEST, "digest": digest, "size": len(manifest), "artifactType": media_type,
                    "annotations": {CREATED: created}})
     registry.put_manifest(tag, canonical({"schemaVersion": 2, "mediaType": INDEX, "manifests": listed}), INDEX)
