@@ -60,6 +60,33 @@ def test_the_patched_info_lines_give_the_whole_budget():
     assert list(budget) == [name for name in NAMES if name in budget]  # in the order a boot computes them
 
 
+def _logged_formats(patch: str, opening: str) -> list[str]:
+    """Each format string the patch adds that starts with `opening`, its adjacent literals joined as Python joins
+    them."""
+    added = [line[1:].strip() for line in patch.splitlines() if line.startswith("+")]
+    formats = []
+    for i, line in enumerate(added):
+        if line.startswith(f'"{opening}'):
+            parts = []
+            for literal in added[i:]:
+                if not literal.startswith('"'):
+                    break
+                parts.append(literal.rstrip(",")[1:-1])
+            formats.append("".join(parts))
+    return formats
+
+
+def test_each_runner_logs_the_graphs_first_use_term_in_the_line_the_reader_reads():
+    patch = (ROOT / "docker" / "patches" / "cudagraph-memory-from-allocator.patch").read_text()
+    v1_estimate, = _logged_formats(patch, "Estimated CUDA graph memory")
+    v2_profile, = _logged_formats(patch, "Profiled the CUDA graphs")
+    for line in (v1_estimate % (0.14, 22, 0.02, 0.27), v2_profile % (31, 0.14, 0.02, 0.27)):
+        assert read_budget(["INFO 12-07 10:00:00 [gpu_model_runner.py:6700] " + line])["cudagraph_first_use_gib"] == 0.02
+    real_captures = _logged_formats(patch, "Graph capturing finished")  # V1's and V2's, the same line
+    assert len(real_captures) == 2 and len(set(real_captures)) == 1
+    assert "cudagraph_first_use_gib" not in read_budget([real_captures[0] % (4, 0.15, 0.15)])  # it has no such term
+
+
 def test_report_md_shows_the_budget_beside_the_source_figures_and_says_when_the_log_had_none():
     base = {"run_id": "r", "created": "2026-12-06T00:00:00+00:00", "profile": "batch", "target": "cuda",
             "host": "native", "url": "http://127.0.0.1:18000", "image": {"tag": "vllm-serve:x"}, "pins": {}}

@@ -22,6 +22,7 @@ FIELDS = (
     ("non_torch_gib", "memory outside torch (CUDA context, NCCL, ...)"),
     ("non_kv_gib", "everything but the KV cache, as profiled"),
     ("cudagraph_gib", "the CUDA graphs, estimated"),
+    ("cudagraph_first_use_gib", "of that, what each graph size's first forward left allocated"),
     ("kv_available_gib", "left for the KV cache"),
     ("kv_needed_gib", "needed for one request of max-model-len (a boot refused for it)"),
     ("max_len_fits", "the longest max-model-len that memory fits (vLLM's estimate)"),
@@ -41,6 +42,8 @@ _LINES: tuple[tuple[re.Pattern, tuple[str, ...]], ...] = tuple((re.compile(patte
     (rf"Total non KV cache memory: {_NUMBER}GiB; torch peak memory increase: {_NUMBER}GiB; .*weights memory: "
      rf"{_NUMBER}GiB", ("non_kv_gib", "activation_peak_gib", "weights_gib")),
     (rf"Estimated CUDA graph memory: {_NUMBER} GiB total", ("cudagraph_gib",)),
+    # the profile's warm pass, the V1 runner's estimate line or the V2 runner's own line for its profile
+    (rf"{_NUMBER} GiB of it left allocated by each size's first forward", ("cudagraph_first_use_gib",)),
     # after the capture, the worker's line beside its estimate: the v2 model runner's profile logs no estimate of its
     # own, and its "Graph capturing finished" line comes twice, the profile's capture first
     (rf"CUDA graph pool memory: {_NUMBER} GiB \(actual\), {_NUMBER} GiB \(estimated\)",
