@@ -81,10 +81,11 @@ def test_each_runner_logs_the_graphs_first_use_term_in_the_line_the_reader_reads
     v1_estimate, = _logged_formats(patch, "Estimated CUDA graph memory")
     v2_profile, = _logged_formats(patch, "Profiled the CUDA graphs")
     for line in (v1_estimate % (0.14, 22, 0.02, 0.27), v2_profile % (31, 0.14, 0.02, 0.27)):
-        assert read_budget(["INFO 12-07 10:00:00 [gpu_model_runner.py:6700] " + line])["cudagraph_first_use_gib"] == 0.02
+        budget = read_budget(["INFO 12-07 10:00:00 [gpu_model_runner.py:6700] " + line])
+        assert (budget["cudagraph_first_use_gib"], budget["cudagraph_profile_driver_gib"]) == (0.02, 0.27)
     real_captures = _logged_formats(patch, "Graph capturing finished")  # V1's and V2's, the same line
     assert len(real_captures) == 2 and len(set(real_captures)) == 1
-    assert "cudagraph_first_use_gib" not in read_budget([real_captures[0] % (4, 0.15, 0.15)])  # it has no such term
+    assert read_budget([real_captures[0] % (4, 0.13, 0.15)]) == {"cudagraph_captured_driver_gib": 0.15}
 
 
 def test_report_md_shows_the_budget_beside_the_source_figures_and_says_when_the_log_had_none():

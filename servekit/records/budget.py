@@ -23,6 +23,7 @@ FIELDS = (
     ("non_kv_gib", "everything but the KV cache, as profiled"),
     ("cudagraph_gib", "the CUDA graphs, estimated"),
     ("cudagraph_first_use_gib", "of that, what each graph size's first forward left allocated"),
+    ("cudagraph_profile_driver_gib", "the profile's capture, by the driver's free memory"),
     ("kv_available_gib", "left for the KV cache"),
     ("kv_needed_gib", "needed for one request of max-model-len (a boot refused for it)"),
     ("max_len_fits", "the longest max-model-len that memory fits (vLLM's estimate)"),
@@ -30,6 +31,7 @@ FIELDS = (
     ("kv_pool_tokens", "the KV pool (tokens)"),
     ("max_concurrency", "requests of max-model-len at once"),
     ("cudagraph_captured_gib", "the CUDA graphs, as captured after the pool"),
+    ("cudagraph_captured_driver_gib", "that capture, by the driver's free memory"),
 )
 NAMES = tuple(name for name, _ in FIELDS)
 
@@ -44,6 +46,9 @@ _LINES: tuple[tuple[re.Pattern, tuple[str, ...]], ...] = tuple((re.compile(patte
     (rf"Estimated CUDA graph memory: {_NUMBER} GiB total", ("cudagraph_gib",)),
     # the profile's warm pass, the V1 runner's estimate line or the V2 runner's own line for its profile
     (rf"{_NUMBER} GiB of it left allocated by each size's first forward", ("cudagraph_first_use_gib",)),
+    (rf"\(the capture by the driver's free memory: {_NUMBER} GiB\)", ("cudagraph_profile_driver_gib",)),
+    (rf"Graph capturing finished in [\d.]+ secs, took [\d.]+ GiB \(the driver's free memory: {_NUMBER} GiB\)",
+     ("cudagraph_captured_driver_gib",)),
     # after the capture, the worker's line beside its estimate: the v2 model runner's profile logs no estimate of its
     # own, and its "Graph capturing finished" line comes twice, the profile's capture first
     (rf"CUDA graph pool memory: {_NUMBER} GiB \(actual\), {_NUMBER} GiB \(estimated\)",
