@@ -112,9 +112,10 @@ def test_the_profile_run_sends_the_gdn_prefill_kernels_the_largest_step_the_sche
 
 def test_the_int8_emulation_keeps_16_bit_kernels_and_rounds_the_inputs_int8_activations_would_take(facts):
     """marlin-int8-emulated.patch (INT8_ACT=emulated): beside batch's int8 activations, VLLM_MARLIN_INT8_EMULATE=1
-    keeps the 16-bit kernel and its weights for the layers the include rule gives int8, marks them as Marlin
-    prepares them, and hands a marked layer's kernel its input rounded as the int8 path rounds it, per token; the
-    attention and the lm_head get theirs as given. Unset, the MLP takes int8 as before and nothing is rounded twice.
+    keeps the 16-bit kernel for the layers the include rule gives int8, marks them as Marlin prepares them, holds
+    in them the weights the int8 kernel would (negative group scales folded into the codes: what the fold costs is
+    the int8 path's, not the kernel's), and hands a marked layer's kernel its input rounded as the int8 path rounds
+    it, per token; the attention and the lm_head get theirs as given. Unset, the MLP takes int8 as before and nothing is rounded twice.
     The variable is one of the compile cache's factors."""
     emulated = facts["int8_emulated"]
     assert emulated["rounding_changes_the_input"] and emulated["rounded_as_the_int8_path"]
@@ -122,10 +123,10 @@ def test_the_int8_emulation_keeps_16_bit_kernels_and_rounds_the_inputs_int8_acti
     head = "lm_head"
     on, off = emulated["emulated"]["layers"], emulated["int8"]["layers"]
     assert on[mlp] == {"input_dtype": "torch.int8", "kept_16_bit": True, "marked": True, "input_as_given": False,
-                       "input_as_int8_rounds_it": True}
+                       "input_as_int8_rounds_it": True, "signs_folded": True}
     for layer in (attention, head):
         assert on[layer] == {"input_dtype": "None", "kept_16_bit": False, "marked": False, "input_as_given": True,
-                             "input_as_int8_rounds_it": False}, layer
+                             "input_as_int8_rounds_it": False, "signs_folded": False}, layer
     assert off[mlp]["input_dtype"] == "torch.int8" and not any(f["kept_16_bit"] or f["marked"] for f in off.values())
     assert emulated["emulated"]["compile_factor"] != emulated["int8"]["compile_factor"]
 

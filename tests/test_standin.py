@@ -119,3 +119,14 @@ def test_the_drafter_has_the_served_window_layers_and_the_scales_autorounds_sign
     assert config["sliding_window"] == 2048
     scales = facts["int4_scales"]
     assert scales["layers"] > 0 and 0.45 < scales["negative_share"] < 0.55, scales
+
+
+def test_the_int4_codes_have_autorounds_shape_each_groups_largest_at_minus_8(facts):
+    """What marlin-int8-signed-scales' fold gives back one step off is -8 under a negative scale: AutoRound puts each
+    group's largest weight there (it divides by that weight's magnitude over 8 and folds its sign into the scale), so
+    every group has one, and the rest crowd the centre. Uniform random codes (the stand-in before) gave -8 to one
+    weight in 16, eight times AutoRound's share."""
+    codes = facts["int4_codes"]
+    assert codes["groups"] > 0 and codes["groups_with_minus_8"] == codes["groups"], codes
+    assert codes["centre_share"] > 0.5, codes  # within two codes of the centre; uniform codes: 5 of 16
+    assert codes["minus_8_share"] < 1 / 64, codes  # about one a group of 128

@@ -146,8 +146,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "dflash2)", choices=("PIECEWISE", "FULL", "FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "NONE")),
     Knob("SPEC_ATTN", "bool", "VLLM_SPEC_DECODE_ATTN with mtp"),
     Knob("INT8_ACT", "enum", "int8 activations in Marlin (VLLM_MARLIN_INPUT_DTYPE; batch's default); emulated: the "
-         "16-bit kernel over inputs rounded as int8 ones are (VLLM_MARLIN_INT8_EMULATE), the reference W4A8 is "
-         "measured against", choices=("int8", "off", "emulated")),
+         "16-bit kernel over the int8 path's weights and inputs rounded as int8 ones are (VLLM_MARLIN_INT8_EMULATE), "
+         "the reference W4A8 is measured against", choices=("int8", "off", "emulated")),
     Knob("INT4_MQ_3D", "bool", "VLLM_INT4_MQ_3D on alternative"),
     Knob("VISION", "bool", "serve images too (drops --language-model-only)"),
     Knob("SSE_KEEP_ALIVE", "int", "--sse-keep-alive-interval in seconds on the single-user launcher; 0 or empty "

@@ -15,6 +15,7 @@ ids, so that any id the random weights pick decodes. `--scale small` writes the 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -56,9 +57,44 @@ DRAFTER_SMALL: dict = dict(DRAFTER_FULL, hidden_size=256, intermediate_size=512,
                            num_attention_heads=2, num_key_value_heads=1, target_layer_ids=[1, 3])
 
 
+def _int4_code_table() -> bytes:
+    """256 entries, one per random byte: the int4 code (the value plus 8) of a weight of a group of normal weights
+    under AutoRound's symmetric rounding, each code as many entries as its share of 256. AutoRound divides a group by
+    its largest magnitude over 8, the sign of that weight folded into the scale, so the largest weight is -8 (placed
+    apart, in Weights.int4) and the rest crowd the centre: 128 normal weights span about 2.7 standard deviations to
+    their largest, so one code is 2.7 / 8 of a deviation wide ([I]: AutoRound's tuning of each group's range and
+    rounding moves these shares a little; the checkpoint's are not published)."""
+    import math
+    deviation = 8 / 2.7  # in codes
+
+    def below(x: float) -> float:
+        return 0.5 * (1 + math.erf(x / (deviation * math.sqrt(2))))
+
+    shares = [0.0] + [below(v + 0.5) - below(v - 0.5) for v in range(-7, 8)]  # -8 is the largest's alone
+    shares[1], shares[-1] = below(-6.5), below(-6.5)  # the tails, clamped to +-7 (within the largest's magnitude)
+    counts = [round(256 * share) for share in shares]
+    counts[8] += 256 - sum(counts)  # the centre (value 0) takes what rounding the shares left
+    return bytes(code for code, count in enumerate(counts) for _ in range(count))
+
+
+INT4_CODE_TABLE = _int4_code_table()
+
+
+@functools.cache
+def _int4_pair_table() -> Array:
+    """65,536 entries, one per random 16-bit number: a byte of two codes drawn from INT4_CODE_TABLE, the low byte's
+    in the low four bits (the order compressed-tensors packs in). One lookup a byte: a flat lookup into 64 KiB is
+    what keeps the full size's 25 billion codes to seconds."""
+    import numpy as np
+    table = np.frombuffer(INT4_CODE_TABLE, dtype=np.uint8)
+    pairs = np.arange(1 << 16)
+    return (table[pairs & 0xFF] | (table[pairs >> 8] << 4)).astype(np.uint8)
+
+
 class Weights:
     """Seeded random tensors as numpy arrays: BF16 as uint16 bit patterns of magnitude 2^-7..2^-5 with a random sign
-    (random bits, no float pass: gigabytes in seconds), int4 packed as random int32, fp16 scales near 1e-3."""
+    (random bits, no float pass: gigabytes in seconds), int4 codes as AutoRound's rounding shapes them (a table
+    lookup per random byte), fp16 scales near 1e-3."""
 
     def __init__(self, seed: int, part: int) -> None:
         import numpy as np
@@ -81,10 +117,18 @@ class Weights:
 
     def int4(self, name: str, rows: int, columns: int) -> dict[str, Array]:
         """A W4A16 linear as compressed-tensors packs it: eight int4 per int32 along the input, a scale per 128 of
-        either sign, half negative, as AutoRound's are (it folds a group's sign into its scale; a path that assumes
-        positive scales, such as a W4A8 requant, must meet them)."""
+        either sign, half negative, as AutoRound's are (it folds the sign of a group's largest weight into its scale;
+        a path that assumes positive scales, such as a W4A8 requant, must meet them). The codes are AutoRound's
+        shape: bell-shaped about the centre, and each group's largest weight at -8, one a group at a random place
+        (under a negative scale that is the group's largest positive weight, which a sign fold must give back)."""
         import numpy as np
-        packed = np.frombuffer(self.rng.bytes(rows * columns // 2), dtype=np.int32).reshape(rows, columns // 8)
+        two_codes = _int4_pair_table()[np.frombuffer(self.rng.bytes(rows * columns), dtype=np.uint16)]
+        two_codes = two_codes.reshape(rows, columns // 2)
+        groups = columns // GROUP
+        largest = self.rng.integers(0, GROUP, size=(rows, groups)) + np.arange(groups) * GROUP
+        # -8 (code 0) for the group's largest magnitude: its byte keeps the other code's four bits
+        two_codes[np.arange(rows)[:, None], largest // 2] &= np.where(largest % 2 == 0, 0xF0, 0x0F).astype(np.uint8)
+        packed = two_codes.view(np.int32)  # eight codes to an int32, the first in the lowest bits
         magnitude = self.rng.random((rows, columns // GROUP), dtype=np.float32) * 1e-3 + 5e-4
         sign = np.where(self.rng.random((rows, columns // GROUP)) < 0.5, -1.0, 1.0).astype(np.float32)
         scale = (magnitude * sign).astype(np.float16)

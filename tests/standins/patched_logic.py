@@ -314,7 +314,8 @@ def gdn_worst_prefill() -> dict:
 def int8_emulated() -> dict:
     """marlin-int8-emulated.patch: with VLLM_MARLIN_INT8_EMULATE=1 beside batch's int8 activations, the layers the
     include rule gives int8 keep the 16-bit kernel and its weights (what the W4A16 scheme asks of marlin_int8_emulated)
-    and are marked as Marlin's weight preparation runs (its CUDA repack and scale permutation made identities), and a marked layer's input
+    and are marked as Marlin's weight preparation runs (its CUDA repack and scale permutation made identities); a
+    marked layer holds the weights the int8 kernel holds (negative group scales folded into the codes) and its input
     reaches the kernel rounded as the int8 path rounds it. vLLM's per-token quantization is a Triton kernel the cpu
     image cannot run: here it is its arithmetic (scale = largest magnitude / 127, round) in torch."""
     from vllm import _custom_ops as ops
@@ -350,8 +351,8 @@ def int8_emulated() -> dict:
             facts: dict = {"compile_factor": envs.compile_factors().get("VLLM_MARLIN_INT8_EMULATE"), "layers": {}}
             for prefix in ("model.language_model.layers.0.mlp.down_proj",
                            "model.language_model.layers.3.self_attn.o_proj", "lm_head"):
-                layer = marlin_layer(torch.zeros(size_n, size_k // 8, dtype=torch.int32),
-                                     torch.ones(size_n, size_k // group, dtype=torch.bfloat16), prefix)
+                signed = torch.tensor([1.0, -1.0], dtype=torch.bfloat16).repeat(size_n, size_k // group // 2)
+                layer = marlin_layer(torch.zeros(size_n, size_k // 8, dtype=torch.int32), signed, prefix)
                 kernel = marlin.MarlinLinearKernel(config, "weight_packed", "weight_scale")
                 seen.clear()
                 with replaced(ops, gptq_marlin_repack=lambda w, **kwargs: w), \
@@ -366,6 +367,7 @@ def int8_emulated() -> dict:
                     "marked": bool(getattr(layer, "marlin_int8_emulated", False)),
                     "input_as_given": bool(torch.equal(seen[0], x)),
                     "input_as_int8_rounds_it": bool(torch.equal(seen[0], expected)),
+                    "signs_folded": bool((layer.weight_scale.data.float() >= 0).all()),  # as the int8 kernel holds
                 }
             out[case] = facts
     return out
