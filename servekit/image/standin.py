@@ -94,7 +94,7 @@ def _int4_pair_table() -> Array:
 class Weights:
     """Seeded random tensors as numpy arrays: BF16 as uint16 bit patterns of magnitude 2^-7..2^-5 with a random sign
     (random bits, no float pass: gigabytes in seconds), int4 codes as AutoRound's rounding shapes them (a table
-    lookup per random byte), fp16 scales near 1e-3."""
+    lookup per two random bytes), fp16 scales near 1e-3."""
 
     def __init__(self, seed: int, part: int) -> None:
         import numpy as np

@@ -49,8 +49,8 @@ _LINES: tuple[tuple[re.Pattern, tuple[str, ...]], ...] = tuple((re.compile(patte
     (rf"\(the capture by the driver's free memory: {_NUMBER} GiB\)", ("cudagraph_profile_driver_gib",)),
     (rf"Graph capturing finished in [\d.]+ secs, took [\d.]+ GiB \(the driver's free memory: {_NUMBER} GiB\)",
      ("cudagraph_captured_driver_gib",)),
-    # after the capture, the worker's line beside its estimate: the v2 model runner's profile logs no estimate of its
-    # own, and its "Graph capturing finished" line comes twice, the profile's capture first
+    # after the capture, the worker's line beside its estimate: the v2 model runner's profile logs no "Estimated"
+    # line of its own
     (rf"CUDA graph pool memory: {_NUMBER} GiB \(actual\), {_NUMBER} GiB \(estimated\)",
      ("cudagraph_captured_gib", "cudagraph_gib")),
     (rf"The current --gpu-memory-utilization={_NUMBER} is equivalent", ("util",)),
