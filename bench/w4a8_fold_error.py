@@ -21,11 +21,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from servekit.image import standin  # noqa: E402
 
 
-def codes_of(packed: np.ndarray) -> np.ndarray:
-    """[rows, columns / 8] int32, eight codes each, the first lowest: [rows, columns] codes 0..15 (value + 8)."""
-    return np.stack([(packed >> (4 * nibble)) & 0xF for nibble in range(8)], axis=2).reshape(packed.shape[0], -1)
-
-
 def relative_error(exact: np.ndarray, approximate: np.ndarray) -> float:
     return float(np.sqrt(((approximate - exact) ** 2).sum() / (exact ** 2).sum()))
 
@@ -34,6 +29,7 @@ def layer_errors(codes: np.ndarray, scales: np.ndarray, inputs: np.ndarray) -> d
     per_weight = np.repeat(scales.astype(np.float64), standin.GROUP, axis=1)
     weights = (codes - 8) * per_weight
     negative = per_weight < 0
+    # marlin-int8-signed-scales' fold_negative_group_scales (vLLM's code, in the image only), in numpy
     folded = (np.where(negative, np.minimum(16 - codes, 15), codes) - 8) * np.abs(per_weight)
     exact = inputs @ weights.T
     step = np.abs(inputs).max(axis=1, keepdims=True) / 127  # per token, the largest magnitude over 127
@@ -52,7 +48,7 @@ def main() -> None:
     inputs = rng.standard_normal((args.tokens, args.columns))
     written = standin.Weights(0, 1).int4("layer", args.rows, args.columns)
     scales = written["layer.weight_scale"].astype(np.float32)
-    cases = {"AutoRound's shape (the stand-in)": codes_of(written["layer.weight_packed"]),
+    cases = {"AutoRound's shape (the stand-in)": standin.int4_codes(written["layer.weight_packed"]),
              "uniform codes": rng.integers(0, 16, size=(args.rows, args.columns))}
     print(f"one {args.rows} x {args.columns} layer, {args.tokens} normal inputs, the stand-in's scales "
           f"({(scales < 0).mean():.0%} negative); relative RMS error of the output:")

@@ -77,16 +77,13 @@ def _int4_code_table() -> bytes:
     return bytes(code for code, count in enumerate(counts) for _ in range(count))
 
 
-INT4_CODE_TABLE = _int4_code_table()
-
-
-@functools.cache
+@functools.cache  # made once, at the first int4 linear
 def _int4_pair_table() -> Array:
-    """65,536 entries, one per random 16-bit number: a byte of two codes drawn from INT4_CODE_TABLE, the low byte's
+    """65,536 entries, one per random 16-bit number: a byte of two codes drawn from _int4_code_table, the low byte's
     in the low four bits (the order compressed-tensors packs in). One lookup a byte: a flat lookup into 64 KiB is
     what keeps the full size's 25 billion codes to seconds."""
     import numpy as np
-    table = np.frombuffer(INT4_CODE_TABLE, dtype=np.uint8)
+    table = np.frombuffer(_int4_code_table(), dtype=np.uint8)
     pairs = np.arange(1 << 16)
     return (table[pairs & 0xFF] | (table[pairs >> 8] << 4)).astype(np.uint8)
 
@@ -128,12 +125,19 @@ class Weights:
         largest = self.rng.integers(0, GROUP, size=(rows, groups)) + np.arange(groups) * GROUP
         # -8 (code 0) for the group's largest magnitude: its byte keeps the other code's four bits
         two_codes[np.arange(rows)[:, None], largest // 2] &= np.where(largest % 2 == 0, 0xF0, 0x0F).astype(np.uint8)
-        packed = two_codes.view(np.int32)  # eight codes to an int32, the first in the lowest bits
+        packed = two_codes.view(np.int32)  # eight codes to an int32, the first in the lowest bits (int4_codes reads)
         magnitude = self.rng.random((rows, columns // GROUP), dtype=np.float32) * 1e-3 + 5e-4
         sign = np.where(self.rng.random((rows, columns // GROUP)) < 0.5, -1.0, 1.0).astype(np.float32)
         scale = (magnitude * sign).astype(np.float16)
         return {f"{name}.weight_packed": packed, f"{name}.weight_scale": scale,
                 f"{name}.weight_shape": np.array([rows, columns], dtype=np.int64)}
+
+
+def int4_codes(packed: Array) -> Array:
+    """The codes (0..15, the value plus 8) of a packed int4 linear, [rows, columns / 8] int32 as Weights.int4 and
+    compressed-tensors write it: [rows, columns]."""
+    import numpy as np
+    return np.stack([(packed >> (4 * nibble)) & 0xF for nibble in range(8)], axis=-1).reshape(packed.shape[0], -1)
 
 
 def _layer_types(t: dict) -> list[str]:

@@ -111,14 +111,13 @@ def main(work: Path) -> None:
     facts["int4_scales"] = {"layers": len(scales), "negative_share": negative / total}
     groups = with_minus_8 = centre = minus_8 = codes_seen = 0
     for key in (k for k in index if k.endswith(".weight_packed")):
-        with safe_open(str(model / index[key]), framework="pt") as f:
-            packed = f.get_tensor(key)
-        codes = torch.stack([(packed >> (4 * nibble)) & 0xF for nibble in range(8)], dim=-1).flatten(1)
-        per_group = codes.reshape(codes.shape[0], -1, 128)
+        with safe_open(str(model / index[key]), framework="numpy") as f:
+            codes = standin.int4_codes(f.get_tensor(key))
+        per_group = codes.reshape(codes.shape[0], -1, standin.GROUP)
         groups += per_group.shape[0] * per_group.shape[1]
-        with_minus_8 += int((per_group == 0).any(dim=-1).sum())
-        centre, minus_8 = centre + int(((codes - 8).abs() <= 2).sum()), minus_8 + int((codes == 0).sum())
-        codes_seen += codes.numel()
+        with_minus_8 += int((per_group == 0).any(axis=-1).sum())
+        centre, minus_8 = centre + int((abs(codes - 8) <= 2).sum()), minus_8 + int((codes == 0).sum())
+        codes_seen += codes.size
     facts["int4_codes"] = {"groups": groups, "groups_with_minus_8": with_minus_8,
                            "centre_share": centre / codes_seen, "minus_8_share": minus_8 / codes_seen}
     again = work / "again"
