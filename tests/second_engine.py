@@ -24,6 +24,8 @@ import threading
 import time
 from pathlib import Path
 
+from servekit.engines.bootstrap import remove_stale_pid_file
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -78,6 +80,7 @@ class Dockerd:
         (self.data / "data" / "network" / "files" / "local-kv.db").unlink(missing_ok=True)
         self._remove_orphan_bridges()
         self._stop_leftover_containerd()  # a killed run's: else this dockerd waits on it and gives up
+        remove_stale_pid_file(self.run / "dockerd.pid", "dockerd")  # a stopped machine's: else "pid file found"
         self.data.mkdir(parents=True, exist_ok=True)
         self.run.mkdir(parents=True, exist_ok=True)
         with open(self.data / "dockerd.log", "ab") as log:  # the child's own descriptor once it started

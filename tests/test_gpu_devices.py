@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -157,6 +158,29 @@ def test_dockerd_leaves_iptables_alone_where_there_is_no_iptables(monkeypatch):
     assert bootstrap.dockerd_args() == ["--iptables=false", "--ip-masq=false"]
     monkeypatch.setattr(bootstrap.shutil, "which", lambda name: f"/usr/sbin/{name}")
     assert bootstrap.dockerd_args() == []
+
+
+def test_a_pid_file_left_by_a_stopped_machine_is_removed_and_a_running_engines_kept(tmp_path):
+    """The CI machine restored from a snapshot held /var/run/docker.pid naming a pid that was some other
+    process's by then: dockerd refused to start ("pid file found"). Real processes here: a stranger under the
+    named pid, none at all, and a program called dockerd."""
+    shutil.copy("/bin/sleep", tmp_path / "dockerd")
+    pid_file = tmp_path / "docker.pid"
+    with subprocess.Popen(["sleep", "60"]) as stranger, subprocess.Popen([str(tmp_path / "dockerd"), "60"]) as engine:
+        try:
+            pid_file.write_text(f"{stranger.pid}\n")
+            assert bootstrap.live_program(pid_file) == (stranger.pid, "sleep")
+            assert bootstrap.remove_stale_pid_file(pid_file, "dockerd") and not pid_file.exists()
+            pid_file.write_text(f"{engine.pid}\n")
+            assert not bootstrap.remove_stale_pid_file(pid_file, "dockerd") and pid_file.exists()
+        finally:
+            stranger.kill()
+            engine.kill()
+    pid_file.write_text(f"{stranger.pid}\n")  # reaped: no process has it now (or another stranger)
+    assert bootstrap.remove_stale_pid_file(pid_file, "dockerd") and not pid_file.exists()
+    pid_file.write_text("garbled")
+    assert bootstrap.remove_stale_pid_file(pid_file, "dockerd")
+    assert not bootstrap.remove_stale_pid_file(pid_file, "dockerd")  # no file: nothing to do
 
 
 def test_engine_help_names_the_carried_packages():

@@ -24,6 +24,9 @@ COMPOSE_MEMBER = "src/compose/docker-compose"
 PLUGIN_DIR = Path("/usr/local/lib/docker/cli-plugins")
 DOCKERD_LOG = Path("/var/log/dockerd.log")
 SOCKET = Path("/var/run/docker.sock")
+DOCKERD_PID_FILE = Path("/var/run/docker.pid")
+# The containerd dockerd starts for itself: at start dockerd adopts whatever live process this names.
+MANAGED_CONTAINERD_PID_FILE = Path("/var/run/docker/containerd/containerd.pid")
 PACKAGES_ENV = "SERVEKIT_ENGINE_PACKAGES"  # a folder of .deb files (and, optionally, the Compose sdist)
 # What the engine needs from Debian 12 where nothing is installed: `apt-get download` them on a machine that
 # reaches Debian's index. libdevmapper is dockerd's one library a plain Ubuntu or Debian lacks.
@@ -128,7 +131,43 @@ def dockerd_args() -> list[str]:
     return [] if shutil.which("iptables") else ["--iptables=false", "--ip-masq=false"]
 
 
+def live_program(pid_file: Path) -> tuple[int, str] | None:
+    """The pid a pid file names and that process's program name, while it runs; None for no file, a garbled one
+    or a pid no longer running."""
+    try:
+        pid = int(pid_file.read_text().strip())
+        return pid, Path(f"/proc/{pid}/comm").read_text().strip()
+    except (OSError, ValueError):
+        return None
+
+
+def remove_stale_pid_file(pid_file: Path, program: str) -> bool:
+    """Remove a pid file unless `program` runs under the pid it names; True when it was removed. A machine
+    restored from a snapshot, or a dockerd killed, leaves the file behind, and its pid may be anyone's by now:
+    dockerd only asks whether that pid is alive, and refuses to start ("pid file found") or waits on a stranger
+    as its containerd."""
+    running = live_program(pid_file)
+    if running is not None and running[1] == program:
+        return False
+    try:
+        pid_file.unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _clear_stale_pid_files(say: Say) -> None:
+    running = live_program(DOCKERD_PID_FILE)
+    if running is not None and running[1] == "dockerd":
+        raise EnvironmentProblem(f"a dockerd (pid {running[0]}) runs but does not answer on {SOCKET}: see "
+                                 f"{DOCKERD_LOG}, stop it (`kill {running[0]}`), then run `make engine` again")
+    for pid_file, program in ((DOCKERD_PID_FILE, "dockerd"), (MANAGED_CONTAINERD_PID_FILE, "containerd")):
+        if remove_stale_pid_file(pid_file, program):
+            say(f"removed {pid_file}: it named no running {program} (left by a stopped machine or a killed engine)")
+
+
 def _start_dockerd(say: Say, wait_s: float = 90) -> None:
+    _clear_stale_pid_files(say)
     args = dockerd_args()
     say(f"starting dockerd{' ' + ' '.join(args) if args else ''} (no systemd here), log in {DOCKERD_LOG}")
     # Its own session, so that it outlives this process and a Ctrl-C here does not reach it; the log's descriptor
