@@ -88,6 +88,23 @@ def test_each_runner_logs_the_graphs_first_use_term_in_the_line_the_reader_reads
     assert read_budget([real_captures[0] % (4, 0.13, 0.15)]) == {"cudagraph_captured_driver_gib": 0.15}
 
 
+def test_the_weights_processing_peak_is_read_from_the_line_the_patch_adds():
+    """The spike to the card's size as loading ends: the allocated and the reserved peak, and the step that
+    allocated most, read from the memory-budget-info patch's own format string and shown in report.md."""
+    patch = (ROOT / "docker" / "patches" / "memory-budget-info.patch").read_text()
+    processed, = _logged_formats(patch, "Weights processed")
+    line = processed % (21.93, 22.87, 15.02, "model.layers.3.mlp.gate_up_proj", 0.41)
+    budget = read_budget(["(EngineCore pid=176) INFO 12-07 16:36:46 [utils.py:212] " + line])
+    assert budget == {"weights_processing_peak_allocated_gib": 21.93, "weights_processing_peak_reserved_gib": 22.87,
+                      "weights_processing_largest_step": "model.layers.3.mlp.gate_up_proj",
+                      "weights_processing_largest_step_gib": 0.41}
+    base = {"run_id": "r", "created": "2026-12-06T00:00:00+00:00", "profile": "batch", "target": "cuda",
+            "host": "native", "url": "http://127.0.0.1:18000", "image": {"tag": "vllm-serve:x"}, "pins": {}}
+    shown = render_markdown(RunReport.model_validate({**base, "boot": {"budget": budget}}))
+    assert "| the module whose processing step allocated most | model.layers.3.mlp.gate_up_proj |" in shown
+    assert "| that processing's peak reserved, the allocator's cached blocks included | 22.87 GiB |" in shown
+
+
 def test_report_md_shows_the_budget_beside_the_source_figures_and_says_when_the_log_had_none():
     base = {"run_id": "r", "created": "2026-12-06T00:00:00+00:00", "profile": "batch", "target": "cuda",
             "host": "native", "url": "http://127.0.0.1:18000", "image": {"tag": "vllm-serve:x"}, "pins": {}}

@@ -18,6 +18,10 @@ FIELDS = (
     ("util", "GPU_UTIL (--gpu-memory-utilization)"),
     ("requested_gib", "what vLLM may use: total x util"),
     ("weights_gib", "the weights, as loaded"),
+    ("weights_processing_peak_allocated_gib", "the allocator's peak while the weights were processed for their kernels"),
+    ("weights_processing_peak_reserved_gib", "that processing's peak reserved, the allocator's cached blocks included"),
+    ("weights_processing_largest_step", "the module whose processing step allocated most"),
+    ("weights_processing_largest_step_gib", "what that step allocated above what was allocated before it"),
     ("activation_peak_gib", "the profile run's activation peak (torch)"),
     ("non_torch_gib", "memory outside torch (CUDA context, NCCL, ...)"),
     ("non_kv_gib", "everything but the KV cache, as profiled"),
@@ -38,6 +42,10 @@ NAMES = tuple(name for name, _ in FIELDS)
 _NUMBER = r"([\d.]+)"
 # Each line vLLM 0.31.0 writes (with the series), and the figures its groups are, in order.
 _LINES: tuple[tuple[re.Pattern, tuple[str, ...]], ...] = tuple((re.compile(pattern), names) for pattern, names in (
+    (rf"Weights processed: the allocator's peak {_NUMBER} GiB allocated, {_NUMBER} GiB reserved \([\d.]+ GiB reserved "
+     rf"after\); the largest step (\S+), {_NUMBER} GiB above",
+     ("weights_processing_peak_allocated_gib", "weights_processing_peak_reserved_gib", "weights_processing_largest_step",
+      "weights_processing_largest_step_gib")),
     (rf"Model loading took {_NUMBER} GiB memory", ("weights_gib",)),
     (rf"Initial free memory: {_NUMBER} GiB; Requested memory: {_NUMBER} \(util\), {_NUMBER} GiB",
      ("free_at_start_gib", "util", "requested_gib")),
@@ -71,18 +79,20 @@ _LINES: tuple[tuple[re.Pattern, tuple[str, ...]], ...] = tuple((re.compile(patte
      ("kv_available_gib", "total_gib", "requested_gib", "non_kv_gib")),
 ))
 _WHOLE = {"block_size", "kv_pool_tokens", "max_len_fits"}
+_TEXT = {"weights_processing_largest_step"}
 
 
-def read_budget(lines: Iterable[str]) -> dict[str, float | int]:
+def read_budget(lines: Iterable[str]) -> dict[str, float | int | str]:
     """The budget's figures that `lines` (a boot's log) hold, by FIELDS' names; a figure logged twice (a restart
     inside the boot) is its last."""
-    found: dict[str, float | int] = {}
+    found: dict[str, float | int | str] = {}
     for line in lines:
         for pattern, names in _LINES:
             match = pattern.search(line)
             if match:
                 for name, text in zip(names, match.groups(), strict=True):
-                    found[name] = int(text.replace(",", "")) if name in _WHOLE else float(text)
+                    found[name] = (text if name in _TEXT else int(text.replace(",", "")) if name in _WHOLE
+                                   else float(text))
     if "total_gib" not in found and found.get("util") and "requested_gib" in found:
         found["total_gib"] = round(float(found["requested_gib"]) / float(found["util"]), 2)
     if {"non_kv_gib", "activation_peak_gib", "weights_gib"} <= found.keys():

@@ -142,7 +142,7 @@ class BootFigures(Record):
     kv_pool_tokens: Count | None = None
     detection_lag_s: float | None = None
     phases: list[tuple[str, float]] = []
-    budget: dict[str, Bytes | float] = {}  # vLLM's memory budget from the boot's log (records/budget.py), as far as it got
+    budget: dict[str, Bytes | float | str] = {}  # vLLM's memory budget from the boot's log (records/budget.py), as far as it got
     compile_cache: str | None = None  # warm or cold: torch.compile's graphs loaded from the cache volume, or compiled
     prepare: dict[str, float] = {}  # before the boot, not in its time: download_gb, download_s, conversion_s, total_s
 

@@ -154,7 +154,7 @@ def _budget_figure(name: str, value: float | None) -> str:
     if value is None:
         return ""
     if not isinstance(value, (int, float)) or isinstance(value, bool):  # a source figure images.yaml gave as text
-        return _cell(value)[:40]
+        return _cell(value)[:64]
     if name.endswith("_gib"):
         return f"{value:.2f} GiB"
     if name in ("kv_pool_tokens", "block_size", "max_len_fits"):
