@@ -110,12 +110,17 @@ def test_a_patch_left_out_is_another_tag_staged_without_it_and_never_released(cl
     assert without.tag != default.tag and f"{name}.patch" in default.build_info["series"]
     assert f"{name}.patch" not in without.build_info["series"] and f"{name}.patch" in without.build_info["omitted"]
     staged = tmp_path / "patches"
-    stage_series(staged, ROOT / matrix.series.dir, [f"{name}.patch"])
+    left_out = [f"{name}.patch", "marlin-int8-emulated.patch"]
+    stage_series(staged, ROOT / matrix.series.dir, left_out)
     assert [p.name for p in read_series(staged)] == [p.name for p in read_series(ROOT / matrix.series.dir)
-                                                     if p.name != f"{name}.patch"]
+                                                     if p.name not in left_out]
     assert not (staged / f"{name}.patch").exists() and name not in (staged / "series").read_text()
-    code, _, err = cli("--without", name, "release", "--dry-run")
-    assert code == 2 and f"--without {name}: a patch of the series left out" in err
+    pair = f"marlin-int8-emulated,{name}"  # the emulation calls the fold this patch adds (its Requires: trailer)
+    code, _, err = cli("--without", name, "plan", "--target", "cuda")
+    assert code == 2 and "marlin-int8-emulated.patch requires it (its Requires: trailer)" in err
+    assert f"leave that out too: --without {pair}" in err and "Traceback" not in err
+    code, _, err = cli("--without", pair, "release", "--dry-run")
+    assert code == 2 and f"--without {pair.replace(',', ', ')}: a patch of the series left out" in err
     code, _, err = cli("--without", "no-such-patch", "plan")
     assert code == 2 and "neither a pin listed under may_omit" in err and "Traceback" not in err
 

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from support import ROOT, run_build_py, work_dir
 
+from servekit.errors import UserError
+
 pytestmark = pytest.mark.engine
 
 
@@ -29,8 +31,10 @@ def _plan(folder: Path, name: str, text: str) -> Path:
     ("runs:\n  - {name: a, profile: default, checks: [helth]}", "runs.0 (a): "),
     ("runs:\n  - {name: a, profile: default, knobs: {MAX_SEQS: lots}}", "runs.0 (a): "),
     ("runs:\n  - {name: a, profile: default, host: windows}", "runs.0 (a): host 'windows': expected auto or one of"),
+    ("runs:\n  - {name: a, profile: default}\n  - {name: b, profile: default, without: [signed-scales]}",
+     "runs.1 (b): without: signed-scales (SERVEKIT_WITHOUT): neither a pin listed under may_omit"),
 ], ids=["not-yaml", "no-runs", "unknown-key", "name-twice", "name-a-path", "timeout-too-short", "unknown-profile",
-        "unknown-check", "bad-knob", "unknown-host"])
+        "unknown-check", "bad-knob", "unknown-host", "unknown-patch-left-out"])
 def test_a_bad_plan_is_refused_in_one_line(repo, cli, text, says):
     code, _, err = cli("--matrix", str(repo / "images.yaml"), "run-plan", str(_plan(repo, "bad.yaml", text)),
                        "--target", "cpu")
@@ -76,16 +80,44 @@ def test_a_plan_stopped_by_until_resumes_where_it_stopped_and_ends_with_its_tabl
     assert json.loads((Path(folders["long"]) / "report.json").read_text())["knobs"]["MAX_SEQS"] == "2"
 
 
+def test_a_run_that_leaves_a_patch_out_serves_that_build_and_its_report_says_so():
+    """The image a row serves is the plan's own built --without the patch too: another tag, which a host gets as a
+    few MiB on top of the plan's image (pack.py --on-top-of); its report says what was left out."""
+    from servekit.build.plan import plan_for
+    from servekit.config.session import Session
+    from servekit.records.models import RunReport
+    from servekit.records.report import render_markdown
+    from servekit.serve.runplan import PlannedRun, run_session
+    session = Session.open(ROOT / "images.yaml")
+    plain = PlannedRun(name="a", profile="batch")
+    unsigned = PlannedRun(name="b", profile="batch", without=["marlin-int8-signed-scales", "marlin-int8-emulated"])
+    assert run_session(session, plain) is session
+    measured = run_session(session, unsigned)
+    assert measured.settings.without == ("marlin-int8-emulated", "marlin-int8-signed-scales")
+    assert plan_for(measured, "cuda").tag != plan_for(session, "cuda").tag
+    assert measured.settings.leaves_out_patch("marlin-int8-signed-scales.patch")
+    report = RunReport.model_validate({
+        "run_id": "r", "created": "2026-12-07T00:00:00+00:00", "profile": "batch", "target": "cuda", "host": "native",
+        "url": "http://127.0.0.1:18000", "pins": {},
+        "image": {"tag": plan_for(measured, "cuda").tag, "left_out": list(measured.settings.without)}})
+    assert "Built **without `marlin-int8-emulated`, `marlin-int8-signed-scales`** (`--without`)" in render_markdown(
+        report)
+    with pytest.raises(UserError, match="marlin-int8-emulated.patch requires it"):  # what the emulation calls kept
+        run_session(session, PlannedRun(name="c", profile="batch", without=["marlin-int8-signed-scales"]))
+
+
 @pytest.mark.parametrize("plan", sorted((ROOT / "bench" / "gpu" / "plans").glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_plan_the_gpu_kit_carries_is_a_plan_the_cuda_target_can_run(plan):
     """A visit's plan found wrong on the host costs device time: each shipped plan's runs are judged here as
     run-plan judges them there (profile, checks, knobs, host, card), the card's GPU left out."""
     from servekit.config.load import load_matrix
+    from servekit.config.session import Session
     from servekit.image.knobs import KNOBS
     from servekit.serve.checks import checks_to_run
-    from servekit.serve.runplan import load_plan
+    from servekit.serve.runplan import load_plan, run_session
     matrix = load_matrix(ROOT / "images.yaml")
     for run in load_plan(plan).runs:
+        run_session(Session.open(ROOT / "images.yaml"), run)  # what it leaves out is a patch of the series or a pin
         assert "cuda" in matrix.profiles[run.profile].targets, run.name
         checks_to_run(matrix, run.profile, "cuda", run.checks)
         assert run.card in matrix.cards and run.host in {"auto", *matrix.hosts}, run.name

@@ -87,6 +87,18 @@ def test_check_applied_finds_a_missing_patch_unless_superseded(tree):
     assert check_applied(series, vllm, "cpu") == [f"patch a.patch is not applied in {vllm}"]
 
 
+def test_a_patch_requiring_another_is_listed_after_it(tree):
+    """Requires: names a patch whose code this one calls: listed later (or not at all), the series is refused."""
+    _, series = tree
+    _write(series, "fold.patch", _hunk("line 3", "line three", 2))
+    _write(series, "emulate.patch", _hunk("line 9", "line nine", 8), extra="Requires: fold.patch")
+    (series / "series").write_text("emulate.patch\nfold.patch\n")
+    with pytest.raises(SeriesError, match="emulate.patch requires fold.patch, which the series does not list before"):
+        read_series(series)
+    (series / "series").write_text("fold.patch\nemulate.patch\n")
+    assert [p.requires for p in read_series(series)] == [[], ["fold.patch"]]
+
+
 @pytest.mark.parametrize("series_text,files,fragment", [
     ("one.patch\nghost.patch\n", ["one.patch"], "lists ghost.patch, which is not in"),
     ("one.patch\n", ["one.patch", "stray.patch"], "stray.patch not listed"),

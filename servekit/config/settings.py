@@ -17,6 +17,7 @@ from pathlib import Path
 
 from servekit.config.matrix import Matrix
 from servekit.errors import UserError
+from servekit.image.series import read_series
 
 ENV_BASE = "SERVEKIT_BASE"
 ENV_WITHOUT = "SERVEKIT_WITHOUT"
@@ -57,10 +58,23 @@ class BuildSettings:
                 raise UserError(f"--without {name} ({ENV_WITHOUT}): neither a pin listed under may_omit in images.yaml "
                                 f"({allowed}) nor a patch of the series ({matrix.series.dir}/series, named without "
                                 ".patch)")
+        if self.without and series_dir and (series_dir / "series").is_file():
+            self._check_requirements(series_dir)
         for folder in self.wheels or ():
             if not Path(folder).is_dir():
                 raise UserError(f"--wheels {folder} ({ENV_WHEELS}): not a folder; name a folder of .whl files or "
                                 "unset it")
+
+    def _check_requirements(self, series_dir: Path) -> None:
+        """A patch kept that calls code of one left out would build an image that fails where it runs."""
+        for patch in read_series(series_dir):
+            if self.leaves_out_patch(patch.name):
+                continue
+            if missing := [needed for needed in patch.requires if self.leaves_out_patch(needed)]:
+                both = ",".join(sorted({*self.without, patch.name.removesuffix(".patch")}))
+                raise UserError(f"--without {', '.join(m.removesuffix('.patch') for m in missing)} ({ENV_WITHOUT}): "
+                                f"{patch.name} requires it (its Requires: trailer); leave that out too: "
+                                f"--without {both}")
 
     def base_for(self, matrix: Matrix, target: str) -> str:
         """The base `target` builds on: the one asked for where the target lists it, else its first."""

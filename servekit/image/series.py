@@ -3,7 +3,7 @@
 The format is the one the source document's repository already uses, so its `patches/` folder
 works unchanged: `series` lists basenames in order (`#` comments allowed); each patch opens with
 free prose, then trailer lines (Kind, What, Upstream, Cut-against, Retires-when, optionally
-Supersedes and Targets), then the hunks, with paths relative to the `vllm` package.
+Supersedes, Requires and Targets), then the hunks, with paths relative to the `vllm` package.
 
 Standard library only: the image build runs this file as a script.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .errors import ServekitError
 
-TRAILERS = ("Kind", "What", "Upstream", "Cut-against", "Retires-when", "Supersedes", "Targets")
+TRAILERS = ("Kind", "What", "Upstream", "Cut-against", "Retires-when", "Supersedes", "Requires", "Targets")
 KINDS = ("backport", "fix", "feature", "local")
 REQUIRED = ("Kind", "What", "Cut-against")
 PATCH_ARGS = ["-p1", "--forward", "--fuzz", "0", "--no-backup-if-mismatch", "--reject-file", "-"]
@@ -46,6 +46,12 @@ class Patch:
     @property
     def supersedes(self) -> list[str]:
         value = self.trailers.get("Supersedes")
+        return [t.strip() for t in value.split(",")] if value else []
+
+    @property
+    def requires(self) -> list[str]:
+        """Patches (basenames) whose code this one calls: a build leaving one of them out must leave this out too."""
+        value = self.trailers.get("Requires")
         return [t.strip() for t in value.split(",")] if value else []
 
     def applies_to(self, target: str) -> bool:
@@ -79,6 +85,10 @@ def read_series(series_dir: Path) -> list[Patch]:
         if both:
             raise SeriesError(f"{patch.name} supersedes {', '.join(both)}, which the series lists too; drop "
                               f"{', '.join(both)} from {series_file}")
+        later = [needed for needed in patch.requires if needed not in names[:names.index(patch.name)]]
+        if later:
+            raise SeriesError(f"{patch.name} requires {', '.join(later)}, which the series does not list before it; "
+                              f"list {', '.join(later)} earlier in {series_file}")
     return patches
 
 

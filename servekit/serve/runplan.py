@@ -15,6 +15,8 @@ A plan (YAML):
         timeout_s: 600             # the boot's bound (default 900)
         model_dir: .cache/stand-in/Qwen3.8-27B-W4A16-AutoRound   # optional: MODEL_DIR, DRAFTER_DIR
         drafter_dir: .cache/stand-in/Qwen3.8-27B-DFlash2-W4A16
+        without: [marlin-int8-signed-scales, marlin-int8-emulated]   # optional: serve the image built --without
+                                               # these (to measure what a patch does; never released) beside the plan's
 
 The record, `reports/plans/<plan file's stem>.json`, maps each run done to its report folder; it is written after
 each run, atomically.
@@ -27,6 +29,7 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -59,6 +62,7 @@ class PlannedRun(Strict):
     timeout_s: int = Field(DEFAULT_TIMEOUT_S, ge=10, le=86_400)
     model_dir: str | None = None
     drafter_dir: str | None = None
+    without: list[str] = []
 
 
 class Plan(Strict):
@@ -130,11 +134,25 @@ def _model_folders(run: PlannedRun, root: Path) -> Iterator[None]:
                 os.environ[name] = value
 
 
+def run_session(session: Session, run: PlannedRun) -> Session:
+    """The session a run serves in: the plan's, or, where the run leaves patches or pins out, one whose image is
+    the build --without them as well (its own tag)."""
+    if not run.without:
+        return session
+    settings = replace(session.settings, without=tuple(sorted({*session.settings.without, *run.without})))
+    try:
+        settings.check(session.matrix, session.root / session.matrix.series.dir)
+    except UserError as exc:
+        raise UserError(str(exc).replace("--without ", "without: ", 1)) from None
+    return replace(session, settings=settings)
+
+
 def check_runs(session: Session, plan: Plan, plan_path: Path, target: str, engine: Engine) -> None:
     """Every run's profile, checks, knobs and card judged before the first boot, as `run` judges its flags: a typo
     in the last run must not cost the boots before it. One line naming the run."""
     for i, run in enumerate(plan.runs):
         try:
+            run_session(session, run)
             session.profiles_of(target, [run.profile])
             checks_to_run(session.matrix, run.profile, target, run.checks)
             session.check_knobs([run.profile], target, run.knobs)
@@ -169,8 +187,8 @@ def run_plan(session: Session, plan_path: Path, target: str | None, engine: Engi
             continue
         say(f"run-plan: {run.name}: {run.profile}" + (f" on {run.card}" if run.card else ""))
         with _model_folders(run, session.root):
-            [(_, folder)] = commands.run(session, target, [run.profile], run.host, engine=engine, say=say,
-                                         knobs=run.knobs, only=run.checks, boot_timeout_s=run.timeout_s,
+            [(_, folder)] = commands.run(run_session(session, run), target, [run.profile], run.host, engine=engine,
+                                         say=say, knobs=run.knobs, only=run.checks, boot_timeout_s=run.timeout_s,
                                          card=run.card)
         done[run.name] = str(folder)
         record.parent.mkdir(parents=True, exist_ok=True)
@@ -185,7 +203,7 @@ def table_rows(results: list[tuple[PlannedRun, RunReport | None]]) -> list[list[
     """One row a run: what it asked for and what its report says (a run not yet done says so)."""
     rows = []
     for run, report in results:
-        knobs = " ".join(f"{k}={v}" for k, v in run.knobs.items())
+        knobs = " ".join([*(f"{k}={v}" for k, v in run.knobs.items()), *(f"without {w}" for w in run.without)])
         if report is None:
             rows.append([run.name, run.profile, run.card or "", knobs, "not run yet", "", "", "", ""])
             continue
