@@ -100,7 +100,7 @@ def test_a_run_that_leaves_a_patch_out_serves_that_build_and_its_report_says_so(
         "run_id": "r", "created": "2026-12-07T00:00:00+00:00", "profile": "batch", "target": "cuda", "host": "native",
         "url": "http://127.0.0.1:18000", "pins": {},
         "image": {"tag": plan_for(measured, "cuda").tag, "left_out": list(measured.settings.without)}})
-    assert "Built **without `marlin-int8-emulated`, `marlin-int8-signed-scales`** (`--without`)" in render_markdown(
+    assert "Built **without `marlin-int8-emulated`, `marlin-int8-signed-scales`** of the series (`--without`)" in render_markdown(
         report)
     with pytest.raises(UserError, match="marlin-int8-emulated.patch requires it"):  # what the emulation calls kept
         run_session(session, PlannedRun(name="c", profile="batch", without=["marlin-int8-signed-scales"]))

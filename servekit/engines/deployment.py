@@ -31,7 +31,7 @@ class Deployment:
     overrides: tuple[str, ...] = ()  # the target's Compose override files in compose/ (images.yaml: compose)
     matrix: Matrix | None = field(default=None, compare=False)  # images.yaml, loaded (the process engine renders from it)
     pins: dict[str, str] = field(default_factory=dict, compare=False)  # the target's, less what --without leaves out
-    left_out: tuple[str, ...] = ()  # the pins and patches the image's build left out (--without): never released
+    left_out: tuple[str, ...] = ()  # the series' patches the image's build left out (--without): never released
     gpu_devices: bool = False  # the GPU by its device nodes and driver folder (engines/gpuaccess.py), not the toolkit
     model_dir: str | None = None  # a model folder of this machine served in place of the volume's (MODEL_DIR)
     stand_in: str | None = None  # the matrix model that folder is (stands_in_for the target's): its checks apply

