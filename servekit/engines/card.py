@@ -78,9 +78,7 @@ class Emulation:
         forced = {f.variable: f.value for f in self.forced}
         return {"SERVEKIT_CARD": self.card, "SERVEKIT_CARD_BYTES": str(self.total_bytes),
                 "SERVEKIT_CARD_MIB": str(self.cap_bytes // 2**20), "SERVEKIT_MPS_PIPE_DIR": str(self.pipe_dir),
-                "SERVEKIT_CARD_DISABLED_KERNELS": forced.get("VLLM_DISABLED_KERNELS", ""),
-                "SERVEKIT_CARD_FLASH_ATTN_VERSION": forced.get("VLLM_FLASH_ATTN_VERSION", ""),
-                "SERVEKIT_CARD_FLASHINFER_AUTOTUNE": forced.get("VLLM_FLASHINFER_AUTOTUNE", "")}
+                **{compose_variable(v): forced.get(v, "") for v in FORCED_VARIABLES}}
 
     def to_json(self) -> CardUsed:
         return {"card": self.card, "description": self.description, "total_bytes": self.total_bytes,
@@ -99,6 +97,15 @@ class Emulation:
                 f"MPS{forced}")
 
 
+# What forced_kernels may set, each passed by compose.card.yaml from its compose_variable (empty: vLLM's choice).
+FORCED_VARIABLES = ("VLLM_DISABLED_KERNELS", "VLLM_FLASH_ATTN_VERSION", "VLLM_GDN_PREFILL_BACKEND",
+                    "VLLM_FLASHINFER_AUTOTUNE")
+
+
+def compose_variable(variable: str) -> str:
+    return "SERVEKIT_CARD_" + variable.removeprefix("VLLM_")
+
+
 def forced_kernels(card_arch: str, gpu_arch: str) -> tuple[Forced, ...]:
     """The settings that make vLLM pick, on a GPU of `gpu_arch`, the kernels it picks on a card of `card_arch`, and
     skip the warm-up steps that card never runs."""
@@ -108,6 +115,8 @@ def forced_kernels(card_arch: str, gpu_arch: str) -> tuple[Forced, ...]:
     return (Forced("VLLM_DISABLED_KERNELS", "MacheteLinearKernel", "Marlin rather than Machete for W4A16: Machete "
                    "is Hopper's, Marlin what a card before Hopper runs"),
             Forced("VLLM_FLASH_ATTN_VERSION", "2", "FlashAttention 2 rather than 3: 3 is Hopper's"),
+            Forced("VLLM_GDN_PREFILL_BACKEND", "triton", "FLA's GDN prefill rather than FlashInfer's: FlashInfer's is "
+                   "Hopper's and Blackwell's (its buffers in the worst prefill step are not a 3090's)"),
             Forced("VLLM_FLASHINFER_AUTOTUNE", "0", "no FlashInfer autotune: vLLM runs it on Hopper and later only, "
                    "after the KV cache is allocated"))
 
