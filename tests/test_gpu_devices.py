@@ -8,12 +8,14 @@ import os
 import shutil
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from servekit.engines import bootstrap, gpuaccess
 from servekit.errors import EnvironmentProblem, UserError
+from servekit.waiting import until
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_TOOLKIT = (False, "it has no NVIDIA runtime (runtimes: runc) and no NVIDIA CDI device")
@@ -160,6 +162,10 @@ def test_dockerd_leaves_iptables_alone_where_there_is_no_iptables(monkeypatch):
     assert bootstrap.dockerd_args() == []
 
 
+def _runs_as(pid: int, program: str) -> bool:
+    return Path(f"/proc/{pid}/comm").read_text().strip() == program
+
+
 def test_a_pid_file_left_by_a_stopped_machine_is_removed_and_a_running_engines_kept(tmp_path):
     """The CI machine restored from a snapshot held /var/run/docker.pid naming a pid that was some other
     process's by then: dockerd refused to start ("pid file found"). Real processes here: a stranger under the
@@ -168,6 +174,9 @@ def test_a_pid_file_left_by_a_stopped_machine_is_removed_and_a_running_engines_k
     pid_file = tmp_path / "docker.pid"
     with subprocess.Popen(["sleep", "60"]) as stranger, subprocess.Popen([str(tmp_path / "dockerd"), "60"]) as engine:
         try:
+            # a child is its parent's program until it has exec'd its own (CI found python's name under load)
+            for pid, name in ((stranger.pid, "sleep"), (engine.pid, "dockerd")):
+                assert until(partial(_runs_as, pid, name), 30, 0.01), name
             pid_file.write_text(f"{stranger.pid}\n")
             assert bootstrap.live_program(pid_file) == (stranger.pid, "sleep")
             assert bootstrap.remove_stale_pid_file(pid_file, "dockerd") and not pid_file.exists()
