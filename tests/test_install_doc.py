@@ -9,12 +9,15 @@ find-links pip is configured with).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -27,6 +30,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.network]
 DOC = ROOT / "docs" / "install.md"
 INSTALL_S = 1800
 COMMAND_S = 900
+UUID_NAME = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 def section_commands(heading: str) -> list[tuple[int, str]]:
@@ -86,6 +90,16 @@ def test_the_document_installs_the_cpu_images_lock():
     assert "pip install --require-hashes --no-deps" in text and "-r docker/locks/cpu-py3.11.txt" in text
 
 
+def _loose_sockets() -> set[str]:
+    """Sockets directly in the temporary folder named as vLLM names its ZMQ sockets (a uuid)."""
+    found = set()
+    for path in Path(tempfile.gettempdir()).iterdir():
+        with contextlib.suppress(FileNotFoundError):  # another's, gone meanwhile
+            if UUID_NAME.fullmatch(path.name) and stat.S_ISSOCK(path.lstat().st_mode):
+                found.add(path.name)
+    return found
+
+
 def test_the_cpu_section_serves_the_demo_through_the_process_engine(doc_home):
     """Buys docs/install.md's cpu section as a person runs it: a hand-installed environment, the series applied by
     patch-env, the demo served as processes and checked."""
@@ -93,6 +107,7 @@ def test_the_cpu_section_serves_the_demo_through_the_process_engine(doc_home):
     environment = home / "vllm-cpu"
     reports = work_dir() / "reports"
     before = set(reports.iterdir()) if reports.is_dir() else set()
+    sockets_before = _loose_sockets()
     outputs = {}
     try:
         for number, command in section_commands("Serving from it"):
@@ -119,6 +134,8 @@ def test_the_cpu_section_serves_the_demo_through_the_process_engine(doc_home):
         state = environment / "var" / "servekit" / os.environ["SERVEKIT_PROJECT"]
         assert not list(state.glob("*.json")) and not list(state.glob("*.log"))
         assert not _processes_of(environment)
+        # vLLM's ZMQ sockets went into the server's own folder, which down removed: none left loose in /tmp
+        assert _loose_sockets() <= sockets_before
     finally:
         subprocess.run([sys.executable, str(work_dir() / "build.py"), "down", "--engine", f"venv:{environment}"],
                        cwd=work_dir(), env=env, capture_output=True, timeout=120)

@@ -4,8 +4,10 @@ stopped whole, a reused pid never taken for a server, and logs that follow a pro
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 import venv
 from pathlib import Path
@@ -13,7 +15,15 @@ from pathlib import Path
 import pytest
 
 from servekit.engines import resolve, transfer
-from servekit.engines.process import ProcessEngine, ProcessServer, _started, check_environment, down, stop_group
+from servekit.engines.process import (
+    RPC_PREFIX,
+    ProcessEngine,
+    ProcessServer,
+    _started,
+    check_environment,
+    down,
+    stop_group,
+)
 from servekit.engines.process import resolve as process_engine
 from servekit.errors import EnvironmentProblem, UserError
 from servekit.serve.ready import deployment
@@ -46,11 +56,13 @@ def test_an_environment_without_the_pins_is_refused(tmp_path):
     assert "docs/install.md" in str(err.value)
 
 
-def _record(engine: ProcessEngine, profile: str, pid: int, started: float | None, port: int = 1) -> None:
+def _record(engine: ProcessEngine, profile: str, pid: int, started: float | None, port: int = 1,
+            rpc_dir: Path | None = None) -> None:
     engine.state.mkdir(parents=True, exist_ok=True)
     (engine.state / f"{profile}.json").write_text(json.dumps({
         "profile": profile, "pid": pid, "started": started, "port": port, "bind": "127.0.0.1", "target": "cpu",
-        "image": "env", "started_at": "2026-12-01T00:00:00+00:00", "knobs": {"MAX_SEQS": "4"}}))
+        "image": "env", "started_at": "2026-12-01T00:00:00+00:00", "knobs": {"MAX_SEQS": "4"},
+        **({"rpc_dir": str(rpc_dir)} if rpc_dir else {})}))
     (engine.state / f"{profile}.log").write_text("line one\nline two\n")
 
 
@@ -67,7 +79,11 @@ def test_down_stops_the_whole_group_and_leaves_nothing(tmp_path):
     while len(_group_alive(proc.pid)) < 3 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert len(_group_alive(proc.pid)) == 3
-    _record(engine, "default", proc.pid, _started(proc.pid))
+    # vLLM's ZMQ sockets, left in the server's own folder when it is stopped (they littered /tmp before)
+    rpc_dir = Path(tempfile.mkdtemp(prefix=RPC_PREFIX))
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(rpc_dir / "3f0c8a52-1d2e-4f7a-9b1c-2a6d5e8f0b13"))
+    _record(engine, "default", proc.pid, _started(proc.pid), rpc_dir=rpc_dir)
     [server] = engine.servers("default")
     state = server.state()
     assert state.status == "running" and state.env == {"MAX_SEQS": "4"}
@@ -76,20 +92,21 @@ def test_down_stops_the_whole_group_and_leaves_nothing(tmp_path):
     assert time.monotonic() - started < 15
     assert _group_alive(proc.pid) == []
     down(engine, "default")
-    assert engine.servers() == [] and list(engine.state.iterdir()) == []
+    assert engine.servers() == [] and list(engine.state.iterdir()) == [] and not rpc_dir.exists()
 
 
 def test_a_reused_pid_is_not_the_server(tmp_path):
     engine = process_engine(f"venv:{tmp_path}")
     bystander = subprocess.Popen(["sleep", "300"])
     try:
-        # The record names this pid but another start time: the server that had it is gone.
-        _record(engine, "default", bystander.pid, (_started(bystander.pid) or 0) + 1)
+        # The record names this pid but another start time: the server that had it is gone. Its socket folder is
+        # a folder of the test's: a record names only what the engine made for `down` to remove.
+        _record(engine, "default", bystander.pid, (_started(bystander.pid) or 0) + 1, rpc_dir=tmp_path)
         [server] = engine.servers()
         assert server.state().status == "exited"
         down(engine)
         assert bystander.poll() is None, "down must never signal a process that only shares the pid"
-        assert engine.servers() == []
+        assert engine.servers() == [] and tmp_path.is_dir()
     finally:
         bystander.kill()
         bystander.wait()

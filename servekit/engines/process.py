@@ -17,9 +17,11 @@ import contextlib
 import datetime as dt
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -358,13 +360,15 @@ def up(engine: ProcessEngine, dep: Deploying, profile: str, knobs: dict[str, str
         return existing  # as `docker compose up` leaves a running service alone
     launcher, env, log_path = _launched(engine, dep, profile, knobs)
     state = engine.state
+    rpc_dir = tempfile.mkdtemp(prefix=RPC_PREFIX)
     with open(log_path, "ab") as log:
-        popen = subprocess.Popen([*launcher, "serve", profile], env={**env, "HF_HUB_OFFLINE": "1"},
+        popen = subprocess.Popen([*launcher, "serve", profile],
+                                 env={**env, "HF_HUB_OFFLINE": "1", "VLLM_RPC_BASE_PATH": rpc_dir},
                                  stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=state,
                                  start_new_session=True)  # its own group: `down` stops vLLM's children with it
     record = {"profile": profile, "pid": popen.pid, "started": _started(popen.pid), "port": dep.port,
               "bind": dep.bind, "target": dep.target, "image": dep.image,
-              "started_at": dt.datetime.now(dt.UTC).isoformat(),
+              "started_at": dt.datetime.now(dt.UTC).isoformat(), "rpc_dir": rpc_dir,
               "knobs": {k: v for k, v in env.items() if k in _knob_names()}}
     write_text_atomic(state / f"{profile}.json", json.dumps(record, indent=2) + "\n")
     return ProcessServer(engine, record, popen)
@@ -374,6 +378,21 @@ def _knob_names() -> set[str]:
     return set(KNOBS)
 
 
+# vLLM names its ZMQ sockets by a fresh uuid in VLLM_RPC_BASE_PATH (the temporary folder by default) and leaves them
+# when stopped: each server gets a folder of its own there, which `down` removes.
+RPC_PREFIX = "servekit-rpc-"
+
+
+def rpc_dir_of(record: dict) -> Path | None:
+    """The server's socket folder, where its record names one this engine makes: a record is a file, and `down`
+    removes nothing else."""
+    folder = record.get("rpc_dir")
+    path = Path(folder) if isinstance(folder, str) else None
+    if path and path.parent == Path(tempfile.gettempdir()) and path.name.startswith(RPC_PREFIX):
+        return path
+    return None
+
+
 def down(engine: ProcessEngine, profile: str | None = None) -> None:
     """Stop the profile's process group (every profile's when None) and remove what it left."""
     for server in engine.servers(profile):
@@ -381,6 +400,8 @@ def down(engine: ProcessEngine, profile: str | None = None) -> None:
             stop_group(server.record["pid"])
         (engine.state / f"{server.record['profile']}.json").unlink(missing_ok=True)
         server.log_path.unlink(missing_ok=True)
+        if rpc_dir := rpc_dir_of(server.record):
+            shutil.rmtree(rpc_dir, ignore_errors=True)
 
 
 def stop_group(pgid: int, grace_s: float = STOP_GRACE_S) -> None:
