@@ -31,6 +31,10 @@ def test_the_emulated_card_patch_sizes_vllm_from_the_card_only_when_asked(facts)
     assert unset["total"] == gpu_total and unset["platform_total"] == 139 * GiB and unset["fa_version"] == 3 and unset["autotune"]
     assert card["total"] == CARD and card["platform_total"] == CARD and card["fa_version"] == 2 and not card["autotune"]
     assert card["free"] == min(23 * GiB + GiB // 2, CARD) and card["cuda_memory"] == CARD - card["free"]
+    # On the Hopper GPU vLLM takes FlashInfer's GDN prefill; the card (a 3090, a 4090) runs FLA's; an additional
+    # config that names one still wins.
+    assert unset["gdn_prefill"] == "flashinfer" and card["gdn_prefill"] == "triton"
+    assert unset["gdn_prefill_configured"] == card["gdn_prefill_configured"] == "flashinfer"
 
 
 def test_marlin_int8_activations_keep_to_the_layers_the_include_expression_names(facts):

@@ -46,16 +46,27 @@ def variables(name: str, value: str | None):
 
 def card_patch() -> dict:
     """The emulated-card patch as vLLM runs it: the memory snapshot and the platform's device total read the card's
-    VLLM_DEVICE_TOTAL_MEMORY, VLLM_FLASH_ATTN_VERSION picks the FlashAttention version and VLLM_FLASHINFER_AUTOTUNE=0
-    turns the Hopper-only autotune off, each only when set."""
+    VLLM_DEVICE_TOTAL_MEMORY, VLLM_FLASH_ATTN_VERSION picks the FlashAttention version, VLLM_GDN_PREFILL_BACKEND the
+    GDN prefill kernels on a Hopper GPU (where the additional config names none) and VLLM_FLASHINFER_AUTOTUNE=0 turns
+    the Hopper-only autotune off, each only when set."""
     import os
 
     import vllm.envs as envs
     from vllm.utils import mem_utils
     sys.modules.setdefault("vllm._C_stable_libtorch", types.ModuleType("vllm._C_stable_libtorch"))  # CUDA-only ops
+    from vllm.model_executor.layers.mamba.gdn import qwen_gdn_linear_attn as gdn
     from vllm.platforms import cuda as cuda_platform
     from vllm.v1.attention.backends import fa_utils
     gib = 2**30
+    hopper = types.SimpleNamespace(is_cuda=lambda: True, is_device_capability=lambda capability: capability == 90,
+                                   is_device_capability_family=lambda family: False, get_cuda_runtime_major=lambda: 13)
+    text_config = types.SimpleNamespace(linear_key_head_dim=128)  # the 27B's GDN heads
+
+    def gdn_prefill(additional_config: dict) -> str:
+        config = types.SimpleNamespace(additional_config=additional_config,
+                                       model_config=types.SimpleNamespace(hf_text_config=text_config))
+        with replaced(gdn, current_platform=hopper):
+            return gdn._resolve_gdn_prefill_backend(config)[1]
     mem_utils.current_platform.is_integrated_gpu = lambda index=None: False
     torch.cuda.get_device_properties = lambda device=0: types.SimpleNamespace(total_memory=139 * gib)
     sys.modules["vllm.vllm_flash_attn"] = types.ModuleType("vllm.vllm_flash_attn")
@@ -70,8 +81,10 @@ def card_patch() -> dict:
     with replaced(torch.accelerator, memory_stats=lambda device=None: {}, memory_reserved=lambda device=None: 0,
                   get_memory_info=lambda device=None: (23 * gib + gib // 2, 139 * gib + gib * 4 // 5)):  # MPS: free capped
         for name, env in (("unset", {}), ("card", {"VLLM_DEVICE_TOTAL_MEMORY": str(round(23.56 * gib)),
-                                                   "VLLM_FLASH_ATTN_VERSION": "2", "VLLM_FLASHINFER_AUTOTUNE": "0"})):
-            for key in ("VLLM_DEVICE_TOTAL_MEMORY", "VLLM_FLASH_ATTN_VERSION", "VLLM_FLASHINFER_AUTOTUNE"):
+                                                   "VLLM_FLASH_ATTN_VERSION": "2", "VLLM_GDN_PREFILL_BACKEND": "triton",
+                                                   "VLLM_FLASHINFER_AUTOTUNE": "0"})):
+            for key in ("VLLM_DEVICE_TOTAL_MEMORY", "VLLM_FLASH_ATTN_VERSION", "VLLM_GDN_PREFILL_BACKEND",
+                        "VLLM_FLASHINFER_AUTOTUNE"):
                 os.environ.pop(key, None)
             os.environ.update(env)
             if hasattr(envs, "disable_envs_cache"):
@@ -80,7 +93,9 @@ def card_patch() -> dict:
             snap.measure()
             out[name] = {"total": snap.total_memory, "free": snap.free_memory, "cuda_memory": snap.cuda_memory,
                          "platform_total": cuda_platform.NonNvmlCudaPlatform.get_device_total_memory(),
-                         "fa_version": fa_utils.get_flash_attn_version(), "autotune": envs.VLLM_FLASHINFER_AUTOTUNE}
+                         "fa_version": fa_utils.get_flash_attn_version(), "autotune": envs.VLLM_FLASHINFER_AUTOTUNE,
+                         "gdn_prefill": gdn_prefill({}),
+                         "gdn_prefill_configured": gdn_prefill({"gdn_prefill_backend": "flashinfer"})}
     return out
 
 
