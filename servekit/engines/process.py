@@ -353,6 +353,21 @@ def prepare(engine: ProcessEngine, dep: Deploying, profile: str, knobs: dict[str
     return lines
 
 
+# vLLM names its ZMQ sockets by a fresh uuid in VLLM_RPC_BASE_PATH (the temporary folder by default) and leaves them
+# when stopped: each server gets a folder of its own there, which `down` removes.
+RPC_PREFIX = "servekit-rpc-"
+
+
+def rpc_dir_of(record: dict) -> Path | None:
+    """The server's socket folder, where its record names one this engine makes: a record is a file, and `down`
+    removes nothing else."""
+    folder = record.get("rpc_dir")
+    path = Path(folder) if isinstance(folder, str) else None
+    if path and path.parent == Path(tempfile.gettempdir()) and path.name.startswith(RPC_PREFIX):
+        return path
+    return None
+
+
 def up(engine: ProcessEngine, dep: Deploying, profile: str, knobs: dict[str, str] | None = None) -> ProcessServer:
     """Start the prepared profile's server (prepare() above) in its own process group; its record written."""
     existing = next(iter(engine.servers(profile)), None)
@@ -376,21 +391,6 @@ def up(engine: ProcessEngine, dep: Deploying, profile: str, knobs: dict[str, str
 
 def _knob_names() -> set[str]:
     return set(KNOBS)
-
-
-# vLLM names its ZMQ sockets by a fresh uuid in VLLM_RPC_BASE_PATH (the temporary folder by default) and leaves them
-# when stopped: each server gets a folder of its own there, which `down` removes.
-RPC_PREFIX = "servekit-rpc-"
-
-
-def rpc_dir_of(record: dict) -> Path | None:
-    """The server's socket folder, where its record names one this engine makes: a record is a file, and `down`
-    removes nothing else."""
-    folder = record.get("rpc_dir")
-    path = Path(folder) if isinstance(folder, str) else None
-    if path and path.parent == Path(tempfile.gettempdir()) and path.name.startswith(RPC_PREFIX):
-        return path
-    return None
 
 
 def down(engine: ProcessEngine, profile: str | None = None) -> None:
