@@ -116,8 +116,9 @@ def test_every_plan_the_gpu_kit_carries_is_a_plan_the_cuda_target_can_run(plan):
     from servekit.serve.checks import checks_to_run
     from servekit.serve.runplan import load_plan, run_session
     matrix = load_matrix(ROOT / "images.yaml")
+    session = Session.open(ROOT / "images.yaml")
     for run in load_plan(plan).runs:
-        run_session(Session.open(ROOT / "images.yaml"), run)  # what it leaves out is a patch of the series or a pin
+        run_session(session, run)  # what it leaves out is patches of the series (or pins), and whole
         assert "cuda" in matrix.profiles[run.profile].targets, run.name
         checks_to_run(matrix, run.profile, "cuda", run.checks)
         assert run.card in matrix.cards and run.host in {"auto", *matrix.hosts}, run.name

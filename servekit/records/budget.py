@@ -82,6 +82,12 @@ _WHOLE = {"block_size", "kv_pool_tokens", "max_len_fits"}
 _TEXT = {"weights_processing_largest_step"}
 
 
+def _figure(name: str, text: str) -> float | int | str:
+    if name in _TEXT:
+        return text
+    return int(text.replace(",", "")) if name in _WHOLE else float(text)
+
+
 def read_budget(lines: Iterable[str]) -> dict[str, float | int | str]:
     """The budget's figures that `lines` (a boot's log) hold, by FIELDS' names; a figure logged twice (a restart
     inside the boot) is its last."""
@@ -91,8 +97,7 @@ def read_budget(lines: Iterable[str]) -> dict[str, float | int | str]:
             match = pattern.search(line)
             if match:
                 for name, text in zip(names, match.groups(), strict=True):
-                    found[name] = (text if name in _TEXT else int(text.replace(",", "")) if name in _WHOLE
-                                   else float(text))
+                    found[name] = _figure(name, text)
     if "total_gib" not in found and found.get("util") and "requested_gib" in found:
         found["total_gib"] = round(float(found["requested_gib"]) / float(found["util"]), 2)
     if {"non_kv_gib", "activation_peak_gib", "weights_gib"} <= found.keys():

@@ -15,8 +15,8 @@ A plan (YAML):
         timeout_s: 600             # the boot's bound (default 900)
         model_dir: .cache/stand-in/Qwen3.8-27B-W4A16-AutoRound   # optional: MODEL_DIR, DRAFTER_DIR
         drafter_dir: .cache/stand-in/Qwen3.8-27B-DFlash2-W4A16
-        without: [marlin-int8-signed-scales, marlin-int8-emulated]   # optional: serve the image built --without
-                                               # these (to measure what a patch does; never released) beside the plan's
+        without: [marlin-int8-emulated]   # optional: serve the image built --without these patches (to measure
+                                          # what a patch does; never released), beside the plan's own
 
 The record, `reports/plans/<plan file's stem>.json`, maps each run done to its report folder; it is written after
 each run, atomically.
