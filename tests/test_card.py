@@ -74,7 +74,8 @@ def test_the_cards_are_24_gb_cards_as_cuda_shows_them_and_each_host_names_its_ow
 def test_a_hopper_gpu_forces_the_kernels_an_ampere_or_ada_card_runs_and_nothing_else_does():
     forced = {f.variable: f.value for f in cards.forced_kernels("8.6", "9.0")}
     assert forced == {"VLLM_DISABLED_KERNELS": "MacheteLinearKernel", "VLLM_FLASH_ATTN_VERSION": "2",
-                      "VLLM_GDN_PREFILL_BACKEND": "triton", "VLLM_FLASHINFER_AUTOTUNE": "0"}
+                      "VLLM_GDN_PREFILL_BACKEND": "triton", "VLLM_FLASHINFER_Q_QUANTIZATION": "0",
+                      "VLLM_FLASHINFER_AUTOTUNE": "0"}
     assert set(forced) == set(cards.FORCED_VARIABLES)
     assert {f.variable for f in cards.forced_kernels("8.9", "10.0")} == set(forced)
     assert cards.forced_kernels("8.6", "8.6") == () and cards.forced_kernels("9.0", "9.0") == ()
@@ -87,7 +88,7 @@ def test_the_emulation_sizes_the_mps_limit_and_vllms_total_from_the_card(mps_hos
     assert env["SERVEKIT_CARD_MIB"] == str(round(23.56 * GiB) // 2**20) == "24125"
     assert env["SERVEKIT_CARD_DISABLED_KERNELS"] == "MacheteLinearKernel"
     assert env["SERVEKIT_CARD_FLASH_ATTN_VERSION"] == "2" and env["SERVEKIT_CARD_FLASHINFER_AUTOTUNE"] == "0"
-    assert env["SERVEKIT_CARD_GDN_PREFILL_BACKEND"] == "triton"
+    assert env["SERVEKIT_CARD_GDN_PREFILL_BACKEND"] == "triton" and env["SERVEKIT_CARD_FLASHINFER_Q_QUANTIZATION"] == "0"
     assert env["SERVEKIT_MPS_PIPE_DIR"] == str(mps_host / "mps" / "pipe")
     # vLLM reads 24.0 GiB and finds 22.81 free: the cap holds that and the server's own context
     wsl2 = cards.plan(MATRIX, "rtx4090-wsl2", H200).compose_env()

@@ -35,6 +35,9 @@ def test_the_emulated_card_patch_sizes_vllm_from_the_card_only_when_asked(facts)
     # config that names one still wins.
     assert unset["gdn_prefill"] == "flashinfer" and card["gdn_prefill"] == "triton"
     assert unset["gdn_prefill_configured"] == card["gdn_prefill_configured"] == "flashinfer"
+    # Beside an FP8 KV cache, vLLM quantizes FlashInfer's prefill query to FP8 on Hopper (its FA3 kernel); the card
+    # keeps the model's dtype (FA2).
+    assert unset["flashinfer_prefill_query"] == "float8_e4m3fn" and card["flashinfer_prefill_query"] == "bfloat16"
 
 
 def test_marlin_int8_activations_keep_to_the_layers_the_include_expression_names(facts):

@@ -99,7 +99,7 @@ class Emulation:
 
 # What forced_kernels may set, each passed by compose.card.yaml from its compose_variable (empty: vLLM's choice).
 FORCED_VARIABLES = ("VLLM_DISABLED_KERNELS", "VLLM_FLASH_ATTN_VERSION", "VLLM_GDN_PREFILL_BACKEND",
-                    "VLLM_FLASHINFER_AUTOTUNE")
+                    "VLLM_FLASHINFER_Q_QUANTIZATION", "VLLM_FLASHINFER_AUTOTUNE")
 
 
 def compose_variable(variable: str) -> str:
@@ -117,6 +117,8 @@ def forced_kernels(card_arch: str, gpu_arch: str) -> tuple[Forced, ...]:
             Forced("VLLM_FLASH_ATTN_VERSION", "2", "FlashAttention 2 rather than 3: 3 is Hopper's"),
             Forced("VLLM_GDN_PREFILL_BACKEND", "triton", "FLA's GDN prefill rather than FlashInfer's: FlashInfer's is "
                    "Hopper's and Blackwell's (its buffers in the worst prefill step are not a 3090's)"),
+            Forced("VLLM_FLASHINFER_Q_QUANTIZATION", "0", "FlashInfer's prefill with 16-bit queries beside an FP8 KV "
+                   "cache (FA2) rather than FP8 queries (FA3): FA3 is Hopper's"),
             Forced("VLLM_FLASHINFER_AUTOTUNE", "0", "no FlashInfer autotune: vLLM runs it on Hopper and later only, "
                    "after the KV cache is allocated"))
 

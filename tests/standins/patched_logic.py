@@ -48,7 +48,8 @@ def card_patch() -> dict:
     """The emulated-card patch as vLLM runs it: the memory snapshot and the platform's device total read the card's
     VLLM_DEVICE_TOTAL_MEMORY, VLLM_FLASH_ATTN_VERSION picks the FlashAttention version, VLLM_GDN_PREFILL_BACKEND the
     GDN prefill kernels on a Hopper GPU (where the additional config names none) and VLLM_FLASHINFER_AUTOTUNE=0 turns
-    the Hopper-only autotune off, each only when set."""
+    the Hopper-only autotune off, and VLLM_FLASHINFER_Q_QUANTIZATION=0 keeps FlashInfer's prefill query in the model's
+    dtype beside an FP8 KV cache, each only when set."""
     import os
 
     import vllm.envs as envs
@@ -67,6 +68,16 @@ def card_patch() -> dict:
                                        model_config=types.SimpleNamespace(hf_text_config=text_config))
         with replaced(gdn, current_platform=hopper):
             return gdn._resolve_gdn_prefill_backend(config)[1]
+    def flashinfer_prefill_query() -> str:
+        """The dtype of FlashInfer's prefill query beside an FP8 KV cache on a Hopper GPU (FP8 feeds its FA3 kernel
+        only; a card before Hopper keeps the model's dtype and runs FA2)."""
+        builder = flashinfer_backend.FlashInferMetadataBuilder
+        config = types.SimpleNamespace(attention_config=types.SimpleNamespace(disable_flashinfer_q_quantization=False))
+        state = types.SimpleNamespace(vllm_config=config, cache_dtype="fp8_e4m3",
+                                      model_config=types.SimpleNamespace(dtype=torch.bfloat16))
+        with replaced(flashinfer_backend, current_platform=hopper):
+            return str(builder.get_q_data_type(state, is_prefill=True)).removeprefix("torch.")
+    flashinfer_backend = flashinfer_on_cpu()
     mem_utils.current_platform.is_integrated_gpu = lambda index=None: False
     torch.cuda.get_device_properties = lambda device=0: types.SimpleNamespace(total_memory=139 * gib)
     sys.modules["vllm.vllm_flash_attn"] = types.ModuleType("vllm.vllm_flash_attn")
@@ -82,9 +93,10 @@ def card_patch() -> dict:
                   get_memory_info=lambda device=None: (23 * gib + gib // 2, 139 * gib + gib * 4 // 5)):  # MPS: free capped
         for name, env in (("unset", {}), ("card", {"VLLM_DEVICE_TOTAL_MEMORY": str(round(23.56 * gib)),
                                                    "VLLM_FLASH_ATTN_VERSION": "2", "VLLM_GDN_PREFILL_BACKEND": "triton",
-                                                   "VLLM_FLASHINFER_AUTOTUNE": "0"})):
+                                                   "VLLM_FLASHINFER_AUTOTUNE": "0",
+                                                   "VLLM_FLASHINFER_Q_QUANTIZATION": "0"})):
             for key in ("VLLM_DEVICE_TOTAL_MEMORY", "VLLM_FLASH_ATTN_VERSION", "VLLM_GDN_PREFILL_BACKEND",
-                        "VLLM_FLASHINFER_AUTOTUNE"):
+                        "VLLM_FLASHINFER_AUTOTUNE", "VLLM_FLASHINFER_Q_QUANTIZATION"):
                 os.environ.pop(key, None)
             os.environ.update(env)
             if hasattr(envs, "disable_envs_cache"):
@@ -95,8 +107,25 @@ def card_patch() -> dict:
                          "platform_total": cuda_platform.NonNvmlCudaPlatform.get_device_total_memory(),
                          "fa_version": fa_utils.get_flash_attn_version(), "autotune": envs.VLLM_FLASHINFER_AUTOTUNE,
                          "gdn_prefill": gdn_prefill({}),
-                         "gdn_prefill_configured": gdn_prefill({"gdn_prefill_backend": "flashinfer"})}
+                         "gdn_prefill_configured": gdn_prefill({"gdn_prefill_backend": "flashinfer"}),
+                         "flashinfer_prefill_query": flashinfer_prefill_query()}
     return out
+
+
+def flashinfer_on_cpu() -> types.ModuleType:
+    """vLLM's FlashInfer attention backend, imported where FlashInfer is not installed (the cpu image): the names it
+    imports from FlashInfer stand empty, since only its choice of the query's dtype runs here."""
+    names = {"flashinfer": ("BatchAttentionWithAttentionSinkWrapper", "BatchDecodeWithPagedKVCacheWrapper",
+                            "BatchPrefillWithPagedKVCacheWrapper", "BatchPrefillWithRaggedKVCacheWrapper",
+                            "MultiLevelCascadeAttentionWrapper", "get_seq_lens"),
+             "flashinfer.decode": ("fast_decode_plan", "trtllm_batch_decode_with_kv_cache"),
+             "flashinfer.prefill": ("trtllm_batch_context_with_kv_cache",), "flashinfer.utils": ("FP4Tensor",)}
+    for module_name, attributes in names.items():
+        module = sys.modules.setdefault(module_name, types.ModuleType(module_name))
+        for attribute in attributes:
+            setattr(module, attribute, type(attribute, (), {}))
+    from vllm.v1.attention.backends import flashinfer as flashinfer_backend
+    return flashinfer_backend
 
 
 def marlin_include() -> dict:
