@@ -89,14 +89,12 @@ def card_patch() -> dict:
     fa_utils.current_platform = types.SimpleNamespace(is_xpu=lambda: False, is_rocm=lambda: False,
                                                       get_device_capability=lambda: types.SimpleNamespace(major=9, minor=0))
     out = {}
+    card = {"VLLM_DEVICE_TOTAL_MEMORY": str(round(23.56 * gib)), "VLLM_FLASH_ATTN_VERSION": "2",
+            "VLLM_GDN_PREFILL_BACKEND": "triton", "VLLM_FLASHINFER_AUTOTUNE": "0", "VLLM_FLASHINFER_Q_QUANTIZATION": "0"}
     with replaced(torch.accelerator, memory_stats=lambda device=None: {}, memory_reserved=lambda device=None: 0,
                   get_memory_info=lambda device=None: (23 * gib + gib // 2, 139 * gib + gib * 4 // 5)):  # MPS: free capped
-        for name, env in (("unset", {}), ("card", {"VLLM_DEVICE_TOTAL_MEMORY": str(round(23.56 * gib)),
-                                                   "VLLM_FLASH_ATTN_VERSION": "2", "VLLM_GDN_PREFILL_BACKEND": "triton",
-                                                   "VLLM_FLASHINFER_AUTOTUNE": "0",
-                                                   "VLLM_FLASHINFER_Q_QUANTIZATION": "0"})):
-            for key in ("VLLM_DEVICE_TOTAL_MEMORY", "VLLM_FLASH_ATTN_VERSION", "VLLM_GDN_PREFILL_BACKEND",
-                        "VLLM_FLASHINFER_AUTOTUNE", "VLLM_FLASHINFER_Q_QUANTIZATION"):
+        for name, env in (("unset", {}), ("card", card)):
+            for key in card:  # each case starts from none of the card's variables
                 os.environ.pop(key, None)
             os.environ.update(env)
             if hasattr(envs, "disable_envs_cache"):
